@@ -1,0 +1,56 @@
+"""dibs: claim a named, indivisible thing exactly once, across threads, processes and hosts.
+
+>>> import dibs
+>>> with dibs.open("memory://") as store:
+...     won = store.claim(dibs.Unit("seat-14A", "show-42"), holder="alice", ttl=300)
+...     lost = store.claim(dibs.Unit("seat-14A", "show-42"), holder="bob", ttl=300)
+...     bool(won), bool(lost), lost.taken
+(True, False, (Unit(resource='seat-14A', slot='show-42'),))
+"""
+
+from dibs._clock import Clock, FakeClock, SystemClock
+from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
+from dibs.exceptions import (
+    ClaimNotFound,
+    DibsError,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    SchemaError,
+    SpanKindMismatch,
+    StoreClosed,
+    StoreUnavailable,
+    UnknownScheme,
+)
+from dibs.stores import open_store as open
+from dibs.stores.base import Store
+
+__all__ = [
+    "Claim",
+    "ClaimNotFound",
+    "ClaimResult",
+    "ClaimState",
+    "Clock",
+    "DibsError",
+    "FakeClock",
+    "HoldLost",
+    "HoldLostReason",
+    "InvalidInput",
+    "NotHolder",
+    "RequestConflict",
+    "SchemaError",
+    "Span",
+    "SpanKindMismatch",
+    "Store",
+    "StoreClosed",
+    "StoreUnavailable",
+    "SweepResult",
+    "SystemClock",
+    "Target",
+    "Unit",
+    "open",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,353 @@
+"""Units, spans, claims and claim results: the pure vocabulary of dibs, no I/O."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+from dibs.exceptions import InvalidInput
+
+__all__ = [
+    "Claim",
+    "ClaimResult",
+    "ClaimState",
+    "Span",
+    "SweepResult",
+    "Target",
+    "Unit",
+]
+
+SpanBound: TypeAlias = int | float | datetime
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Unit:
+    """One indivisible key ``(resource, slot)``, e.g. a seat for a showing.
+
+    Raises :class:`~dibs.InvalidInput` for an empty or non-string resource or slot.
+    """
+
+    resource: str
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        _check_id("resource", self.resource)
+        if not isinstance(self.slot, str):
+            raise InvalidInput(
+                f"slot must be a string, got {self.slot!r}", field="slot", value=self.slot
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A half-open interval ``[start, end)`` on a resource.
+
+    Bounds are numbers or timezone-aware datetimes, both of one kind. Raises
+    :class:`~dibs.InvalidInput` for an empty or inverted span, NaN, naive
+    datetimes or mixed kinds.
+    """
+
+    resource: str
+    start: SpanBound
+    end: SpanBound
+
+    def __post_init__(self) -> None:
+        _check_id("resource", self.resource)
+        kinds = {_bound_kind(name, v) for name, v in (("start", self.start), ("end", self.end))}
+        if len(kinds) != 1:
+            raise InvalidInput(
+                f"span bounds must both be numbers or both datetimes, got "
+                f"{self.start!r} and {self.end!r}",
+                field="span",
+                value=(self.start, self.end),
+            )
+        if not self.start < self.end:  # type: ignore[operator]
+            raise InvalidInput(
+                f"span on {self.resource!r} is empty or inverted: "
+                f"start {self.start!r} is not before end {self.end!r}",
+                field="span",
+                value=(self.start, self.end),
+            )
+
+    @property
+    def kind(self) -> str:
+        """``"time"`` for datetime bounds, ``"number"`` otherwise."""
+        return "time" if isinstance(self.start, datetime) else "number"
+
+    def overlaps(self, other: Span) -> bool:
+        """Whether both spans are on one resource and share some point."""
+        return (
+            self.resource == other.resource
+            and self.kind == other.kind
+            and self.start < other.end  # type: ignore[operator]
+            and other.start < self.end  # type: ignore[operator]
+        )
+
+
+Target: TypeAlias = Unit | Span
+
+
+def _bound_kind(name: str, value: object) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidInput(
+                f"span {name} must be timezone-aware, got naive {value!r}",
+                field=name,
+                value=value,
+            )
+        return "time"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(
+            f"span {name} must be a number or an aware datetime, got {value!r}",
+            field=name,
+            value=value,
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"span {name} must be finite, got {value!r}", field=name, value=value)
+    return "number"
+
+
+def _check_id(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(
+            f"{name} must be a non-empty string, got {value!r}", field=name, value=value
+        )
+
+
+class ClaimState(enum.StrEnum):
+    """Where a claim is in its life: held → confirmed → released, or expired."""
+
+    HELD = "held"
+    CONFIRMED = "confirmed"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A snapshot of one claim as the store recorded it.
+
+    ``expires_at`` is set for holds and judged on the store's clock; a held
+    claim whose ``expires_at`` has passed is dead even before a sweep marks it
+    expired. ``fence`` is strictly greater than the fence of every earlier
+    claim on any of the same targets.
+    """
+
+    id: str
+    holder: str
+    targets: tuple[Target, ...]
+    state: ClaimState
+    fence: int
+    expires_at: datetime | None
+    request_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    taken_over: bool = False
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        """The unit targets of this claim."""
+        return tuple(t for t in self.targets if isinstance(t, Unit))
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        """The span targets of this claim."""
+        return tuple(t for t in self.targets if isinstance(t, Span))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The answer to a claim: truthy when granted, else ``taken`` says what blocked it.
+
+    ``taken`` lists the requested targets that were held by someone else (or,
+    for spans, the requested spans that overlapped a live claim); it never
+    names the other holder. ``replayed`` is true when an earlier identical
+    request (same request ID, or the same holder re-claiming what it holds)
+    answered instead of a new claim.
+    """
+
+    granted: bool
+    claim: Claim | None = None
+    taken: tuple[Target, ...] = ()
+    replayed: bool = False
+
+    def __bool__(self) -> bool:
+        return self.granted
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one :meth:`sweep` did: holds marked expired, records purged."""
+
+    expired: int = 0
+    purged_requests: int = 0
+    purged_claims: int = 0
+    details: dict[str, int] = field(default_factory=dict)
+
+
+# --- input normalization shared by every store -------------------------------------------------
+
+
+def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
+    """Return the targets as a sorted, duplicate-free tuple.
+
+    Raises :class:`InvalidInput` for an empty list, a non-target or overlapping
+    spans within one request.
+    """
+    if isinstance(targets, Unit | Span):
+        return (targets,)
+    if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):
+        raise InvalidInput(
+            f"targets must be a Unit, a Span or a list of them, got {targets!r}",
+            field="targets",
+            value=targets,
+        )
+    items = list(targets)
+    if not items:
+        raise InvalidInput("targets must not be empty", field="targets", value=items)
+    units: set[Unit] = set()
+    spans: list[Span] = []
+    for item in items:
+        if isinstance(item, Unit):
+            units.add(item)
+        elif isinstance(item, Span):
+            if item not in spans:
+                spans.append(item)
+        else:
+            raise InvalidInput(
+                f"each target must be a Unit or a Span, got {item!r}",
+                field="targets",
+                value=item,
+            )
+    for i, a in enumerate(spans):
+        for b in spans[i + 1 :]:
+            if a.resource == b.resource and a.kind != b.kind:
+                raise InvalidInput(
+                    f"spans on {a.resource!r} mix numbers and datetimes",
+                    field="targets",
+                    value=(a, b),
+                )
+            if a.overlaps(b):
+                raise InvalidInput(
+                    f"spans in one claim overlap: {a!r} and {b!r}", field="targets", value=(a, b)
+                )
+    spans.sort(key=_span_sort_key)
+    return (*sorted(units), *spans)
+
+
+def _span_sort_key(span: Span) -> tuple[str, str, float]:
+    start = span.start.timestamp() if isinstance(span.start, datetime) else span.start
+    return (span.resource, span.kind, float(start))
+
+
+def check_holder(holder: object) -> str:
+    """Return ``holder`` or raise :class:`InvalidInput` if it is not a non-empty string."""
+    _check_id("holder", holder)
+    return holder  # type: ignore[return-value]
+
+
+def check_claim_id(claim_id: object) -> str:
+    """Return ``claim_id`` or raise :class:`InvalidInput`."""
+    _check_id("claim_id", claim_id)
+    return claim_id  # type: ignore[return-value]
+
+
+def check_request_id(request_id: object) -> str | None:
+    """Return ``request_id`` (``None`` allowed) or raise :class:`InvalidInput`."""
+    if request_id is not None:
+        _check_id("request_id", request_id)
+    return request_id  # type: ignore[return-value]
+
+
+def check_ttl(ttl: object, *, allow_none: bool = True) -> float | None:
+    """Return the TTL in seconds or raise :class:`InvalidInput` for a bad one.
+
+    A TTL must be a finite number of seconds greater than zero, or ``None``
+    (confirmed at once) where allowed.
+    """
+    if ttl is None and allow_none:
+        return None
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl <= 0
+    ):
+        raise InvalidInput(
+            f"ttl must be a finite number of seconds > 0{' or None' if allow_none else ''}, "
+            f"got {ttl!r}",
+            field="ttl",
+            value=ttl,
+        )
+    return float(ttl)
+
+
+def check_fence(fence: object) -> int:
+    """Return ``fence`` or raise :class:`InvalidInput` if it is not a positive int."""
+    if isinstance(fence, bool) or not isinstance(fence, int) or fence <= 0:
+        raise InvalidInput(
+            f"fence must be a positive integer, got {fence!r}", field="fence", value=fence
+        )
+    return fence
+
+
+# --- encoding shared by the stores that persist -----------------------------------------------
+
+
+def span_bound_to_number(value: SpanBound) -> int | float:
+    """Encode a span bound as a number that orders like the bound (datetimes in µs)."""
+    if isinstance(value, datetime):
+        delta = value - _EPOCH
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return value
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def target_to_json(target: Target) -> list[Any]:
+    """Encode a target as a JSON-able list (stable, for fingerprints and storage)."""
+    if isinstance(target, Unit):
+        return ["u", target.resource, target.slot]
+    if target.kind == "time":
+        return ["t", target.resource, span_bound_to_number(target.start),
+                span_bound_to_number(target.end)]
+    return ["n", target.resource, target.start, target.end]
+
+
+def target_from_json(item: Sequence[Any]) -> Target:
+    """Decode what :func:`target_to_json` made."""
+    tag = item[0]
+    if tag == "u":
+        return Unit(item[1], item[2])
+    if tag == "t":
+        return Span(item[1], _from_micros(item[2]), _from_micros(item[3]))
+    return Span(item[1], item[2], item[3])
+
+
+def _from_micros(micros: int) -> datetime:
+    from datetime import timedelta
+
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def targets_to_text(targets: Sequence[Target]) -> str:
+    """Encode targets as compact canonical JSON."""
+    return json.dumps([target_to_json(t) for t in targets], separators=(",", ":"))
+
+
+def targets_from_text(text: str) -> tuple[Target, ...]:
+    """Decode what :func:`targets_to_text` made."""
+    return tuple(target_from_json(item) for item in json.loads(text))
+
+
+def fingerprint(holder: str, targets: Sequence[Target], ttl: float | None) -> str:
+    """A stable digest of a claim's input, to tell a replay from a conflicting reuse."""
+    text = json.dumps([holder, [target_to_json(t) for t in targets], ttl], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,132 @@
+"""The errors dibs raises, one tree rooted at :class:`DibsError`.
+
+Losing a race is never an error: a claim that finds its targets taken returns a
+falsy :class:`~dibs.ClaimResult`. Exceptions are for misuse and for broken
+promises::
+
+    DibsError
+    ├── InvalidInput (ValueError)          bad argument; names the field and value
+    │   ├── UnknownScheme                  store URL with an unregistered scheme
+    │   └── SpanKindMismatch               numbers and datetimes mixed on one resource
+    ├── RequestConflict (ValueError)       request ID reused with different input
+    ├── ClaimNotFound (LookupError)        no claim with that ID
+    ├── NotHolder (PermissionError)        the claim belongs to another holder
+    ├── HoldLost                           the hold expired, was released or taken over
+    ├── StoreClosed (RuntimeError)         the store was closed
+    ├── SchemaError (RuntimeError)         the stored schema is newer than this code
+    └── StoreUnavailable (ConnectionError) transient; the only error worth retrying
+
+Every exception carries its facts as attributes and pickles cleanly, so it can
+cross a process boundary unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "ClaimNotFound",
+    "DibsError",
+    "HoldLost",
+    "HoldLostReason",
+    "InvalidInput",
+    "NotHolder",
+    "RequestConflict",
+    "SchemaError",
+    "SpanKindMismatch",
+    "StoreClosed",
+    "StoreUnavailable",
+    "UnknownScheme",
+]
+
+
+class DibsError(Exception):
+    """Base of every error dibs raises."""
+
+    def __init__(self, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self._facts = facts
+        for name, value in facts.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword facts are not in self.args, so rebuild through a helper.
+        return (_rebuild, (type(self), self.message, self._facts))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[DibsError], message: str, facts: dict[str, Any]) -> DibsError:
+    return cls(message, **facts)
+
+
+class InvalidInput(DibsError, ValueError):
+    """Raised for a bad argument; ``field`` and ``value`` say which and what."""
+
+    field: str
+    value: Any
+
+    def __init__(self, message: str, *, field: str, value: Any, **facts: Any) -> None:
+        super().__init__(message, field=field, value=value, **facts)
+
+
+class UnknownScheme(InvalidInput):
+    """Raised by :func:`dibs.open` for a URL whose scheme names no store."""
+
+
+class SpanKindMismatch(InvalidInput):
+    """Raised when numeric and datetime spans would be mixed on one resource."""
+
+
+class RequestConflict(DibsError, ValueError):
+    """Raised when a request ID is reused with different input (``request_id``)."""
+
+    request_id: str
+
+
+class ClaimNotFound(DibsError, LookupError):
+    """Raised when no claim has the given ``claim_id``."""
+
+    claim_id: str
+
+
+class NotHolder(DibsError, PermissionError):
+    """Raised when ``holder`` is not the holder of claim ``claim_id``."""
+
+    claim_id: str
+    holder: str
+
+
+class HoldLostReason(enum.StrEnum):
+    """Why a confirm, extend or release found no live hold."""
+
+    EXPIRED = "expired"
+    """The hold's TTL ran out on the store's clock."""
+    TAKEN_OVER = "taken_over"
+    """The hold expired and another claimant took its targets."""
+    RELEASED = "released"
+    """The holder released the claim."""
+    FENCE = "fence"
+    """The fence given is not the claim's fence: a stale or foreign token."""
+
+
+class HoldLost(DibsError):
+    """Raised when the claim is no longer the caller's live hold; see ``reason``."""
+
+    claim_id: str
+    reason: HoldLostReason
+
+
+class StoreClosed(DibsError, RuntimeError):
+    """Raised by any operation on a store after :meth:`close`."""
+
+
+class SchemaError(DibsError, RuntimeError):
+    """Raised when the stored schema version is not one this code understands."""
+
+
+class StoreUnavailable(DibsError, ConnectionError):
+    """Raised when the store could not be reached; retry with the same request ID."""

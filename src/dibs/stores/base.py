@@ -1,0 +1,224 @@
+"""The store interface every backend implements, and the input checks they share.
+
+A store is the one place dibs does I/O. Each public method validates its input
+here, once, then calls the backend's ``_``-method with normalized values, so
+every backend gets the same errors for the same bad input.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import ClassVar, Self
+
+from dibs._clock import Clock, SystemClock
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    Span,
+    SweepResult,
+    Target,
+    Unit,
+    check_claim_id,
+    check_fence,
+    check_holder,
+    check_request_id,
+    check_ttl,
+    normalize_targets,
+)
+from dibs.exceptions import InvalidInput, StoreClosed
+
+__all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
+
+DEFAULT_REQUEST_RETENTION = 24 * 3600.0
+"""Seconds a request-ID record (and an ended claim) is kept before sweep() purges it."""
+
+
+class Store(abc.ABC):
+    """A claim store: claims, holds, fences and request records on one backend.
+
+    Every method is safe to call from many threads; stores whose docs say so
+    are also safe across processes and hosts.
+    """
+
+    scheme: ClassVar[str]
+
+    def __init__(
+        self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
+    ) -> None:
+        retention = check_ttl(request_retention, allow_none=False)
+        assert retention is not None
+        self.request_retention = retention
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._closed = False
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def claim(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        request_id: str | None = None,
+        ttl: float | None = None,
+    ) -> ClaimResult:
+        """Claim every target or none, atomically, and answer who won.
+
+        With ``ttl=None`` the claim is confirmed at once; with a TTL in seconds
+        it is a hold that must be confirmed before it expires. A request ID
+        makes the call replayable: the same ID with the same input returns the
+        first outcome with ``replayed=True``.
+
+        Raises :class:`~dibs.InvalidInput` for bad input,
+        :class:`~dibs.RequestConflict` when ``request_id`` was used with
+        different input, :class:`~dibs.StoreUnavailable` when the store could
+        not be reached (retry with the same request ID to learn the outcome).
+        """
+        self._check_open()
+        return self._claim(
+            normalize_targets(targets),
+            check_holder(holder),
+            check_request_id(request_id),
+            check_ttl(ttl),
+        )
+
+    def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+        """Turn a live hold into a confirmed claim (idempotent on a confirmed one).
+
+        Raises :class:`~dibs.ClaimNotFound`, :class:`~dibs.NotHolder`, or
+        :class:`~dibs.HoldLost` when the hold expired, was taken over or
+        released, or ``fence`` is not the claim's.
+        """
+        self._check_open()
+        return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+
+    def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+        """Push a live hold's expiry to ``ttl`` seconds from now on the store's clock.
+
+        A confirmed claim does not expire and is returned unchanged. Raises
+        like :meth:`confirm`, and :class:`~dibs.InvalidInput` for a bad TTL.
+        """
+        self._check_open()
+        ttl_seconds = check_ttl(ttl, allow_none=False)
+        assert ttl_seconds is not None
+        return self._extend(
+            check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
+        )
+
+    def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+        """Give up a live hold or confirmed claim; True if this call released it.
+
+        Releasing a claim that is already released, expired or taken over is a
+        no-op that returns False. Raises :class:`~dibs.ClaimNotFound`,
+        :class:`~dibs.NotHolder`, and :class:`~dibs.HoldLost` (reason
+        ``fence``) when ``fence`` is not the claim's.
+        """
+        self._check_open()
+        return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+
+    def get(self, claim_id: str) -> Claim | None:
+        """Return the claim with this ID as stored now, or None."""
+        self._check_open()
+        return self._get(check_claim_id(claim_id))
+
+    def holder_of(self, target: Unit | Span) -> str | None:
+        """Return who holds this unit (or a span overlapping this span) now, or None.
+
+        A snapshot for display: it may be stale the moment it returns, so never
+        decide a claim with it; claim and read the answer instead.
+        """
+        self._check_open()
+        if not isinstance(target, Unit | Span):
+            raise InvalidInput(
+                f"holder_of() takes a Unit or a Span, got {target!r}",
+                field="target",
+                value=target,
+            )
+        return self._holder_of(target)
+
+    def claims_of(self, holder: str) -> list[Claim]:
+        """Return the holder's live claims (held and unexpired, or confirmed); a snapshot."""
+        self._check_open()
+        return self._claims_of(check_holder(holder))
+
+    def sweep(self) -> SweepResult:
+        """Mark dead holds expired and purge request records past retention.
+
+        Safe to run at any time, concurrently with claims and with other sweeps
+        in any number of processes.
+        """
+        self._check_open()
+        return self._sweep()
+
+    def close(self) -> None:
+        """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def now(self) -> datetime:
+        """The store's current time (the clock that judges expiry), as aware UTC."""
+        return datetime.fromtimestamp(self._now(), UTC)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- for backends ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    def _now(self) -> float:
+        """Seconds since the epoch on the store's clock."""
+        return self.clock.now()
+
+    @abc.abstractmethod
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        """Claim normalized targets; one atomic step decides and records the request."""
+
+    @abc.abstractmethod
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim: ...
+
+    @abc.abstractmethod
+    def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim: ...
+
+    @abc.abstractmethod
+    def _release(self, claim_id: str, holder: str, fence: int) -> bool: ...
+
+    @abc.abstractmethod
+    def _get(self, claim_id: str) -> Claim | None: ...
+
+    @abc.abstractmethod
+    def _holder_of(self, target: Unit | Span) -> str | None: ...
+
+    @abc.abstractmethod
+    def _claims_of(self, holder: str) -> list[Claim]: ...
+
+    @abc.abstractmethod
+    def _sweep(self) -> SweepResult: ...
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+
+def span_overlaps(a: Span, b: Span) -> bool:
+    """Whether two spans on one resource share a point (half-open intervals)."""
+    return a.overlaps(b)
