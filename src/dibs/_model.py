@@ -349,5 +349,10 @@ def targets_from_text(text: str) -> tuple[Target, ...]:
 
 def fingerprint(holder: str, targets: Sequence[Target], ttl: float | None) -> str:
     """A stable digest of a claim's input, to tell a replay from a conflicting reuse."""
-    text = json.dumps([holder, [target_to_json(t) for t in targets], ttl], separators=(",", ":"))
+    # Numbers are compared as floats, as the in-memory store compares them (1 == 1.0).
+    encoded = [
+        [float(x) if isinstance(x, int) and i >= 2 else x for i, x in enumerate(target_to_json(t))]
+        for t in targets
+    ]
+    text = json.dumps([holder, encoded, ttl], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

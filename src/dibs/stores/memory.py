@@ -1,0 +1,500 @@
+"""``memory://``: an in-process store for threads. Everything is lost on exit.
+
+Locking (principle 7). Every key that a claim touches maps to one lock of a
+striped table: a unit to the stripe of the unit, spans to the stripe of their
+resource, a request ID to the stripe of the ID. An operation takes the stripes
+of all its keys in ascending stripe index — one total order, intrinsic to the
+keys — so no two operations can wait on each other in a cycle. No global lock
+sits on the claim path.
+
+What guards what:
+
+* ``_units[unit]`` and the ``_spans[resource]`` list: the stripe of that key.
+* ``_requests[request_id]``: the stripe of that request ID, taken together
+  with the claim's stripes, so the record is written in the claim's atomic step.
+* A claim record's fields: the stripes of *all* its targets for a live
+  transition (confirm, extend, release, sweep). A claimant that takes over a
+  dead hold holds only the stripe of the target it takes and writes only
+  ``expired``; a dead hold never becomes live again (the clock only moves
+  forward), so that write commutes with every other.
+* The dicts themselves (``_claims``, ``_by_holder``, and the containers
+  above) rely on CPython's atomic single-operation dict updates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from dibs._clock import Clock
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    ClaimState,
+    Span,
+    SweepResult,
+    Target,
+    Unit,
+)
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    SpanKindMismatch,
+)
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+
+__all__ = ["MemoryStore"]
+
+_HELD = ClaimState.HELD
+_CONFIRMED = ClaimState.CONFIRMED
+_RELEASED = ClaimState.RELEASED
+_EXPIRED = ClaimState.EXPIRED
+
+
+class _Record:
+    """The mutable claim behind :class:`~dibs.Claim` snapshots."""
+
+    __slots__ = (
+        "created_at",
+        "expires_at",
+        "fence",
+        "holder",
+        "id",
+        "request_id",
+        "stripes",
+        "taken_over",
+        "targets",
+        "state",
+        "updated_at",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        holder: str,
+        targets: tuple[Target, ...],
+        state: ClaimState,
+        fence: int,
+        expires_at: float | None,
+        request_id: str | None,
+        now: float,
+        stripes: tuple[int, ...],
+    ) -> None:
+        self.id = id
+        self.holder = holder
+        self.targets = targets
+        self.state = state
+        self.fence = fence
+        self.expires_at = expires_at
+        self.request_id = request_id
+        self.created_at = now
+        self.updated_at = now
+        self.taken_over = False
+        self.stripes = stripes
+
+    def live(self, now: float) -> bool:
+        state = self.state
+        if state is _CONFIRMED:
+            return True
+        return state is _HELD and self.expires_at > now  # type: ignore[operator]
+
+    def snapshot(self, now: float) -> Claim:
+        state = self.state
+        if state is _HELD and self.expires_at <= now:  # type: ignore[operator]
+            state = _EXPIRED  # dead before a sweep marked it: derive on read
+        created = datetime.fromtimestamp(self.created_at, UTC)
+        return Claim(
+            id=self.id,
+            holder=self.holder,
+            targets=self.targets,
+            state=state,
+            fence=self.fence,
+            expires_at=None
+            if self.expires_at is None
+            else datetime.fromtimestamp(self.expires_at, UTC),
+            request_id=self.request_id,
+            created_at=created,
+            updated_at=created
+            if self.updated_at == self.created_at
+            else datetime.fromtimestamp(self.updated_at, UTC),
+            taken_over=self.taken_over,
+        )
+
+    def kill(self, now: float, *, taken_over: bool) -> None:
+        """Mark a dead hold expired (idempotent; see the module docstring)."""
+        self.state = _EXPIRED
+        self.taken_over = self.taken_over or taken_over
+        self.updated_at = now
+
+
+class _Request:
+    __slots__ = ("claim_id", "created_at", "fingerprint", "taken")
+
+    def __init__(
+        self, fingerprint: tuple[Any, ...], claim_id: str | None, taken: tuple[Target, ...],
+        now: float,
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.claim_id = claim_id
+        self.taken = taken
+        self.created_at = now
+
+
+class MemoryStore(Store):
+    """Claims in this process's memory, safe for many threads; lost on exit."""
+
+    scheme = "memory"
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        request_retention: float = DEFAULT_REQUEST_RETENTION,
+        stripes: int = 1024,
+    ) -> None:
+        super().__init__(clock=clock, request_retention=request_retention)
+        if isinstance(stripes, bool) or not isinstance(stripes, int) or stripes < 1:
+            raise InvalidInput(
+                f"stripes must be a positive integer, got {stripes!r}",
+                field="stripes",
+                value=stripes,
+            )
+        self._locks = [threading.Lock() for _ in range(stripes)]
+        self._nstripes = stripes
+        self._units: dict[Unit, _Record] = {}
+        self._spans: dict[str, list[tuple[Span, _Record]]] = {}
+        self._requests: dict[str, _Request] = {}
+        self._claims: dict[str, _Record] = {}
+        self._by_holder: dict[str, dict[str, _Record]] = {}
+        # next() on itertools.count is atomic under the GIL; it is only called
+        # with the claim's stripes held, so a later claim on the same target
+        # (which must take the same stripe) draws a larger fence.
+        self._fences = itertools.count(1)
+        self._id_prefix = secrets.token_hex(4)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryStore:
+        """Open from ``memory://`` (the URL carries no options)."""
+        rest = url.split("://", 1)[1]
+        if rest not in ("", "/"):
+            raise InvalidInput(
+                f"memory:// takes no path or options, got {url!r}", field="url", value=url
+            )
+        return cls(**options)
+
+    # --- locking ------------------------------------------------------------------------------
+
+    def _stripe(self, key: object) -> int:
+        return hash(key) % self._nstripes
+
+    def _target_stripes(self, targets: tuple[Target, ...]) -> tuple[int, ...]:
+        n = self._nstripes
+        return tuple(
+            sorted(
+                {
+                    hash(t) % n if isinstance(t, Unit) else hash(("span", t.resource)) % n
+                    for t in targets
+                }
+            )
+        )
+
+    @contextmanager
+    def _locked(self, stripes: tuple[int, ...]) -> Iterator[None]:
+        # `stripes` is sorted ascending: the one global order (module docstring).
+        locks = self._locks
+        for i in stripes:
+            locks[i].acquire()
+        try:
+            yield
+        finally:
+            for i in reversed(stripes):
+                locks[i].release()
+
+    # --- claim --------------------------------------------------------------------------------
+
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        stripes = self._target_stripes(targets)
+        if request_id is not None:
+            rstripe = hash(("request", request_id)) % self._nstripes
+            if rstripe not in stripes:
+                stripes = tuple(sorted((*stripes, rstripe)))
+        with self._locked(stripes):
+            # Linearization point: everything below runs with every stripe the
+            # claim touches held, so the check and the set are one step.
+            now = self._now()
+            if request_id is not None:
+                fp = (holder, targets, ttl)
+                prior = self._requests.get(request_id)
+                if prior is not None and prior.created_at + self.request_retention > now:
+                    if prior.fingerprint != fp:
+                        raise RequestConflict(
+                            f"request ID {request_id!r} was already used with different input",
+                            request_id=request_id,
+                        )
+                    return self._replay(prior, now)
+            result = self._decide(targets, holder, request_id, ttl, stripes, now)
+            if request_id is not None:
+                self._requests[request_id] = _Request(
+                    fp,
+                    result.claim.id if result.claim is not None else None,
+                    result.taken,
+                    now,
+                )
+            return result
+
+    def _replay(self, prior: _Request, now: float) -> ClaimResult:
+        if prior.claim_id is None:
+            return ClaimResult(False, None, prior.taken, replayed=True)
+        record = self._claims.get(prior.claim_id)
+        claim = record.snapshot(now) if record is not None else None
+        return ClaimResult(True, claim, (), replayed=True)
+
+    def _decide(
+        self,
+        targets: tuple[Target, ...],
+        holder: str,
+        request_id: str | None,
+        ttl: float | None,
+        stripes: tuple[int, ...],
+        now: float,
+    ) -> ClaimResult:
+        units = self._units
+        taken: list[Target] = []
+        blockers: set[_Record] = set()
+        dead: list[_Record] = []
+        for target in targets:
+            if isinstance(target, Unit):
+                current = units.get(target)
+                if current is None:
+                    continue
+                if current.live(now):
+                    taken.append(target)
+                    blockers.add(current)
+                elif current.state is _HELD:
+                    dead.append(current)
+            else:
+                for span, current in self._spans.get(target.resource, ()):
+                    if span.kind != target.kind:
+                        if current.live(now):
+                            raise SpanKindMismatch(
+                                f"resource {target.resource!r} holds {span.kind} spans; "
+                                f"cannot claim {target!r}",
+                                field="targets",
+                                value=target,
+                            )
+                        continue
+                    if not span.overlaps(target):
+                        continue
+                    if current.live(now):
+                        if target not in taken:
+                            taken.append(target)
+                        blockers.add(current)
+                    elif current.state is _HELD:
+                        dead.append(current)
+        if taken:
+            if len(blockers) == 1:
+                (mine,) = blockers
+                # Natural key: the holder re-claiming exactly what it holds.
+                if mine.holder == holder and mine.targets == targets:
+                    return ClaimResult(True, mine.snapshot(now), (), replayed=True)
+            return ClaimResult(False, None, tuple(taken))
+
+        fence = next(self._fences)
+        record = _Record(
+            f"{self._id_prefix}-{fence}",
+            holder,
+            targets,
+            _CONFIRMED if ttl is None else _HELD,
+            fence,
+            None if ttl is None else now + ttl,
+            request_id,
+            now,
+            stripes,
+        )
+        for old in dead:
+            old.kill(now, taken_over=True)
+            self._forget_holder(old)
+        for target in targets:
+            if isinstance(target, Unit):
+                units[target] = record
+            else:
+                entries = self._spans.get(target.resource)
+                if entries is None:
+                    self._spans[target.resource] = [(target, record)]
+                else:
+                    # Drop dead entries while we hold the resource's stripe.
+                    entries[:] = [e for e in entries if e[1].live(now)]
+                    entries.append((target, record))
+        self._claims[record.id] = record
+        self._by_holder.setdefault(holder, {})[record.id] = record
+        return ClaimResult(True, record.snapshot(now))
+
+    def _forget_holder(self, record: _Record) -> None:
+        mine = self._by_holder.get(record.holder)
+        if mine is not None:
+            mine.pop(record.id, None)
+
+    # --- transitions on one claim ---------------------------------------------------------------
+
+    def _owned(self, claim_id: str, holder: str) -> _Record:
+        record = self._claims.get(claim_id)
+        if record is None:
+            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+        if record.holder != holder:
+            raise NotHolder(
+                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
+            )
+        return record
+
+    def _require_live(self, record: _Record, fence: int, now: float) -> None:
+        """Raise HoldLost unless ``record`` is live and ``fence`` is its fence."""
+        if record.fence != fence:
+            raise HoldLost(
+                f"fence {fence} is not the fence of claim {record.id!r}",
+                claim_id=record.id,
+                reason=HoldLostReason.FENCE,
+            )
+        if record.state is _RELEASED:
+            raise HoldLost(
+                f"claim {record.id!r} was released",
+                claim_id=record.id,
+                reason=HoldLostReason.RELEASED,
+            )
+        if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
+            record.kill(now, taken_over=False)
+        if record.state is _EXPIRED:
+            reason = HoldLostReason.TAKEN_OVER if record.taken_over else HoldLostReason.EXPIRED
+            raise HoldLost(
+                f"hold {record.id!r} {'was taken over' if record.taken_over else 'expired'}",
+                claim_id=record.id,
+                reason=reason,
+            )
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        record = self._owned(claim_id, holder)
+        with self._locked(record.stripes):
+            # Linearization point: the state check and write under all stripes.
+            now = self._now()
+            self._require_live(record, fence, now)
+            if record.state is _HELD:
+                record.state = _CONFIRMED
+                record.expires_at = None
+                record.updated_at = now
+            return record.snapshot(now)
+
+    def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        record = self._owned(claim_id, holder)
+        with self._locked(record.stripes):
+            now = self._now()
+            self._require_live(record, fence, now)
+            if record.state is _HELD:
+                record.expires_at = now + ttl
+                record.updated_at = now
+            return record.snapshot(now)
+
+    def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        record = self._owned(claim_id, holder)
+        with self._locked(record.stripes):
+            now = self._now()
+            try:
+                self._require_live(record, fence, now)
+            except HoldLost as lost:
+                if lost.reason is HoldLostReason.FENCE:
+                    raise
+                return False
+            record.state = _RELEASED
+            record.expires_at = None
+            record.updated_at = now
+            self._detach(record, now)
+            return True
+
+    def _detach(self, record: _Record, now: float) -> None:
+        """Remove an ended record from the indexes; caller holds all its stripes."""
+        for target in record.targets:
+            if isinstance(target, Unit):
+                if self._units.get(target) is record:
+                    del self._units[target]
+            else:
+                entries = self._spans.get(target.resource)
+                if entries is not None:
+                    entries[:] = [e for e in entries if e[1] is not record and e[1].live(now)]
+                    if not entries:
+                        del self._spans[target.resource]
+        self._forget_holder(record)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _get(self, claim_id: str) -> Claim | None:
+        record = self._claims.get(claim_id)
+        if record is None:
+            return None
+        with self._locked(record.stripes):
+            return record.snapshot(self._now())
+
+    def _holder_of(self, target: Unit | Span) -> str | None:
+        now = self._now()
+        if isinstance(target, Unit):
+            record = self._units.get(target)
+            return record.holder if record is not None and record.live(now) else None
+        for span, record in list(self._spans.get(target.resource, ())):
+            if span.overlaps(target) and record.live(now):
+                return record.holder
+        return None
+
+    def _claims_of(self, holder: str) -> list[Claim]:
+        now = self._now()
+        records = list(self._by_holder.get(holder, {}).copy().values())
+        return [r.snapshot(now) for r in sorted(records, key=lambda r: r.fence) if r.live(now)]
+
+    # --- housekeeping ---------------------------------------------------------------------------
+
+    def _sweep(self) -> SweepResult:
+        expired = purged_claims = purged_requests = 0
+        now = self._now()
+        for record in list(self._claims.copy().values()):
+            if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
+                with self._locked(record.stripes):
+                    now = self._now()
+                    if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
+                        record.kill(now, taken_over=False)
+                        self._detach(record, now)
+                        expired += 1
+            elif record.state in (_RELEASED, _EXPIRED):
+                if record.state is _EXPIRED:
+                    with self._locked(record.stripes):
+                        self._detach(record, now)
+                if record.updated_at + self.request_retention <= now:
+                    self._claims.pop(record.id, None)
+                    purged_claims += 1
+        for request_id, request in list(self._requests.copy().items()):
+            if request.created_at + self.request_retention <= now:
+                stripe = hash(("request", request_id)) % self._nstripes
+                with self._locked((stripe,)):
+                    current = self._requests.get(request_id)
+                    if current is not None and current.created_at + self.request_retention <= now:
+                        del self._requests[request_id]
+                        purged_requests += 1
+        for holder, mine in list(self._by_holder.copy().items()):
+            if not mine:
+                self._by_holder.pop(holder, None)
+        return SweepResult(
+            expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
+        )
+
+    def _close(self) -> None:
+        self._units.clear()
+        self._spans.clear()
+        self._requests.clear()
+        self._claims.clear()
+        self._by_holder.clear()

@@ -1,0 +1,733 @@
+"""``sqlite:///path``: the embedded default, safe across processes on one machine.
+
+Each claim is one ``BEGIN IMMEDIATE`` transaction. SQLite admits one writer at
+a time, so the transaction's ``INSERT`` into ``dibs_units`` against its primary
+key ``(resource, slot)`` is the check, and the overlap query on ``dibs_spans``
+runs inside the same serialized write (the conflict is materialized by the
+database's single write lock). The request record is written in the same
+transaction. The WAL journal lets readers run while a writer commits.
+
+Durability: with the default ``synchronous=NORMAL`` in WAL mode a committed
+claim survives ``kill -9`` of every process; a power cut or OS crash may lose
+the last transactions before the next checkpoint. ``?synchronous=full`` makes
+every commit wait for the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from dibs._clock import Clock
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    ClaimState,
+    Span,
+    SweepResult,
+    Target,
+    Unit,
+    fingerprint,
+    span_bound_to_number,
+    targets_from_text,
+    targets_to_text,
+)
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    SchemaError,
+    SpanKindMismatch,
+    StoreUnavailable,
+)
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dibs_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dibs_claims (
+    fence      INTEGER PRIMARY KEY AUTOINCREMENT,  -- also the claim ID
+    holder     TEXT NOT NULL,
+    targets    TEXT NOT NULL,                      -- canonical JSON
+    state      TEXT NOT NULL,
+    expires_at INTEGER,                            -- µs since the epoch, store clock
+    taken_over INTEGER NOT NULL DEFAULT 0,
+    request_id TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dibs_claims_by_holder
+    ON dibs_claims (holder) WHERE state IN ('held', 'confirmed');
+CREATE INDEX IF NOT EXISTS dibs_claims_held
+    ON dibs_claims (expires_at) WHERE state = 'held';
+CREATE INDEX IF NOT EXISTS dibs_claims_ended
+    ON dibs_claims (updated_at) WHERE state IN ('released', 'expired');
+-- One row per unit of a live (or dead, not yet swept) claim: the unique key
+-- is the arbiter.
+CREATE TABLE IF NOT EXISTS dibs_units (
+    resource TEXT NOT NULL,
+    slot     TEXT NOT NULL,
+    fence    INTEGER NOT NULL,
+    PRIMARY KEY (resource, slot)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dibs_units_by_fence ON dibs_units (fence);
+CREATE TABLE IF NOT EXISTS dibs_spans (
+    resource TEXT NOT NULL,
+    lo       NOT NULL,                             -- numbers, or µs for datetimes
+    hi       NOT NULL,
+    kind     TEXT NOT NULL,
+    fence    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dibs_spans_by_resource ON dibs_spans (resource, lo);
+CREATE INDEX IF NOT EXISTS dibs_spans_by_fence ON dibs_spans (fence);
+CREATE TABLE IF NOT EXISTS dibs_requests (
+    request_id  TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    fence       INTEGER,                           -- the granted claim, or NULL
+    taken       TEXT,                              -- JSON targets when lost
+    created_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dibs_requests_by_age ON dibs_requests (created_at);
+"""
+
+_SCHEMA_STATEMENTS = [
+    "\n".join(line for line in part.splitlines() if not line.lstrip().startswith("--"))
+    for part in _SCHEMA.split(";")
+    if part.strip()
+]
+
+_LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
+_SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_T = TypeVar("_T")
+
+
+class _Lost(Exception):
+    """Internal: roll the claim back and answer "taken"."""
+
+    def __init__(self, result: ClaimResult) -> None:
+        self.result = result
+
+
+def _micros(seconds: float) -> int:
+    return int(seconds * 1_000_000)
+
+
+def _dt(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
+
+
+class SQLiteStore(Store):
+    """Claims in a SQLite file (WAL mode); safe across threads and processes on one machine."""
+
+    scheme = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "dibs.db",
+        *,
+        clock: Clock | None = None,
+        request_retention: float = DEFAULT_REQUEST_RETENTION,
+        busy_timeout: float = 60.0,
+        synchronous: str = "normal",
+    ) -> None:
+        super().__init__(clock=clock, request_retention=request_retention)
+        if not str(path):
+            raise InvalidInput("sqlite path must not be empty", field="path", value=path)
+        if str(synchronous).lower() not in _SYNCHRONOUS:
+            raise InvalidInput(
+                f"synchronous must be one of {sorted(_SYNCHRONOUS)}, got {synchronous!r}",
+                field="synchronous",
+                value=synchronous,
+            )
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+            0 < busy_timeout < float("inf")
+        ):
+            raise InvalidInput(
+                f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}",
+                field="busy_timeout",
+                value=busy_timeout,
+            )
+        self.path = os.fspath(path)
+        self.busy_timeout = float(busy_timeout)
+        self.synchronous = str(synchronous).lower()
+        self._local = threading.local()
+        self._all_lock = threading.Lock()  # guards _all (connections to close)
+        self._all: list[sqlite3.Connection] = []
+        self._create_schema()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLiteStore:
+        """Open from ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite:///:memory:``.
+
+        Query options: ``synchronous``, ``busy_timeout`` (seconds),
+        ``request_retention`` (seconds).
+        """
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidInput(
+                f"sqlite URLs name a local file (sqlite:///path), got host {parts.netloc!r}",
+                field="url",
+                value=url,
+            )
+        path = unquote(parts.path)
+        path = path[1:] if path.startswith("/") else path
+        if not path:
+            raise InvalidInput(
+                f"sqlite URL has no file path: {url!r}", field="url", value=url
+            )
+        query: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+        for name in ("busy_timeout", "request_retention"):
+            if name in query:
+                try:
+                    query[name] = float(query[name])
+                except ValueError:
+                    raise InvalidInput(
+                        f"{name} in {url!r} must be a number, got {query[name]!r}",
+                        field=name,
+                        value=query[name],
+                    ) from None
+        unknown = set(query) - {"busy_timeout", "request_retention", "synchronous"}
+        if unknown:
+            raise InvalidInput(
+                f"unknown sqlite URL option(s) {sorted(unknown)} in {url!r}",
+                field="url",
+                value=url,
+            )
+        return cls(path, **{**query, **options})
+
+    # --- connections and transactions -----------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        # A connection must not cross fork(): reopen in a child process.
+        if conn is None or self._local.pid != os.getpid():
+            conn = self._connect()
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,  # we issue BEGIN IMMEDIATE ourselves
+                check_same_thread=False,  # only so close() may close it from any thread
+                cached_statements=256,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = OFF")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite store {self.path!r}: {exc}") from exc
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; SQLite's writer lock makes it the linearization point."""
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            if conn.in_transaction:  # a losing claim may already have rolled back
+                conn.execute("COMMIT")
+
+    def _retrying(self, work: Callable[[], _T]) -> _T:
+        """Run ``work``, retrying while the database is busy, up to ``busy_timeout``."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                return work()
+            except sqlite3.OperationalError as exc:
+                message = str(exc).lower()
+                if "locked" not in message and "busy" not in message:
+                    raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"SQLite store {self.path!r} stayed busy for "
+                        f"{self.busy_timeout:g}s: {exc}"
+                    ) from exc
+                time.sleep(random.uniform(0, delay))  # full jitter
+                delay = min(delay * 2, 0.1)
+            except sqlite3.DatabaseError as exc:
+                raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
+
+    def _create_schema(self) -> None:
+        def create() -> None:
+            conn = self._connection()
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() not in ("wal", "memory"):
+                raise StoreUnavailable(f"cannot switch {self.path!r} to WAL mode (got {mode})")
+            with self._immediate() as conn:
+                # executescript() would COMMIT first; run the DDL inside our transaction.
+                for statement in _SCHEMA_STATEMENTS:
+                    conn.execute(statement)
+                row = conn.execute(
+                    "SELECT value FROM dibs_meta WHERE key = 'schema_version'"
+                ).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO dibs_meta (key, value) VALUES ('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+                elif int(row[0]) > SCHEMA_VERSION:
+                    raise SchemaError(
+                        f"{self.path!r} has dibs schema version {row[0]}, newer than this "
+                        f"dibs understands ({SCHEMA_VERSION}); upgrade dibs",
+                        found=int(row[0]),
+                        supported=SCHEMA_VERSION,
+                    )
+
+        self._retrying(create)
+
+    # --- claim ----------------------------------------------------------------------------------
+
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        text = targets_to_text(targets)
+        fp = fingerprint(holder, targets, ttl) if request_id is not None else ""
+
+        def attempt() -> ClaimResult:
+            with self._immediate() as conn:
+                now = _micros(self._now())
+                if request_id is not None:
+                    prior = self._prior_request(conn, request_id, fp, now)
+                    if prior is not None:
+                        return prior
+                    conn.execute("SAVEPOINT claim")
+                try:
+                    result = self._decide(conn, targets, text, holder, request_id, ttl, now)
+                except _Lost as lost:
+                    result = lost.result
+                    if request_id is None:
+                        conn.execute("ROLLBACK")
+                        return result
+                    conn.execute("ROLLBACK TO claim")
+                if request_id is not None:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO dibs_requests "
+                        "(request_id, fingerprint, fence, taken, created_at) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (
+                            request_id,
+                            fp,
+                            result.claim.fence if result.claim is not None else None,
+                            None if result.granted else targets_to_text(result.taken),
+                            now,
+                        ),
+                    )
+                return result
+
+        return self._retrying(attempt)
+
+    def _prior_request(
+        self, conn: sqlite3.Connection, request_id: str, fp: str, now: int
+    ) -> ClaimResult | None:
+        row = conn.execute(
+            "SELECT fingerprint, fence, taken FROM dibs_requests "
+            "WHERE request_id = ? AND created_at > ?",
+            (request_id, now - _micros(self.request_retention)),
+        ).fetchone()
+        if row is None:
+            return None
+        if row[0] != fp:
+            raise RequestConflict(
+                f"request ID {request_id!r} was already used with different input",
+                request_id=request_id,
+            )
+        if row[1] is None:
+            return ClaimResult(False, None, targets_from_text(row[2]), replayed=True)
+        return ClaimResult(True, self._read(conn, row[1], now), (), replayed=True)
+
+    def _decide(
+        self,
+        conn: sqlite3.Connection,
+        targets: tuple[Target, ...],
+        text: str,
+        holder: str,
+        request_id: str | None,
+        ttl: float | None,
+        now: int,
+    ) -> ClaimResult:
+        expires = None if ttl is None else now + _micros(ttl)
+        (fence,) = conn.execute(
+            "INSERT INTO dibs_claims (holder, targets, state, expires_at, request_id, "
+            "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING fence",
+            (holder, text, "confirmed" if ttl is None else "held", expires, request_id, now, now),
+        ).fetchone()
+        taken: list[Target] = []
+        blockers: dict[int, tuple[str, str]] = {}
+        for target in targets:
+            if isinstance(target, Unit):
+                # Linearization point for a unit: the insert against the primary key.
+                inserted = conn.execute(
+                    "INSERT INTO dibs_units (resource, slot, fence) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    (target.resource, target.slot, fence),
+                ).rowcount
+                if inserted:
+                    continue
+                row = conn.execute(
+                    f"SELECT u.fence, {_LIVE}, c.holder, c.targets FROM dibs_units u "
+                    "LEFT JOIN dibs_claims c ON c.fence = u.fence "
+                    "WHERE u.resource = :resource AND u.slot = :slot",
+                    {"resource": target.resource, "slot": target.slot, "now": now},
+                ).fetchone()
+                if row[1]:
+                    taken.append(target)
+                    blockers[row[0]] = (row[2], row[3])
+                    continue
+                # Lazy reclaim: a conditional write against the dead hold we observed.
+                conn.execute(
+                    "UPDATE dibs_units SET fence = ? WHERE resource = ? AND slot = ? AND fence = ?",
+                    (fence, target.resource, target.slot, row[0]),
+                )
+                self._take_over(conn, row[0], now)
+            else:
+                self._claim_span(conn, target, fence, now, taken, blockers)
+        if taken:
+            if len(blockers) == 1:
+                ((other, (other_holder, other_targets)),) = blockers.items()
+                # Natural key: the holder re-claiming exactly what it holds.
+                if other_holder == holder and targets_from_text(other_targets) == targets:
+                    raise _Lost(ClaimResult(True, self._read(conn, other, now), (), replayed=True))
+            raise _Lost(ClaimResult(False, None, tuple(taken)))
+        created = _dt(now)
+        assert created is not None
+        claim = Claim(
+            id=str(fence),
+            holder=holder,
+            targets=targets,
+            state=ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
+            fence=fence,
+            expires_at=_dt(expires),
+            request_id=request_id,
+            created_at=created,
+            updated_at=created,
+        )
+        return ClaimResult(True, claim)
+
+    def _claim_span(
+        self,
+        conn: sqlite3.Connection,
+        span: Span,
+        fence: int,
+        now: int,
+        taken: list[Target],
+        blockers: dict[int, tuple[str, str]],
+    ) -> None:
+        lo, hi = span_bound_to_number(span.start), span_bound_to_number(span.end)
+        # Inside the write transaction no other writer can insert between this
+        # query and our insert: SQLite's writer lock materializes the conflict.
+        rows = conn.execute(
+            f"SELECT s.rowid, s.kind, s.fence, {_LIVE}, c.holder, c.targets FROM dibs_spans s "
+            "LEFT JOIN dibs_claims c ON c.fence = s.fence "
+            "WHERE s.resource = :resource AND (s.kind != :kind OR (s.lo < :hi AND s.hi > :lo))",
+            {"resource": span.resource, "kind": span.kind, "lo": lo, "hi": hi, "now": now},
+        ).fetchall()
+        blocked = False
+        for rowid, kind, other, live, other_holder, other_targets in rows:
+            if not live:
+                conn.execute("DELETE FROM dibs_spans WHERE rowid = ?", (rowid,))
+                if kind == span.kind:
+                    self._take_over(conn, other, now)
+            elif kind != span.kind:
+                raise SpanKindMismatch(
+                    f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
+                    field="targets",
+                    value=span,
+                )
+            else:
+                blocked = True
+                blockers[other] = (other_holder, other_targets)
+        if blocked:
+            taken.append(span)
+        else:
+            conn.execute(
+                "INSERT INTO dibs_spans (resource, lo, hi, kind, fence) VALUES (?, ?, ?, ?, ?)",
+                (span.resource, lo, hi, span.kind, fence),
+            )
+
+    @staticmethod
+    def _take_over(conn: sqlite3.Connection, fence: int, now: int) -> None:
+        conn.execute(
+            "UPDATE dibs_claims SET state = 'expired', taken_over = 1, updated_at = ? "
+            "WHERE fence = ? AND state = 'held'",
+            (now, fence),
+        )
+
+    # --- transitions on one claim ---------------------------------------------------------------
+
+    def _owned(self, conn: sqlite3.Connection, claim_id: str, holder: str) -> tuple[Any, ...]:
+        fence = _parse_id(claim_id)
+        row = None
+        if fence is not None:
+            row = conn.execute(
+                "SELECT fence, holder, state, expires_at, taken_over FROM dibs_claims "
+                "WHERE fence = ?",
+                (fence,),
+            ).fetchone()
+        if row is None:
+            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+        if row[1] != holder:
+            raise NotHolder(
+                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
+            )
+        return tuple(row)
+
+    def _live_state(self, conn: sqlite3.Connection, claim_id: str, holder: str, fence: int,
+                    now: int) -> str:
+        """Return 'held' or 'confirmed', or raise why the claim is not the caller's live hold."""
+        real_fence, _, state, expires_at, taken_over = self._owned(conn, claim_id, holder)
+        if real_fence != fence:
+            raise HoldLost(
+                f"fence {fence} is not the fence of claim {claim_id!r}",
+                claim_id=claim_id,
+                reason=HoldLostReason.FENCE,
+            )
+        if state == "released":
+            raise HoldLost(
+                f"claim {claim_id!r} was released",
+                claim_id=claim_id,
+                reason=HoldLostReason.RELEASED,
+            )
+        if state == "expired" or (state == "held" and expires_at <= now):
+            raise HoldLost(
+                f"hold {claim_id!r} {'was taken over' if taken_over else 'expired'}",
+                claim_id=claim_id,
+                reason=HoldLostReason.TAKEN_OVER if taken_over else HoldLostReason.EXPIRED,
+            )
+        return str(state)
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        def attempt() -> Claim:
+            with self._immediate() as conn:
+                now = _micros(self._now())
+                # Linearization point: the check and the update share one write transaction.
+                if self._live_state(conn, claim_id, holder, fence, now) == "held":
+                    conn.execute(
+                        "UPDATE dibs_claims SET state = 'confirmed', expires_at = NULL, "
+                        "updated_at = ? WHERE fence = ? AND state = 'held' AND expires_at > ?",
+                        (now, fence, now),
+                    )
+                return self._read(conn, fence, now)
+
+        return self._retrying(attempt)
+
+    def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        def attempt() -> Claim:
+            with self._immediate() as conn:
+                now = _micros(self._now())
+                if self._live_state(conn, claim_id, holder, fence, now) == "held":
+                    conn.execute(
+                        "UPDATE dibs_claims SET expires_at = ?, updated_at = ? "
+                        "WHERE fence = ? AND state = 'held' AND expires_at > ?",
+                        (now + _micros(ttl), now, fence, now),
+                    )
+                return self._read(conn, fence, now)
+
+        return self._retrying(attempt)
+
+    def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        def attempt() -> bool:
+            with self._immediate() as conn:
+                now = _micros(self._now())
+                try:
+                    self._live_state(conn, claim_id, holder, fence, now)
+                except HoldLost as lost:
+                    if lost.reason is HoldLostReason.FENCE:
+                        raise
+                    return False
+                conn.execute(
+                    "UPDATE dibs_claims SET state = 'released', expires_at = NULL, "
+                    "updated_at = ? WHERE fence = ?",
+                    (now, fence),
+                )
+                self._detach(conn, "= ?", (fence,))
+                return True
+
+        return self._retrying(attempt)
+
+    @staticmethod
+    def _detach(conn: sqlite3.Connection, condition: str, params: tuple[Any, ...]) -> None:
+        conn.execute(f"DELETE FROM dibs_units WHERE fence {condition}", params)
+        conn.execute(f"DELETE FROM dibs_spans WHERE fence {condition}", params)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _read(conn: sqlite3.Connection, fence: int, now: int) -> Claim:
+        row = conn.execute(
+            "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
+            "updated_at, taken_over FROM dibs_claims WHERE fence = ?",
+            (fence,),
+        ).fetchone()
+        return _claim_from_row(row, now)
+
+    def _reading(self, work: Callable[[sqlite3.Connection, int], _T]) -> _T:
+        def attempt() -> _T:
+            conn = self._connection()
+            conn.execute("BEGIN")  # one snapshot for the whole read
+            try:
+                return work(conn, _micros(self._now()))
+            finally:
+                conn.execute("COMMIT")
+
+        return self._retrying(attempt)
+
+    def _get(self, claim_id: str) -> Claim | None:
+        fence = _parse_id(claim_id)
+        if fence is None:
+            return None
+
+        def read(conn: sqlite3.Connection, now: int) -> Claim | None:
+            exists = conn.execute("SELECT 1 FROM dibs_claims WHERE fence = ?", (fence,)).fetchone()
+            return self._read(conn, fence, now) if exists else None
+
+        return self._reading(read)
+
+    def _holder_of(self, target: Unit | Span) -> str | None:
+        def read(conn: sqlite3.Connection, now: int) -> str | None:
+            if isinstance(target, Unit):
+                row = conn.execute(
+                    f"SELECT c.holder FROM dibs_units u JOIN dibs_claims c ON c.fence = u.fence "
+                    f"WHERE u.resource = :resource AND u.slot = :slot AND {_LIVE}",
+                    {"resource": target.resource, "slot": target.slot, "now": now},
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT c.holder FROM dibs_spans s JOIN dibs_claims c ON c.fence = s.fence "
+                    f"WHERE s.resource = :resource AND s.kind = :kind AND s.lo < :hi "
+                    f"AND s.hi > :lo AND {_LIVE} LIMIT 1",
+                    {
+                        "resource": target.resource,
+                        "kind": target.kind,
+                        "lo": span_bound_to_number(target.start),
+                        "hi": span_bound_to_number(target.end),
+                        "now": now,
+                    },
+                ).fetchone()
+            return None if row is None else str(row[0])
+
+        return self._reading(read)
+
+    def _claims_of(self, holder: str) -> list[Claim]:
+        def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
+            rows = conn.execute(
+                "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
+                f"updated_at, taken_over FROM dibs_claims c WHERE holder = :holder "
+                f"AND state IN ('held', 'confirmed') AND {_LIVE} ORDER BY fence",
+                {"holder": holder, "now": now},
+            ).fetchall()
+            return [_claim_from_row(row, now) for row in rows]
+
+        return self._reading(read)
+
+    # --- housekeeping ---------------------------------------------------------------------------
+
+    def _sweep(self, batch: int = 500) -> SweepResult:
+        totals = {"expired": 0, "purged_requests": 0, "purged_claims": 0}
+
+        def step() -> bool:
+            # Short transactions in batches, so a big sweep never starves claimants.
+            with self._immediate() as conn:
+                now = _micros(self._now())
+                cutoff = now - _micros(self.request_retention)
+                dead = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT fence FROM dibs_claims WHERE state = 'held' AND expires_at <= ? "
+                        "LIMIT ?",
+                        (now, batch),
+                    )
+                ]
+                if dead:
+                    marks = ",".join("?" * len(dead))
+                    conn.execute(
+                        f"UPDATE dibs_claims SET state = 'expired', updated_at = ? "
+                        f"WHERE fence IN ({marks}) AND state = 'held' AND expires_at <= ?",
+                        (now, *dead, now),
+                    )
+                    self._detach(conn, f"IN ({marks})", tuple(dead))
+                    totals["expired"] += len(dead)
+                purged_requests = conn.execute(
+                    "DELETE FROM dibs_requests WHERE request_id IN (SELECT request_id FROM "
+                    "dibs_requests WHERE created_at <= ? LIMIT ?)",
+                    (cutoff, batch),
+                ).rowcount
+                ended = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT fence FROM dibs_claims WHERE state IN ('released', 'expired') "
+                        "AND updated_at <= ? LIMIT ?",
+                        (cutoff, batch),
+                    )
+                ]
+                if ended:
+                    marks = ",".join("?" * len(ended))
+                    conn.execute(f"DELETE FROM dibs_claims WHERE fence IN ({marks})", ended)
+                    self._detach(conn, f"IN ({marks})", tuple(ended))
+                totals["purged_requests"] += purged_requests
+                totals["purged_claims"] += len(ended)
+                return len(dead) == batch or purged_requests == batch or len(ended) == batch
+
+        while self._retrying(step):
+            pass
+        return SweepResult(**totals)
+
+    def _close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+
+
+def _parse_id(claim_id: str) -> int | None:
+    return int(claim_id) if claim_id.isdigit() and claim_id.isascii() else None
+
+
+def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
+    fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
+    if state == "held" and expires_at <= now:
+        state = "expired"  # dead before a sweep marked it: derive on read
+    created = _dt(created_at)
+    updated = _dt(updated_at)
+    assert created is not None and updated is not None
+    return Claim(
+        id=str(fence),
+        holder=holder,
+        targets=targets_from_text(targets),
+        state=ClaimState(state),
+        fence=fence,
+        expires_at=_dt(expires_at),
+        request_id=request_id,
+        created_at=created,
+        updated_at=updated,
+        taken_over=bool(taken),
+    )
