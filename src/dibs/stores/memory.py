@@ -58,6 +58,7 @@ _HELD = ClaimState.HELD
 _CONFIRMED = ClaimState.CONFIRMED
 _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
+_OCCUPYING = (_HELD, _CONFIRMED)
 
 
 class _Record:
@@ -333,8 +334,9 @@ class MemoryStore(Store):
                 if entries is None:
                     self._spans[target.resource] = [(target, record)]
                 else:
-                    # Drop dead entries while we hold the resource's stripe.
-                    entries[:] = [e for e in entries if e[1].live(now)]
+                    # Drop ended entries while we hold the resource's stripe; dead
+                    # holds stay until a sweep or an overlapping claimant ends them.
+                    entries[:] = [e for e in entries if e[1].state in _OCCUPYING]
                     entries.append((target, record))
         self._claims[record.id] = record
         self._by_holder.setdefault(holder, {})[record.id] = record
@@ -371,9 +373,9 @@ class MemoryStore(Store):
                 claim_id=record.id,
                 reason=HoldLostReason.RELEASED,
             )
-        if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
-            record.kill(now, taken_over=False)
-        if record.state is _EXPIRED:
+        # A dead hold is judged, not written: the sweep or a takeover marks it.
+        dead = record.state is _HELD and record.expires_at <= now  # type: ignore[operator]
+        if dead or record.state is _EXPIRED:
             reason = HoldLostReason.TAKEN_OVER if record.taken_over else HoldLostReason.EXPIRED
             raise HoldLost(
                 f"hold {record.id!r} {'was taken over' if record.taken_over else 'expired'}",
@@ -428,7 +430,9 @@ class MemoryStore(Store):
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
-                    entries[:] = [e for e in entries if e[1] is not record and e[1].live(now)]
+                    entries[:] = [
+                        e for e in entries if e[1] is not record and e[1].state in _OCCUPYING
+                    ]
                     if not entries:
                         del self._spans[target.resource]
         self._forget_holder(record)

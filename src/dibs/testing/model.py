@@ -1,0 +1,196 @@
+"""A pure model of the claim rules, to check stores against.
+
+The model is deliberately naive (lists and linear scans, no locks, no
+indexes) so that it can be read against DESIGN.md's principles line by line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dibs._model import ClaimState, Span, Target, Unit
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    NotHolder,
+    RequestConflict,
+    SpanKindMismatch,
+)
+
+__all__ = ["ModelClaim", "ModelOutcome", "ModelStore"]
+
+
+@dataclass
+class ModelClaim:
+    """One claim as the model keeps it."""
+
+    key: int
+    holder: str
+    targets: tuple[Target, ...]
+    state: ClaimState
+    fence: int
+    expires_at: float | None
+    taken_over: bool = False
+    updated_at: float = 0.0
+    purged: bool = False
+
+    def live(self, now: float) -> bool:
+        return self.state is ClaimState.CONFIRMED or (
+            self.state is ClaimState.HELD and self.expires_at is not None and self.expires_at > now
+        )
+
+    def dead_hold(self, now: float) -> bool:
+        return self.state is ClaimState.HELD and not self.live(now)
+
+    def covers(self, target: Target) -> bool:
+        return any(_conflicts(mine, target) for mine in self.targets)
+
+    def observed_state(self, now: float) -> ClaimState:
+        return ClaimState.EXPIRED if self.dead_hold(now) else self.state
+
+
+def _conflicts(a: Target, b: Target) -> bool:
+    if isinstance(a, Unit) or isinstance(b, Unit):
+        return a == b
+    return a.overlaps(b)
+
+
+@dataclass
+class ModelOutcome:
+    """What the model says a claim returns: granted key or taken targets, and replayed."""
+
+    granted: bool
+    key: int | None
+    taken: tuple[Target, ...]
+    replayed: bool
+
+
+@dataclass
+class ModelStore:
+    """The claim rules on plain lists; ``now`` is passed in by the caller."""
+
+    retention: float
+    claims: list[ModelClaim] = field(default_factory=list)
+    requests: dict[str, tuple[Any, ModelOutcome, float]] = field(default_factory=dict)
+    last_fence: int = 0
+
+    def claim(
+        self,
+        targets: tuple[Target, ...],
+        holder: str,
+        request_id: str | None,
+        ttl: float | None,
+        now: float,
+    ) -> ModelOutcome:
+        if request_id is not None and request_id in self.requests:
+            fp, outcome, at = self.requests[request_id]
+            if at + self.retention > now:
+                if fp != (holder, targets, ttl):
+                    raise RequestConflict("conflict", request_id=request_id)
+                return ModelOutcome(outcome.granted, outcome.key, outcome.taken, True)
+        outcome = self._decide(targets, holder, ttl, now)
+        if request_id is not None:
+            self.requests[request_id] = ((holder, targets, ttl), outcome, now)
+        return outcome
+
+    def _decide(
+        self, targets: tuple[Target, ...], holder: str, ttl: float | None, now: float
+    ) -> ModelOutcome:
+        for target in targets:
+            if isinstance(target, Span):
+                for other in self.claims:
+                    if other.live(now) and any(
+                        isinstance(s, Span) and s.resource == target.resource
+                        and s.kind != target.kind
+                        for s in other.targets
+                    ):
+                        raise SpanKindMismatch("mixed", field="targets", value=target)
+        taken = tuple(t for t in targets if any(c.live(now) and c.covers(t) for c in self.claims))
+        if taken:
+            blockers = {
+                c.key for t in taken for c in self.claims if c.live(now) and c.covers(t)
+            }
+            if len(blockers) == 1:
+                mine = self.claims[blockers.pop()]
+                if mine.holder == holder and mine.targets == targets:
+                    return ModelOutcome(True, mine.key, (), True)
+            return ModelOutcome(False, None, taken, False)
+        for other in self.claims:
+            if other.dead_hold(now) and any(other.covers(t) for t in targets):
+                other.state = ClaimState.EXPIRED
+                other.taken_over = True
+                other.updated_at = now
+        self.last_fence += 1
+        claim = ModelClaim(
+            key=len(self.claims),
+            holder=holder,
+            targets=targets,
+            state=ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
+            fence=self.last_fence,
+            expires_at=None if ttl is None else now + ttl,
+            updated_at=now,
+        )
+        self.claims.append(claim)
+        return ModelOutcome(True, claim.key, (), False)
+
+    def _live_or_raise(self, key: int, holder: str, fence: int, now: float) -> ModelClaim:
+        claim = self.claims[key]
+        if claim.purged:
+            raise ClaimNotFound("purged", claim_id=str(key))
+        if claim.holder != holder:
+            raise NotHolder("not holder", claim_id=str(key), holder=holder)
+        if claim.fence != fence:
+            raise HoldLost("fence", claim_id=str(key), reason=HoldLostReason.FENCE)
+        if claim.state is ClaimState.RELEASED:
+            raise HoldLost("released", claim_id=str(key), reason=HoldLostReason.RELEASED)
+        if claim.state is ClaimState.EXPIRED or claim.dead_hold(now):
+            reason = HoldLostReason.TAKEN_OVER if claim.taken_over else HoldLostReason.EXPIRED
+            raise HoldLost("lost", claim_id=str(key), reason=reason)
+        return claim
+
+    def confirm(self, key: int, holder: str, fence: int, now: float) -> ModelClaim:
+        claim = self._live_or_raise(key, holder, fence, now)
+        if claim.state is ClaimState.HELD:
+            claim.state, claim.expires_at, claim.updated_at = ClaimState.CONFIRMED, None, now
+        return claim
+
+    def extend(self, key: int, holder: str, fence: int, ttl: float, now: float) -> ModelClaim:
+        claim = self._live_or_raise(key, holder, fence, now)
+        if claim.state is ClaimState.HELD:
+            claim.expires_at, claim.updated_at = now + ttl, now
+        return claim
+
+    def release(self, key: int, holder: str, fence: int, now: float) -> bool:
+        try:
+            claim = self._live_or_raise(key, holder, fence, now)
+        except HoldLost as lost:
+            if lost.reason is HoldLostReason.FENCE:
+                raise
+            return False
+        claim.state, claim.expires_at, claim.updated_at = ClaimState.RELEASED, None, now
+        return True
+
+    def holder_of(self, target: Target, now: float) -> str | None:
+        for claim in self.claims:
+            if claim.live(now) and claim.covers(target):
+                return claim.holder
+        return None
+
+    def sweep(self, now: float) -> int:
+        expired = 0
+        for claim in self.claims:
+            if claim.dead_hold(now):
+                claim.state, claim.updated_at = ClaimState.EXPIRED, now
+                expired += 1
+            elif (
+                claim.state in (ClaimState.RELEASED, ClaimState.EXPIRED)
+                and claim.updated_at + self.retention <= now
+            ):
+                claim.purged = True
+        self.requests = {
+            rid: rec for rid, rec in self.requests.items() if rec[2] + self.retention > now
+        }
+        return expired
+
