@@ -1,0 +1,281 @@
+"""SQLite-specific guarantees: many processes on one file, kill -9, schema versions, URLs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import dibs
+from dibs import SchemaError, Unit
+from dibs.stores.sqlite import SQLiteStore
+
+PROCESSES = 4
+UNITS = 300
+
+
+def _start_together(at: float) -> None:
+    """Wait until wall-clock ``at`` so every spawned process races from the same instant."""
+    time.sleep(max(0.0, at - time.time()))
+
+
+def _rush(
+    url: str, n: int, seed: int, at: float
+) -> list[tuple[str, str | None, int | None, list[str]]]:
+    """One process racing for every unit in its own order; confirmed claims."""
+    store = dibs.open(url)
+    _start_together(at)
+    rng = random.Random(seed)
+    order = list(range(UNITS))
+    rng.shuffle(order)
+    out: list[tuple[str, str | None, int | None, list[str]]] = []
+    for k in order:
+        group = [Unit("seat", str(k)), Unit("seat", str((k + 1) % UNITS))] if k % 5 == 0 else [
+            Unit("seat", str(k))
+        ]
+        holder = f"p{n}"
+        rid = f"p{n}-{k}"
+        result = store.claim(group, holder=holder, request_id=rid)
+        # A retry of the same request must answer the same, whatever happened since.
+        again = store.claim(group, holder=holder, request_id=rid)
+        assert again.replayed and again.granted == result.granted
+        if result:
+            assert result.claim is not None
+            out.append((holder, result.claim.id, result.claim.fence, []))
+        else:
+            assert result.taken
+            out.append((holder, None, None, [t.slot for t in result.taken]))  # type: ignore[union-attr]
+    store.close()
+    return out
+
+
+def _holds(url: str, n: int, rounds: int, at: float) -> int:
+    """Short holds on few units: every process keeps taking over the others' dead holds."""
+    store = dibs.open(url)
+    _start_together(at)
+    granted = 0
+    for r in range(rounds):
+        result = store.claim(Unit("hot", str(r % 3)), holder=f"p{n}-{r}", ttl=0.002)
+        granted += bool(result)
+    store.close()
+    return granted
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'race.db'}"
+
+
+def test_processes_racing_on_one_file_get_one_winner_per_unit(url: str) -> None:
+    dibs.open(url).close()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(PROCESSES) as pool:
+        results = pool.starmap(
+            _rush, [(url, n, n, time.time() + 2) for n in range(PROCESSES)]
+        )
+    with dibs.open(url) as store:
+        winners: dict[Unit, list[str]] = {}
+        taken_slots: set[str] = set()
+        for per in results:
+            for holder, claim_id, fence, taken in per:
+                if claim_id is None:
+                    taken_slots.update(taken)
+                    continue
+                claim = store.get(claim_id)
+                assert claim is not None and claim.holder == holder and claim.fence == fence
+                for unit in claim.units:
+                    winners.setdefault(unit, []).append(holder)
+        # A unit only ever asked for inside a group can go unclaimed; every
+        # other unit is claimed by exactly one process.
+        assert len(winners) >= UNITS * 0.8
+        assert all(len(holders) == 1 for holders in winners.values()), winners
+        # Every loser was told of targets that someone really holds.
+        assert taken_slots <= {u.slot for u in winners}
+        for unit, (holder,) in winners.items():
+            assert store.holder_of(unit) == holder
+
+
+def test_processes_taking_over_dead_holds_never_overlap(url: str) -> None:
+    dibs.open(url).close()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(PROCESSES) as pool:
+        granted = pool.starmap(
+            _holds, [(url, n, 400, time.time() + 2) for n in range(PROCESSES)]
+        )
+    assert sum(granted) > 3
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    rows = conn.execute(
+        "SELECT fence, targets, created_at, expires_at FROM dibs_claims ORDER BY fence"
+    ).fetchall()
+    conn.close()
+    assert len(rows) == sum(granted)
+    last_expiry: dict[str, int] = {}
+    for _fence, targets, created_at, expires_at in rows:
+        # Ordered by fence, each grant on a unit starts no earlier than the
+        # previous hold on it expired: no grant over a live hold.
+        assert created_at >= last_expiry.get(targets, 0), targets
+        last_expiry[targets] = expires_at
+
+
+_DURABLE_CHILD = textwrap.dedent(
+    """
+    import sys, dibs
+    store = dibs.open(sys.argv[1])
+    i = int(sys.argv[2])
+    while True:
+        r = store.claim(dibs.Unit("seat", str(i)), holder="h", ttl=600, request_id=f"r{i}")
+        print("claimed", r.claim.id, flush=True)
+        store.confirm(r.claim.id, holder="h", fence=r.claim.fence)
+        print("confirmed", r.claim.id, flush=True)
+        i += 1
+    """
+)
+
+
+def test_what_returned_to_the_caller_survives_kill_9(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'durable.db'}"
+    dibs.open(url).close()
+    acknowledged: dict[str, str] = {}
+    start = 0
+    for round_ in range(4):
+        with subprocess.Popen(
+            [sys.executable, "-c", _DURABLE_CHILD, url, str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child:
+            assert child.stdout is not None
+            for _ in range(50 + 37 * round_):
+                verb, claim_id = child.stdout.readline().split()
+                acknowledged[claim_id] = verb
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+        start += 10_000
+    with dibs.open(url) as store:
+        for claim_id, verb in acknowledged.items():
+            claim = store.get(claim_id)
+            assert claim is not None, f"acknowledged claim {claim_id} was lost"
+            if verb == "confirmed":
+                assert claim.state is dibs.ClaimState.CONFIRMED
+    conn = sqlite3.connect(tmp_path / "durable.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE dibs_meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaError) as raised:
+        SQLiteStore(path)
+    assert raised.value.found == 99 and "99" in str(raised.value)
+
+
+def test_schema_is_created_once_and_stamped(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    for _ in range(3):
+        SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM dibs_meta WHERE key = 'schema_version'").fetchall() == [
+        ("1",)
+    ]
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()
+
+
+def test_default_url_is_dibs_db_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DIBS_URL", raising=False)
+    with dibs.open() as store:
+        assert isinstance(store, SQLiteStore)
+        store.claim(Unit("x"), holder="a")
+    assert (tmp_path / "dibs.db").exists()
+    monkeypatch.setenv("DIBS_URL", "memory://")
+    with dibs.open() as store:
+        assert store.scheme == "memory"
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("sqlite://", "no file path"),
+        ("sqlite://otherhost/x.db", "otherhost"),
+        ("sqlite:///x.db?synchronous=sometimes", "sometimes"),
+        ("sqlite:///x.db?busy_timeout=soon", "soon"),
+        ("sqlite:///x.db?colour=blue", "colour"),
+        ("redis://localhost/0", "redis"),
+        ("seats.db", "seats.db"),
+        ("memory://extra", "extra"),
+    ],
+)
+def test_bad_urls_name_the_problem(
+    url: str, fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(dibs.InvalidInput) as raised:
+        dibs.open(url)
+    assert fragment in str(raised.value)
+
+
+def test_url_options_are_applied(tmp_path: Path) -> None:
+    with dibs.open(
+        f"sqlite:///{tmp_path / 'o.db'}?synchronous=full&busy_timeout=5&request_retention=60"
+    ) as store:
+        assert isinstance(store, SQLiteStore)
+        assert (store.synchronous, store.busy_timeout, store.request_retention) == ("full", 5, 60)
+
+
+def test_store_survives_fork(tmp_path: Path) -> None:
+    store = dibs.open(f"sqlite:///{tmp_path / 'f.db'}")
+    store.claim(Unit("before-fork"), holder="parent")
+
+    def child(i: int) -> None:
+        # The parent's connection must not be reused across fork().
+        ok = store.claim(Unit("child", str(i)), holder="child")
+        os._exit(0 if ok else 1)
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=child, args=(i,)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert store.holder_of(Unit("child", "1")) == "child"
+    assert store.claim(Unit("after-fork"), holder="parent")
+    store.close()
+
+
+def test_busy_writers_wait_instead_of_failing(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    store = SQLiteStore(path, busy_timeout=10)
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+
+    def unblock() -> None:
+        time.sleep(0.3)
+        blocker.execute("COMMIT")
+
+    import threading
+
+    t = threading.Thread(target=unblock)
+    t.start()
+    assert store.claim(Unit("x"), holder="a")
+    t.join()
+    assert time.monotonic() - started >= 0.2  # it waited for the other writer
+    blocker.close()
+    store.close()
