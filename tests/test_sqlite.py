@@ -39,9 +39,11 @@ def _rush(
     rng.shuffle(order)
     out: list[tuple[str, str | None, int | None, list[str]]] = []
     for k in order:
-        group = [Unit("seat", str(k)), Unit("seat", str((k + 1) % UNITS))] if k % 5 == 0 else [
-            Unit("seat", str(k))
-        ]
+        group = (
+            [Unit("seat", str(k)), Unit("seat", str((k + 1) % UNITS))]
+            if k % 5 == 0
+            else [Unit("seat", str(k))]
+        )
         holder = f"p{n}"
         rid = f"p{n}-{k}"
         result = store.claim(group, holder=holder, request_id=rid)
@@ -79,9 +81,7 @@ def test_processes_racing_on_one_file_get_one_winner_per_unit(url: str) -> None:
     dibs.open(url).close()
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(PROCESSES) as pool:
-        results = pool.starmap(
-            _rush, [(url, n, n, time.time() + 2) for n in range(PROCESSES)]
-        )
+        results = pool.starmap(_rush, [(url, n, n, time.time() + 2) for n in range(PROCESSES)])
     with dibs.open(url) as store:
         winners: dict[Unit, list[str]] = {}
         taken_slots: set[str] = set()
@@ -108,9 +108,7 @@ def test_processes_taking_over_dead_holds_never_overlap(url: str) -> None:
     dibs.open(url).close()
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(PROCESSES) as pool:
-        granted = pool.starmap(
-            _holds, [(url, n, 400, time.time() + 2) for n in range(PROCESSES)]
-        )
+        granted = pool.starmap(_holds, [(url, n, 400, time.time() + 2) for n in range(PROCESSES)])
     assert sum(granted) > 3
     conn = sqlite3.connect(url.removeprefix("sqlite:///"))
     rows = conn.execute(

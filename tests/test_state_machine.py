@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-import tempfile
 import itertools
+import tempfile
+from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 import dibs

@@ -7,8 +7,8 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
@@ -188,7 +188,6 @@ class SweepResult:
     expired: int = 0
     purged_requests: int = 0
     purged_claims: int = 0
-    details: dict[str, int] = field(default_factory=dict)
 
 
 # --- input normalization shared by every store -------------------------------------------------
@@ -316,8 +315,12 @@ def target_to_json(target: Target) -> list[Any]:
     if isinstance(target, Unit):
         return ["u", target.resource, target.slot]
     if target.kind == "time":
-        return ["t", target.resource, span_bound_to_number(target.start),
-                span_bound_to_number(target.end)]
+        return [
+            "t",
+            target.resource,
+            span_bound_to_number(target.start),
+            span_bound_to_number(target.end),
+        ]
     return ["n", target.resource, target.start, target.end]
 
 
@@ -332,8 +335,6 @@ def target_from_json(item: Sequence[Any]) -> Target:
 
 
 def _from_micros(micros: int) -> datetime:
-    from datetime import timedelta
-
     return _EPOCH + timedelta(microseconds=micros)
 
 

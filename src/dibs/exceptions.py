@@ -125,7 +125,10 @@ class StoreClosed(DibsError, RuntimeError):
 
 
 class SchemaError(DibsError, RuntimeError):
-    """Raised when the stored schema version is not one this code understands."""
+    """Raised when the stored schema version (``found``) is newer than ``supported``."""
+
+    found: int
+    supported: int
 
 
 class StoreUnavailable(DibsError, ConnectionError):

@@ -71,10 +71,10 @@ class _Record:
         "holder",
         "id",
         "request_id",
+        "state",
         "stripes",
         "taken_over",
         "targets",
-        "state",
         "updated_at",
     )
 
@@ -141,7 +141,10 @@ class _Request:
     __slots__ = ("claim_id", "created_at", "fingerprint", "taken")
 
     def __init__(
-        self, fingerprint: tuple[Any, ...], claim_id: str | None, taken: tuple[Target, ...],
+        self,
+        fingerprint: tuple[Any, ...],
+        claim_id: str | None,
+        taken: tuple[Target, ...],
         now: float,
     ) -> None:
         self.fingerprint = fingerprint

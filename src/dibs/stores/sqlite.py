@@ -156,8 +156,10 @@ class SQLiteStore(Store):
                 field="synchronous",
                 value=synchronous,
             )
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
-            0 < busy_timeout < float("inf")
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, int | float)
+            or not (0 < busy_timeout < float("inf"))
         ):
             raise InvalidInput(
                 f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}",
@@ -189,9 +191,7 @@ class SQLiteStore(Store):
         path = unquote(parts.path)
         path = path[1:] if path.startswith("/") else path
         if not path:
-            raise InvalidInput(
-                f"sqlite URL has no file path: {url!r}", field="url", value=url
-            )
+            raise InvalidInput(f"sqlite URL has no file path: {url!r}", field="url", value=url)
         query: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
         for name in ("busy_timeout", "request_retention"):
             if name in query:
@@ -269,8 +269,7 @@ class SQLiteStore(Store):
                     raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
-                        f"SQLite store {self.path!r} stayed busy for "
-                        f"{self.busy_timeout:g}s: {exc}"
+                        f"SQLite store {self.path!r} stayed busy for {self.busy_timeout:g}s: {exc}"
                     ) from exc
                 time.sleep(random.uniform(0, delay))  # full jitter
                 delay = min(delay * 2, 0.1)
@@ -501,8 +500,9 @@ class SQLiteStore(Store):
             )
         return tuple(row)
 
-    def _live_state(self, conn: sqlite3.Connection, claim_id: str, holder: str, fence: int,
-                    now: int) -> str:
+    def _live_state(
+        self, conn: sqlite3.Connection, claim_id: str, holder: str, fence: int, now: int
+    ) -> str:
         """Return 'held' or 'confirmed', or raise why the claim is not the caller's live hold."""
         real_fence, _, state, expires_at, taken_over = self._owned(conn, claim_id, holder)
         if real_fence != fence:
@@ -699,7 +699,11 @@ class SQLiteStore(Store):
 
         while self._retrying(step):
             pass
-        return SweepResult(**totals)
+        return SweepResult(
+            expired=totals["expired"],
+            purged_requests=totals["purged_requests"],
+            purged_claims=totals["purged_claims"],
+        )
 
     def _close(self) -> None:
         with self._all_lock:

@@ -11,13 +11,14 @@ fixture (a fresh, empty store whose ``clock`` is a :class:`FakeClock`) and a
         pass
 """
 
+import contextlib
+
 from dibs._clock import FakeClock
 from dibs.testing.contract import StoreContract
 from dibs.testing.model import ModelStore
 
-try:
+# Hypothesis is only needed by whoever runs the state machine.
+with contextlib.suppress(ImportError):
     from dibs.testing._machine import StoreStateMachine
-except ImportError:  # pragma: no cover - Hypothesis is only needed to run the machine
-    pass
 
 __all__ = ["FakeClock", "ModelStore", "StoreContract", "StoreStateMachine"]

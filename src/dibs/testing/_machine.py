@@ -27,10 +27,15 @@ RETENTION = 100.0
 
 targets_strategy = st.lists(
     st.sampled_from([*UNITS, *SPANS]), min_size=1, max_size=3, unique=True
-).filter(lambda ts: not any(
-    a is not b and isinstance(a, Span) and isinstance(b, Span) and a.overlaps(b)
-    for a in ts for b in ts
-))
+).filter(
+    lambda ts: (
+        not any(
+            a is not b and isinstance(a, Span) and isinstance(b, Span) and a.overlaps(b)
+            for a in ts
+            for b in ts
+        )
+    )
+)
 
 
 class StoreStateMachine(RuleBasedStateMachine):
@@ -96,9 +101,7 @@ class StoreStateMachine(RuleBasedStateMachine):
         right_holder=st.booleans(),
         right_fence=st.booleans(),
     )
-    def transition(
-        self, data: Any, operation: str, right_holder: bool, right_fence: bool
-    ) -> None:
+    def transition(self, data: Any, operation: str, right_holder: bool, right_fence: bool) -> None:
         key = data.draw(st.integers(0, len(self.ids) - 1))
         claim = self.ids[key]
         holder = claim.holder if right_holder else "mallory"

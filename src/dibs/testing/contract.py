@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -461,8 +461,14 @@ class StoreContract:
     @pytest.mark.parametrize("operation", ["confirm", "extend", "release"])
     @pytest.mark.parametrize(
         ("claim_id", "holder", "fence"),
-        [("", "alice", 1), ("1", "", 1), ("1", "alice", 0), ("1", "alice", "1"),
-         ("1", "alice", True), (None, "alice", 1)],
+        [
+            ("", "alice", 1),
+            ("1", "", 1),
+            ("1", "alice", 0),
+            ("1", "alice", "1"),
+            ("1", "alice", True),
+            (None, "alice", 1),
+        ],
     )
     def test_bad_transition_input(
         self, store: Store, operation: str, claim_id: Any, holder: Any, fence: Any
@@ -510,7 +516,9 @@ class StoreContract:
         copy = pickle.loads(pickle.dumps(raised.value))
         assert type(copy) is HoldLost
         assert (copy.claim_id, copy.reason, str(copy)) == (
-            claim.id, HoldLostReason.EXPIRED, str(raised.value)
+            claim.id,
+            HoldLostReason.EXPIRED,
+            str(raised.value),
         )
 
     # --- sharing data between handles and threads -------------------------------------------
@@ -604,9 +612,7 @@ class StoreContract:
         _check_race(store, outcomes, units)
 
 
-def timezone_plus(hours: int) -> Any:
-    from datetime import timezone
-
+def timezone_plus(hours: int) -> timezone:
     return timezone(timedelta(hours=hours))
 
 

@@ -102,16 +102,15 @@ class ModelStore:
             if isinstance(target, Span):
                 for other in self.claims:
                     if other.live(now) and any(
-                        isinstance(s, Span) and s.resource == target.resource
+                        isinstance(s, Span)
+                        and s.resource == target.resource
                         and s.kind != target.kind
                         for s in other.targets
                     ):
                         raise SpanKindMismatch("mixed", field="targets", value=target)
         taken = tuple(t for t in targets if any(c.live(now) and c.covers(t) for c in self.claims))
         if taken:
-            blockers = {
-                c.key for t in taken for c in self.claims if c.live(now) and c.covers(t)
-            }
+            blockers = {c.key for t in taken for c in self.claims if c.live(now) and c.covers(t)}
             if len(blockers) == 1:
                 mine = self.claims[blockers.pop()]
                 if mine.holder == holder and mine.targets == targets:
@@ -193,4 +192,3 @@ class ModelStore:
             rid: rec for rid, rec in self.requests.items() if rec[2] + self.retention > now
         }
         return expired
-

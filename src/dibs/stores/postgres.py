@@ -1,0 +1,569 @@
+"""``postgresql://``: the arbiter for many application hosts sharing one PostgreSQL.
+
+Each operation is one call of a server-side function (see
+:mod:`dibs.stores._postgres_sql`), so it is one round trip and one
+transaction in autocommit mode:
+
+* a unit is claimed by ``INSERT … ON CONFLICT DO NOTHING`` against the primary
+  key ``(resource, slot)`` of the ``units`` table — the insert is the check;
+* an expired hold is taken over by a conditional ``UPDATE`` of the unit row it
+  was observed on, row-locked, in the claimant's transaction;
+* a span is claimed by an insert against ``EXCLUDE USING gist (resource WITH =,
+  span WITH &&)``; expired overlapping holds are deleted in the same transaction;
+* the fence comes from a sequence, drawn after every target is held;
+* confirm, extend and release are conditional updates of the claim row after
+  its unit and span rows are locked (the lock order that rules out deadlock);
+* expiry is judged on the database's ``clock_timestamp()``, never the client's.
+
+Errors are translated at one boundary (:meth:`PostgresStore._call`):
+serialization failures and deadlocks are retried with jittered backoff; a lost
+connection, a pool timeout or a server shutting down raise
+:class:`~dibs.StoreUnavailable`. After that the claim may or may not have
+committed: retry with the same request ID to learn which.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from dibs._clock import Clock
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    ClaimState,
+    Span,
+    SweepResult,
+    Target,
+    Unit,
+    fingerprint,
+    span_bound_to_number,
+    targets_from_text,
+    targets_to_text,
+)
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    SchemaError,
+    SpanKindMismatch,
+    StoreUnavailable,
+)
+from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+_T = TypeVar("_T")
+_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_MAX_ID = 2**63 - 1
+_SWEEP_BATCH = 1000
+
+# SQLSTATEs worth retrying inside the store: the transaction was rolled back
+# whole, so running it again is safe and invisible to the caller.
+_RETRY = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+# Connection trouble: the outcome is unknown to us, so the caller must decide.
+_UNAVAILABLE = (
+    psycopg.OperationalError,  # connection lost, admin shutdown (57P01), cannot connect
+    psycopg.errors.QueryCanceled,  # statement_timeout
+    psycopg.errors.InsufficientResources,  # too many connections
+    PoolTimeout,
+)
+# URL query options that belong to dibs, not to libpq.
+_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "schema": str,
+    "pool_min": int,
+    "pool_max": int,
+    "pool_timeout": float,
+    "request_retention": float,
+    "max_retries": int,
+    "create_extension": lambda v: v.lower() in ("1", "true", "yes", "on"),
+}
+
+_STATES = {s.value: s for s in ClaimState}
+_LOST_REASONS = {
+    "fence": HoldLostReason.FENCE,
+    "released": HoldLostReason.RELEASED,
+    "expired": HoldLostReason.EXPIRED,
+    "taken_over": HoldLostReason.TAKEN_OVER,
+}
+
+
+class PostgresStore(Store):
+    """Claims in a PostgreSQL database; safe across threads, processes and hosts.
+
+    ``conninfo`` is a libpq URL or key/value string. Connections come from a
+    pool of ``pool_min`` to ``pool_max`` connections; a call waits up to
+    ``pool_timeout`` seconds for one, then raises
+    :class:`~dibs.StoreUnavailable`. Tables live in the schema ``schema``,
+    created on first use with a version stamp.
+
+    ``clock`` is for tests only: when given, the store judges expiry by that
+    clock (passing its time to every statement) instead of the database's
+    ``clock_timestamp()``, so a :class:`~dibs.FakeClock` can move time. Never
+    give one clock-skewed hosts a ``clock`` in production.
+
+    Raises :class:`~dibs.StoreUnavailable` when the database cannot be reached,
+    :class:`~dibs.SchemaError` when its schema is newer than this code or
+    ``btree_gist`` is missing and the role may not create it.
+    """
+
+    scheme = "postgresql"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        clock: Clock | None = None,
+        request_retention: float = DEFAULT_REQUEST_RETENTION,
+        schema: str = "dibs",
+        pool_min: int = 1,
+        pool_max: int = 10,
+        pool_timeout: float = 10.0,
+        max_retries: int = 8,
+        create_extension: bool = True,
+    ) -> None:
+        super().__init__(clock=clock, request_retention=request_retention)
+        if not isinstance(schema, str) or not _IDENT.fullmatch(schema):
+            raise InvalidInput(
+                f"schema must be a lowercase SQL identifier, got {schema!r}",
+                field="schema",
+                value=schema,
+            )
+        for name, value, low in (("pool_min", pool_min, 0), ("pool_max", pool_max, 1),
+                                 ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInput(
+                    f"{name} must be an integer >= {low}, got {value!r}", field=name, value=value
+                )
+        if pool_min > pool_max:
+            raise InvalidInput(
+                f"pool_min ({pool_min}) must not exceed pool_max ({pool_max})",
+                field="pool_min",
+                value=pool_min,
+            )
+        if isinstance(pool_timeout, bool) or not isinstance(pool_timeout, int | float) or not (
+            0 < pool_timeout < float("inf")
+        ):
+            raise InvalidInput(
+                f"pool_timeout must be a positive number of seconds, got {pool_timeout!r}",
+                field="pool_timeout",
+                value=pool_timeout,
+            )
+        self.schema = schema
+        self.max_retries = max_retries
+        self._test_clock = clock is not None
+        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            conninfo,
+            min_size=pool_min,
+            max_size=pool_max,
+            timeout=float(pool_timeout),
+            kwargs={"autocommit": True},
+            name=f"dibs-{schema}",
+            open=False,
+        )
+        s = sql.Identifier(schema)
+        self._sql_claim = sql.SQL(
+            "SELECT * FROM {}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
+        ).format(s)
+        self._sql_transition = sql.SQL(
+            "SELECT * FROM {}.transition(%s, %s, %s, %s, %s, %s)"
+        ).format(s)
+        self._sql_sweep = sql.SQL("SELECT * FROM {}.sweep(%s, %s, %s)").format(s)
+        self._sql_get = sql.SQL(
+            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at, coalesce(%s, clock_timestamp()) FROM {}.claims WHERE id = %s"
+        ).format(s)
+        self._sql_claims_of = sql.SQL(
+            "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
+            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at, t.now FROM {}.claims c, t WHERE c.holder = %s "
+            "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
+            "ORDER BY c.fence"
+        ).format(s)
+        self._sql_holder_of_unit = sql.SQL(
+            "SELECT c.holder FROM {0}.units u JOIN {0}.claims c ON c.id = u.claim_id "
+            "WHERE u.resource = %s AND u.slot = %s "
+            "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
+        ).format(s)
+        self._sql_holder_of_span = sql.SQL(
+            "SELECT c.holder FROM {0}.spans x JOIN {0}.claims c ON c.id = x.claim_id "
+            "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
+            "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
+            "LIMIT 1"
+        ).format(s)
+        try:
+            self._pool.open(wait=False)
+            self._create_schema(create_extension)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresStore:
+        """Open from ``postgresql://user:pass@host:port/db?schema=dibs&pool_max=10``.
+
+        dibs's own query options (``schema``, ``pool_min``, ``pool_max``,
+        ``pool_timeout``, ``request_retention``, ``max_retries``,
+        ``create_extension``) are taken out; the rest go to libpq (for example
+        ``sslmode`` or ``connect_timeout``). Keyword options win over the URL.
+        Raises :class:`~dibs.InvalidInput` for a malformed option.
+        """
+        parts = urlsplit(url)
+        scheme = parts.scheme.split("+", 1)[0].lower()
+        ours: dict[str, Any] = {}
+        rest: list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            convert = _OPTIONS.get(key)
+            if convert is None:
+                rest.append((key, value))
+                continue
+            try:
+                ours[key] = convert(value)
+            except ValueError:
+                raise InvalidInput(
+                    f"{key} in the PostgreSQL URL must be a {convert.__name__}, got {value!r}",
+                    field=key,
+                    value=value,
+                ) from None
+        conninfo = urlunsplit(
+            ("postgresql" if scheme in ("postgresql", "postgres") else scheme, parts.netloc,
+             parts.path, urlencode(rest), parts.fragment)
+        )
+        return cls(conninfo, **{**ours, **options})
+
+    # --- the one boundary with the driver -------------------------------------------------------
+
+    def _call(
+        self, query: sql.Composed, params: Sequence[Any], fetch: Literal["one", "all"] = "one"
+    ) -> Any:
+        """Run one statement on a pooled connection, translating the driver's errors.
+
+        Retries serialization failures and deadlocks with full jitter, then
+        raises :class:`~dibs.StoreUnavailable`, as it does for lost
+        connections, pool timeouts and server shutdowns.
+        """
+        delay = 0.002
+        for attempt in range(self.max_retries + 1):
+            try:
+                with self._pool.connection() as conn:
+                    cur = conn.execute(query, params)
+                    return cur.fetchone() if fetch == "one" else cur.fetchall()
+            except _RETRY as exc:
+                if attempt == self.max_retries:
+                    raise StoreUnavailable(
+                        f"PostgreSQL store: gave up after {attempt + 1} attempts "
+                        f"({exc.sqlstate}: {exc})"
+                    ) from exc
+                time.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, 0.25)
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailable(f"PostgreSQL store unavailable: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _now_param(self) -> datetime | None:
+        """The test clock's time for statements, or None to use the database clock."""
+        if not self._test_clock:
+            return None
+        return _from_micros(int(self.clock.now() * 1_000_000))
+
+    def _now(self) -> float:
+        if self._test_clock:
+            return self.clock.now()
+        (now,) = self._call(sql.SQL("SELECT clock_timestamp()").format(), ())
+        return float(now.timestamp())
+
+    # --- schema -----------------------------------------------------------------------------------
+
+    def _create_schema(self, create_extension: bool) -> None:
+        s = sql.Identifier(self.schema)
+        try:
+            with self._pool.connection() as conn:
+                version = _schema_version(conn, self.schema)
+                if version == SCHEMA_VERSION:
+                    return
+                with conn.transaction():
+                    # One creator at a time across every host; the others wait, then
+                    # find the schema at the current version.
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs:{self.schema}",)
+                    )
+                    version = _schema_version(conn, self.schema)
+                    if version > SCHEMA_VERSION:
+                        raise SchemaError(
+                            f"PostgreSQL schema {self.schema!r} is at dibs schema version "
+                            f"{version}, newer than this dibs understands ({SCHEMA_VERSION}); "
+                            "upgrade dibs",
+                            found=version,
+                            supported=SCHEMA_VERSION,
+                        )
+                    if version == 0:
+                        self._ensure_extension(conn, create_extension)
+                        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+                    for steps in MIGRATIONS[version:]:
+                        for step in steps:
+                            conn.execute(step.format(s=s.as_string(conn)).encode())
+                    conn.execute(
+                        sql.SQL(
+                            "INSERT INTO {}.meta (key, value) VALUES ('schema_version', %s) "
+                            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+                        ).format(s),
+                        (str(SCHEMA_VERSION),),
+                    )
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"PostgreSQL store unavailable: {exc}") from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise SchemaError(
+                f"cannot create dibs schema {self.schema!r}: {exc}. Grant CREATE on the "
+                "database to this role, or create the schema once as its owner",
+                found=0,
+                supported=SCHEMA_VERSION,
+            ) from exc
+
+    def _ensure_extension(self, conn: psycopg.Connection[TupleRow], create: bool) -> None:
+        present = conn.execute(
+            "SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'"
+        ).fetchone()
+        if present:
+            return
+        if create:
+            try:
+                with conn.transaction():
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        raise SchemaError(
+            "the btree_gist extension is missing and this role may not create it; run "
+            "'CREATE EXTENSION btree_gist;' once in this database as a superuser",
+            found=0,
+            supported=SCHEMA_VERSION,
+        )
+
+    # --- claim ----------------------------------------------------------------------------------
+
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        units = [t for t in targets if isinstance(t, Unit)]
+        spans = [t for t in targets if isinstance(t, Span)]
+        text = targets_to_text(targets)
+        params = (
+            holder,
+            text,
+            ttl,
+            request_id,
+            fingerprint(holder, targets, ttl) if request_id is not None else None,
+            self._now_param(),
+            self.request_retention,
+            [u.resource for u in units],
+            [u.slot for u in units],
+            [x.resource for x in spans] if spans else None,
+            [x.kind for x in spans] if spans else None,
+            [_bound(x.start) for x in spans] if spans else None,
+            [_bound(x.end) for x in spans] if spans else None,
+        )
+        try:
+            row = self._call(self._sql_claim, params)
+        except psycopg.Error as exc:
+            raise self._claim_error(exc, targets, request_id) from exc
+        outcome, taken = row[0], row[1]
+        if outcome in ("granted", "replayed"):
+            claim = _claim_from_row(row[2:12], row[12]) if row[2] is not None else None
+            return ClaimResult(True, claim, (), replayed=outcome == "replayed")
+        return ClaimResult(
+            False, None, tuple(targets[i] for i in taken), replayed=outcome == "replayed_taken"
+        )
+
+    def _claim_error(
+        self, exc: psycopg.Error, targets: tuple[Target, ...], request_id: str | None
+    ) -> Exception:
+        diag = exc.diag
+        if exc.sqlstate == "DB002":
+            return RequestConflict(
+                f"request ID {request_id!r} was already used with different input",
+                request_id=request_id,
+            )
+        if exc.sqlstate == "DB001":
+            index, kind = (diag.message_detail or "0 ?").split(" ", 1)
+            span = targets[int(index)]
+            assert isinstance(span, Span)
+            return SpanKindMismatch(
+                f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
+                field="targets",
+                value=span,
+            )
+        return exc
+
+    # --- transitions on one claim ---------------------------------------------------------------
+
+    def _transition(
+        self, op: str, claim_id: str, holder: str, fence: int, ttl: float | None
+    ) -> tuple[str, Claim | None]:
+        number = _parse_id(claim_id)
+        if number is None:
+            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+        row = self._call(
+            self._sql_transition, (op, number, holder, fence, ttl, self._now_param())
+        )
+        status = row[0]
+        if status == "not_found":
+            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+        if status == "not_holder":
+            raise NotHolder(
+                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
+            )
+        return status, _claim_from_row(row[1:11], row[11])
+
+    @staticmethod
+    def _lost(status: str, claim_id: str, fence: int) -> HoldLost:
+        reason = _LOST_REASONS[status]
+        message = {
+            HoldLostReason.FENCE: f"fence {fence} is not the fence of claim {claim_id!r}",
+            HoldLostReason.RELEASED: f"claim {claim_id!r} was released",
+            HoldLostReason.EXPIRED: f"hold {claim_id!r} expired",
+            HoldLostReason.TAKEN_OVER: f"hold {claim_id!r} was taken over",
+        }[reason]
+        return HoldLost(message, claim_id=claim_id, reason=reason)
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        status, claim = self._transition("confirm", claim_id, holder, fence, None)
+        if status != "ok":
+            raise self._lost(status, claim_id, fence)
+        assert claim is not None
+        return claim
+
+    def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        status, claim = self._transition("extend", claim_id, holder, fence, ttl)
+        if status != "ok":
+            raise self._lost(status, claim_id, fence)
+        assert claim is not None
+        return claim
+
+    def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        status, _ = self._transition("release", claim_id, holder, fence, None)
+        if status == "fence":
+            raise self._lost(status, claim_id, fence)
+        return status == "ok"
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _get(self, claim_id: str) -> Claim | None:
+        number = _parse_id(claim_id)
+        if number is None:
+            return None
+        row = self._call(self._sql_get, (self._now_param(), number))
+        return None if row is None else _claim_from_row(row[:10], row[10])
+
+    def _holder_of(self, target: Unit | Span) -> str | None:
+        if isinstance(target, Unit):
+            row = self._call(
+                self._sql_holder_of_unit, (target.resource, target.slot, self._now_param())
+            )
+        else:
+            row = self._call(
+                self._sql_holder_of_span,
+                (target.resource, target.kind, _bound(target.start), _bound(target.end),
+                 self._now_param()),
+            )
+        return None if row is None else str(row[0])
+
+    def _claims_of(self, holder: str) -> list[Claim]:
+        rows = self._call(self._sql_claims_of, (self._now_param(), holder), fetch="all")
+        return [_claim_from_row(row[:10], row[10]) for row in rows]
+
+    # --- housekeeping ---------------------------------------------------------------------------
+
+    def _sweep(self) -> SweepResult:
+        expired = purged_claims = purged_requests = 0
+        while True:
+            # Batches in short transactions, so a big sweep never holds many locks.
+            e, c, r = self._call(
+                self._sql_sweep, (self._now_param(), self.request_retention, _SWEEP_BATCH)
+            )
+            expired, purged_claims, purged_requests = (
+                expired + e, purged_claims + c, purged_requests + r
+            )
+            if max(e, c, r) < _SWEEP_BATCH:
+                return SweepResult(
+                    expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
+                )
+
+    def _close(self) -> None:
+        self._pool.close()
+
+
+def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)
+    ).fetchone()
+    if not row or not row[0]:
+        return 0
+    found = conn.execute(
+        sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(
+            sql.Identifier(schema)
+        )
+    ).fetchone()
+    return int(found[0]) if found else 0
+
+
+def _parse_id(claim_id: str) -> int | None:
+    if not claim_id.isascii() or not claim_id.isdigit():
+        return None
+    number = int(claim_id)
+    return number if 0 < number <= _MAX_ID else None
+
+
+def _bound(value: int | float | datetime) -> Decimal:
+    """A span bound as an exact numeric: numbers as they are, datetimes in µs."""
+    return Decimal(span_bound_to_number(value))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _from_micros(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def _claim_from_row(row: Sequence[Any], now: datetime) -> Claim:
+    (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created,
+     updated) = row
+    claim_state = _STATES[state]
+    if claim_state is ClaimState.HELD and expires_at <= now:
+        claim_state = ClaimState.EXPIRED  # dead before a sweep marked it: derive on read
+    created_at = _utc(created)
+    updated_at = _utc(updated)
+    assert created_at is not None and updated_at is not None
+    return Claim(
+        id=str(id_),
+        holder=holder,
+        targets=targets_from_text(targets),
+        state=claim_state,
+        fence=fence,
+        expires_at=_utc(expires_at),
+        request_id=request_id,
+        created_at=created_at,
+        updated_at=updated_at,
+        taken_over=bool(taken_over),
+    )
