@@ -45,8 +45,10 @@ class FakeClock:
 
     def advance(self, seconds: float) -> float:
         """Move time forward by ``seconds`` and return the new time."""
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-            0 <= seconds < float("inf")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not (0 <= seconds < float("inf"))
         ):
             raise InvalidInput(
                 f"advance() takes a finite number of seconds >= 0, got {seconds!r}",
