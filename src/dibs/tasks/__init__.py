@@ -1,0 +1,46 @@
+"""Scheduled, recurring and cancellable tasks in one process (durable mode: on a store).
+
+>>> from dibs.tasks import TaskProcessor
+>>> with TaskProcessor(workers=2) as tasks:
+...     handle = tasks.submit(sum, [1, 2, 3])
+...     handle.result(timeout=5)
+6
+
+Needs the ``tasks`` extra (``pip install 'dibs[tasks]'``) for cron schedules.
+"""
+
+from dibs.tasks._errors import (
+    CancelReason,
+    NotInTask,
+    ProcessorClosed,
+    TaskCancelled,
+    TaskTimeout,
+    UnknownTask,
+    WaitTimeout,
+)
+from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, TaskStatus, current
+from dibs.tasks._processor import TaskProcessor
+from dibs.tasks._schedules import Coalesce, Misfire, Schedule
+from dibs.tasks._time import ManualClock, WakingClock
+
+__all__ = [
+    "Backoff",
+    "CancelReason",
+    "CancelToken",
+    "Coalesce",
+    "ManualClock",
+    "Misfire",
+    "NotInTask",
+    "ProcessorClosed",
+    "Schedule",
+    "TaskCancelled",
+    "TaskContext",
+    "TaskHandle",
+    "TaskProcessor",
+    "TaskStatus",
+    "TaskTimeout",
+    "UnknownTask",
+    "WaitTimeout",
+    "WakingClock",
+    "current",
+]

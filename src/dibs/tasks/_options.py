@@ -1,0 +1,64 @@
+"""Input checks shared by submit(), every(), cron() and durable task registration."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dibs.exceptions import InvalidInput
+from dibs.tasks._handle import Backoff
+
+__all__ = ["check_fn", "check_id", "task_options"]
+
+
+def check_fn(fn: object) -> None:
+    """Raise :class:`~dibs.InvalidInput` unless ``fn`` is callable."""
+    if not callable(fn):
+        raise InvalidInput(f"fn must be callable, got {fn!r}", field="fn", value=fn)
+
+
+def check_id(value: object, field: str) -> str:
+    """Return ``value`` or raise :class:`~dibs.InvalidInput` unless it is a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(
+            f"{field} must be a non-empty string, got {value!r}", field=field, value=value
+        )
+    return value
+
+
+def task_options(
+    retries: object, backoff: object, timeout: object
+) -> tuple[int, Backoff, float | None]:
+    """Validate and normalize the per-task execution options.
+
+    ``backoff`` may be a :class:`Backoff` or a number (the base delay in
+    seconds). Raises :class:`~dibs.InvalidInput` for a negative or non-int
+    ``retries``, a bad backoff, or a ``timeout`` that is not None or > 0.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise InvalidInput(
+            f"retries must be an int >= 0, got {retries!r}", field="retries", value=retries
+        )
+    if not isinstance(backoff, Backoff):
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float):
+            raise InvalidInput(
+                f"backoff must be a Backoff or a base delay in seconds, got {backoff!r}",
+                field="backoff",
+                value=backoff,
+            )
+        backoff = Backoff(base=float(backoff))
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise InvalidInput(
+            f"timeout must be None or seconds > 0, got {timeout!r}", field="timeout", value=timeout
+        )
+    return retries, backoff, None if timeout is None else float(timeout)
+
+
+def describe(fn: Any) -> str:
+    """A readable name for a task function in logs."""
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))

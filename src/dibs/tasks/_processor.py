@@ -1,0 +1,269 @@
+"""TaskProcessor: the public face of dibs.tasks; it checks input and hands work to the engine."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import secrets
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from dibs._clock import Clock
+from dibs.exceptions import InvalidInput
+from dibs.tasks._engine import Engine
+from dibs.tasks._errors import ProcessorClosed
+from dibs.tasks._handle import Backoff, TaskHandle
+from dibs.tasks._options import check_fn, check_id, task_options
+from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
+from dibs.tasks._time import to_epoch, to_seconds
+from dibs.tasks._triggers import CronTrigger, EveryTrigger, Trigger, zone
+
+__all__ = ["TaskProcessor"]
+
+R = TypeVar("R")
+DEFAULT_BACKOFF = Backoff()
+"""Retry n waits up to min(300, 2**(n-1)) seconds, uniformly at random."""
+DEFAULT_MISFIRE = Misfire()
+"""Catch up once: one run, for the latest missed occurrence, however late."""
+
+
+class TaskProcessor:
+    """Runs functions now, later, on an interval or on cron, on ``workers`` threads.
+
+    Use it as a context manager: leaving the block shuts it down and waits for
+    the work already submitted. ``clock`` is for tests (a
+    :class:`~dibs.tasks.ManualClock`); ``rng`` drives backoff jitter. Raises
+    :class:`~dibs.InvalidInput` for a bad argument.
+    """
+
+    def __init__(
+        self,
+        workers: int = 4,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        name: str = "dibs-tasks",
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise InvalidInput(
+                f"workers must be an int >= 1, got {workers!r}", field="workers", value=workers
+            )
+        self._engine = Engine(workers, clock, rng, name)
+        self._prefix = secrets.token_hex(3)
+        self._ids = itertools.count(1)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock due times are read on."""
+        return self._engine.alarm.clock
+
+    def submit(
+        self,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        at: object = None,
+        delay: object = None,
+        key: str | None = None,
+        retries: int = 0,
+        backoff: Backoff | float = DEFAULT_BACKOFF,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle[R]:
+        """Run ``fn(*args, **kwargs)`` now, at ``at`` (aware datetime or epoch), or after ``delay``.
+
+        With ``key``, a second submit while a task with that key is unfinished
+        returns the first task's handle. A failed attempt is retried up to
+        ``retries`` times after an exponential ``backoff`` with full jitter;
+        ``timeout`` (seconds) bounds each attempt. Coroutine functions run on
+        the worker's event loop. Raises :class:`~dibs.InvalidInput` for bad
+        arguments and :class:`ProcessorClosed` once shutdown has begun.
+        """
+        check_fn(fn)
+        retries, backoff, timeout = task_options(retries, backoff, timeout)
+        if key is not None:
+            check_id(key, "key")
+        if at is not None and delay is not None:
+            raise InvalidInput("give at= or delay=, not both", field="delay", value=delay)
+        engine = self._engine
+        due: float | None = None
+        if at is not None:
+            due = to_epoch(at, "at")
+        elif delay is not None:
+            due = engine.alarm.now() + to_seconds(delay, "delay", allow_zero=True)
+        with engine.lock:
+            self._check_open()
+            if key is not None:
+                first = engine.keys.get(key)
+                if first is not None and not first.done():
+                    return first
+            handle: TaskHandle[R] = TaskHandle(
+                engine, f"t-{self._prefix}-{next(self._ids)}", fn, args, kwargs,
+                key=key, retries=retries, backoff=backoff, timeout=timeout,
+            )  # fmt: skip
+            if key is not None:
+                engine.keys[key] = handle
+            engine.add(handle, due)
+        return handle
+
+    def every(
+        self,
+        interval: object,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        start: object = None,
+        id: str | None = None,
+        misfire: Misfire = DEFAULT_MISFIRE,
+        max_running: int = 1,
+        retries: int = 0,
+        backoff: Backoff | float = DEFAULT_BACKOFF,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Schedule:
+        """Run ``fn`` at ``start + k * interval`` (default start: one interval from now).
+
+        Occurrences are computed from ``start``, never from when a run
+        finished, so they do not drift; those before now are not run.
+        ``interval`` is seconds or a timedelta. Raises
+        :class:`~dibs.InvalidInput` for bad arguments or an ``id`` in use.
+        """
+        seconds = to_seconds(interval, "interval")
+        anchor = self._engine.alarm.now() + seconds if start is None else to_epoch(start, "start")
+        return self._add_schedule(
+            EveryTrigger(seconds, anchor), fn, args, kwargs,
+            id, misfire, max_running, retries, backoff, timeout,
+        )  # fmt: skip
+
+    def cron(
+        self,
+        expr: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        tz: object = "UTC",
+        id: str | None = None,
+        misfire: Misfire = DEFAULT_MISFIRE,
+        max_running: int = 1,
+        retries: int = 0,
+        backoff: Backoff | float = DEFAULT_BACKOFF,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Schedule:
+        """Run ``fn`` at the wall-clock times of cron ``expr`` in IANA zone ``tz`` (default UTC).
+
+        A local time skipped by a DST change runs once, at the first instant
+        after the gap; a local time repeated by one runs once, the first time.
+        Raises :class:`~dibs.InvalidInput` for a bad expression, zone or
+        argument, or an ``id`` in use.
+        """
+        return self._add_schedule(
+            CronTrigger(expr, zone(tz)), fn, args, kwargs,
+            id, misfire, max_running, retries, backoff, timeout,
+        )  # fmt: skip
+
+    def schedules(self) -> list[Schedule]:
+        """Snapshots of the live schedules, in the order they were added."""
+        with self._engine.lock:
+            return [state.snapshot() for state in self._engine.schedules.values()]
+
+    def unschedule(self, schedule_id: str) -> bool:
+        """Stop a schedule (runs already started go on); return False if there was none."""
+        with self._engine.lock:
+            return self._engine.remove_schedule(schedule_id)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is due, queued or running; return False if ``timeout`` passed first.
+
+        ``timeout`` is real seconds. Tasks timed for later do not count until due.
+        """
+        with self._engine.lock:
+            return self._engine.wait_idle(timeout)
+
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop taking work, finish what was submitted, cancel what is left at the deadline.
+
+        Schedules stop at once. Tasks already submitted (queued, running, timed
+        for later or waiting for a retry) go on until ``timeout`` seconds on the
+        processor's clock (None: no deadline); then the unstarted are cancelled
+        and the running are asked to stop through their tokens. With ``wait``,
+        returns when everything has finished or the deadline has passed; called
+        from one of its own tasks, it never waits. Raises
+        :class:`~dibs.InvalidInput` for a negative timeout.
+        """
+        engine = self._engine
+        if timeout is not None:
+            timeout = to_seconds(timeout, "timeout", allow_zero=True)
+        with engine.lock:
+            engine.close(None if timeout is None else engine.alarm.now() + timeout)
+            if not wait or threading.current_thread() in engine.workers:
+                return
+            engine.idle.wait_for(lambda: engine.finished)
+            # A worker stuck in a task that ignored its token is left behind (daemon).
+            join_workers = not engine.deadline_passed and engine.abandoned == 0
+        if join_workers:
+            for thread in engine.workers:
+                thread.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown(wait=True)
+
+    def _check_open(self) -> None:
+        if self._engine.closing:
+            raise ProcessorClosed("the task processor is shutting down; it takes no new work")
+
+    def _add_schedule(
+        self,
+        trigger: Trigger,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        schedule_id: str | None,
+        misfire: Misfire,
+        max_running: int,
+        retries: int,
+        backoff: Backoff | float,
+        timeout: float | None,
+    ) -> Schedule:
+        check_fn(fn)
+        retries, backoff, timeout = task_options(retries, backoff, timeout)
+        if not isinstance(misfire, Misfire):
+            raise InvalidInput(
+                f"misfire must be a Misfire, got {misfire!r}", field="misfire", value=misfire
+            )
+        if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+            raise InvalidInput(
+                f"max_running must be an int >= 1, got {max_running!r}",
+                field="max_running",
+                value=max_running,
+            )
+        if schedule_id is not None:
+            check_id(schedule_id, "id")
+        engine = self._engine
+        with engine.lock:
+            self._check_open()
+            if schedule_id is None:
+                schedule_id = f"s-{self._prefix}-{next(self._ids)}"
+            if schedule_id in engine.schedules:
+                raise InvalidInput(
+                    f"a schedule with id {schedule_id!r} already exists",
+                    field="id",
+                    value=schedule_id,
+                )
+            state = ScheduleState(
+                schedule_id, trigger, fn, args, kwargs,
+                first=trigger.first_at_or_after(engine.alarm.now()), misfire=misfire,
+                max_running=max_running, retries=retries, backoff=backoff, timeout=timeout,
+            )  # fmt: skip
+            engine.add_schedule(state)
+            return state.snapshot()

@@ -1,0 +1,176 @@
+"""Time for the scheduler: reading a clock, waiting on it, and turning user times into epochs.
+
+The scheduler keeps every due time as epoch seconds on its clock and sleeps on
+a condition variable until the earliest one. With the system clock that is a
+timed wait; with a clock that jumps by hand (tests) a timed wait would never
+notice the jump, so such a clock must say when it moves: :class:`ManualClock`
+does, and :class:`Alarm` subscribes to it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from dibs._clock import Clock, FakeClock, SystemClock
+from dibs.exceptions import InvalidInput
+
+__all__ = ["Alarm", "ManualClock", "WakingClock", "to_epoch", "to_seconds"]
+
+MAX_REAL_WAIT = 30.0
+"""Longest single timed wait on a real clock.
+
+``Condition.wait`` measures its timeout on the monotonic clock, but due times
+are on the wall clock; re-reading the wall clock at least this often bounds how
+late a run can be after the system clock is stepped forward (NTP, suspend).
+"""
+
+
+@runtime_checkable
+class WakingClock(Protocol):
+    """A clock that calls back whenever it jumps, so waits on it can end early."""
+
+    def now(self) -> float:
+        """Return the current time in seconds since the epoch."""
+        ...
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every jump; return a function that unsubscribes."""
+        ...
+
+
+class ManualClock(FakeClock):
+    """A :class:`dibs.FakeClock` that wakes the schedulers waiting on it when it advances.
+
+    Pass it as ``TaskProcessor(clock=ManualClock())`` and move time with
+    :meth:`advance`; due tasks are then dispatched at once. Raises like
+    :class:`~dibs.FakeClock`.
+    """
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        super().__init__(start)
+        self._subscribers: dict[int, Callable[[], None]] = {}
+        self._next_token = 0
+        self._subscribers_lock = threading.Lock()  # guards _subscribers and _next_token
+
+    def advance(self, seconds: float) -> float:
+        """Move time forward by ``seconds``, wake every subscriber, return the new time."""
+        now = super().advance(seconds)
+        with self._subscribers_lock:
+            callbacks = list(self._subscribers.values())
+        # Called outside our lock: a callback takes its scheduler's lock, and a
+        # scheduler never calls into the clock while holding ours.
+        for callback in callbacks:
+            callback()
+        return now
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every :meth:`advance`; return an unsubscribe function."""
+        with self._subscribers_lock:
+            token = self._next_token
+            self._next_token += 1
+            self._subscribers[token] = callback
+
+        def unsubscribe() -> None:
+            with self._subscribers_lock:
+                self._subscribers.pop(token, None)
+
+        return unsubscribe
+
+
+class Alarm:
+    """Waits on a condition variable until notified or until a due time on a clock.
+
+    Raises :class:`~dibs.InvalidInput` for a plain :class:`~dibs.FakeClock`,
+    which cannot tell a waiting scheduler that it moved.
+    """
+
+    def __init__(self, clock: Clock | None, condition: threading.Condition) -> None:
+        if clock is None:
+            clock = SystemClock()
+        if isinstance(clock, FakeClock) and not isinstance(clock, WakingClock):
+            raise InvalidInput(
+                "a FakeClock cannot wake a waiting scheduler when it advances; "
+                "use dibs.tasks.ManualClock instead",
+                field="clock",
+                value=clock,
+            )
+        self.clock = clock
+        self._condition = condition
+        self._unsubscribe: Callable[[], None] | None = None
+        if isinstance(clock, WakingClock):
+            self._unsubscribe = clock.subscribe(self.ring)
+
+    @property
+    def manual(self) -> bool:
+        """Whether time moves only when the clock says so (no timed waits)."""
+        return self._unsubscribe is not None
+
+    def now(self) -> float:
+        """The clock's current time."""
+        return self.clock.now()
+
+    def ring(self) -> None:
+        """Wake every thread waiting in :meth:`wait`."""
+        with self._condition:
+            self._condition.notify_all()
+
+    def wait(self, due: float | None) -> None:
+        """Block (the condition's lock held) until notified or until ``due`` on the clock."""
+        if due is None or self.manual:
+            self._condition.wait()
+            return
+        remaining = due - self.clock.now()
+        if remaining > 0:
+            self._condition.wait(min(remaining, MAX_REAL_WAIT))
+
+    def close(self) -> None:
+        """Stop listening to the clock."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+
+
+def to_epoch(value: object, field: str) -> float:
+    """Return an aware datetime or epoch number as epoch seconds.
+
+    Raises :class:`~dibs.InvalidInput` for naive datetimes, NaN and other types.
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidInput(
+                f"{field} must be timezone-aware, got naive {value!r}", field=field, value=value
+            )
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(
+            f"{field} must be an aware datetime or epoch seconds, got {value!r}",
+            field=field,
+            value=value,
+        )
+    return float(value)
+
+
+def to_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    """Return a duration (number of seconds or timedelta) as seconds.
+
+    Raises :class:`~dibs.InvalidInput` unless it is finite and positive (or zero
+    where allowed).
+    """
+    seconds: object = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+        or (seconds == 0 and not allow_zero)
+    ):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidInput(
+            f"{field} must be a finite number of seconds {bound} or a timedelta, got {value!r}",
+            field=field,
+            value=value,
+        )
+    return float(seconds)
