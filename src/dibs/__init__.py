@@ -24,10 +24,13 @@ from dibs.exceptions import (
     StoreUnavailable,
     UnknownScheme,
 )
+from dibs.paths import PathsExhausted, ReservedPath, reserve_path
+from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
 from dibs.stores.base import Store
 
 __all__ = [
+    "AsyncSingleFlight",
     "Claim",
     "ClaimNotFound",
     "ClaimResult",
@@ -35,12 +38,16 @@ __all__ = [
     "Clock",
     "DibsError",
     "FakeClock",
+    "FlightResult",
     "HoldLost",
     "HoldLostReason",
     "InvalidInput",
     "NotHolder",
+    "PathsExhausted",
     "RequestConflict",
+    "ReservedPath",
     "SchemaError",
+    "SingleFlight",
     "Span",
     "SpanKindMismatch",
     "Store",
@@ -50,7 +57,9 @@ __all__ = [
     "SystemClock",
     "Target",
     "Unit",
+    "UnknownScheme",
     "open",
+    "reserve_path",
 ]
 
 __version__ = "0.1.0"
