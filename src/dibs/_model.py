@@ -129,7 +129,7 @@ class ClaimState(enum.StrEnum):
     EXPIRED = "expired"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Claim:
     """A snapshot of one claim as the store recorded it.
 
@@ -161,7 +161,7 @@ class Claim:
         return tuple(t for t in self.targets if isinstance(t, Span))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClaimResult:
     """The answer to a claim: truthy when granted, else ``taken`` says what blocked it.
 
@@ -190,6 +190,54 @@ class SweepResult:
     purged_claims: int = 0
 
 
+# Claim and ClaimResult are made on every claim. A frozen dataclass's __init__
+# sets each field through object.__setattr__, which costs more than the rest of
+# an in-memory claim, so the stores build them through these (same objects,
+# same equality; no __slots__ so that __dict__ can be filled in one call).
+_new = object.__new__
+
+
+def make_claim(
+    id: str,
+    holder: str,
+    targets: tuple[Target, ...],
+    state: ClaimState,
+    fence: int,
+    expires_at: datetime | None,
+    request_id: str | None,
+    created_at: datetime,
+    updated_at: datetime,
+    taken_over: bool = False,
+) -> Claim:
+    """Build a :class:`Claim` without the frozen-dataclass ``__init__`` overhead."""
+    claim: Claim = _new(Claim)
+    claim.__dict__.update(
+        id=id,
+        holder=holder,
+        targets=targets,
+        state=state,
+        fence=fence,
+        expires_at=expires_at,
+        request_id=request_id,
+        created_at=created_at,
+        updated_at=updated_at,
+        taken_over=taken_over,
+    )
+    return claim
+
+
+def make_result(
+    granted: bool,
+    claim: Claim | None = None,
+    taken: tuple[Target, ...] = (),
+    replayed: bool = False,
+) -> ClaimResult:
+    """Build a :class:`ClaimResult` without the frozen-dataclass ``__init__`` overhead."""
+    result: ClaimResult = _new(ClaimResult)
+    result.__dict__.update(granted=granted, claim=claim, taken=taken, replayed=replayed)
+    return result
+
+
 # --- input normalization shared by every store -------------------------------------------------
 
 
@@ -199,7 +247,7 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
     Raises :class:`InvalidInput` for an empty list, a non-target or overlapping
     spans within one request.
     """
-    if isinstance(targets, Unit | Span):
+    if type(targets) is Unit or isinstance(targets, Unit | Span):
         return (targets,)
     if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):
         raise InvalidInput(

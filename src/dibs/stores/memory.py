@@ -10,7 +10,8 @@ sits on the claim path.
 What guards what:
 
 * ``_units[unit]`` and the ``_spans[resource]`` list: the stripe of that key.
-* ``_requests[request_id]``: the stripe of that request ID, taken together
+* ``_requests[request_id]``: the stripe of that request ID (any stripe may be
+  shared by several keys; sharing only serializes more), taken together
   with the claim's stripes, so the record is written in the claim's atomic step.
 * A claim record's fields: the stripes of *all* its targets for a live
   transition (confirm, extend, release, sweep). A claimant that takes over a
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from dibs._clock import Clock
 from dibs._model import (
@@ -40,6 +41,8 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
+    make_claim,
+    make_result,
 )
 from dibs.exceptions import (
     ClaimNotFound,
@@ -59,6 +62,7 @@ _CONFIRMED = ClaimState.CONFIRMED
 _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
 _OCCUPYING = (_HELD, _CONFIRMED)
+_fromtimestamp = datetime.fromtimestamp
 
 
 class _Record:
@@ -112,22 +116,18 @@ class _Record:
         state = self.state
         if state is _HELD and self.expires_at <= now:  # type: ignore[operator]
             state = _EXPIRED  # dead before a sweep marked it: derive on read
-        created = datetime.fromtimestamp(self.created_at, UTC)
-        return Claim(
-            id=self.id,
-            holder=self.holder,
-            targets=self.targets,
-            state=state,
-            fence=self.fence,
-            expires_at=None
-            if self.expires_at is None
-            else datetime.fromtimestamp(self.expires_at, UTC),
-            request_id=self.request_id,
-            created_at=created,
-            updated_at=created
-            if self.updated_at == self.created_at
-            else datetime.fromtimestamp(self.updated_at, UTC),
-            taken_over=self.taken_over,
+        created = _fromtimestamp(self.created_at, UTC)
+        return make_claim(
+            self.id,
+            self.holder,
+            self.targets,
+            state,
+            self.fence,
+            None if self.expires_at is None else _fromtimestamp(self.expires_at, UTC),
+            self.request_id,
+            created,
+            created if self.updated_at == self.created_at else _fromtimestamp(self.updated_at, UTC),
+            self.taken_over,
         )
 
     def kill(self, now: float, *, taken_over: bool) -> None:
@@ -137,20 +137,15 @@ class _Record:
         self.updated_at = now
 
 
-class _Request:
-    __slots__ = ("claim_id", "created_at", "fingerprint", "taken")
+class _Request(NamedTuple):
+    """A request record; a named tuple because one is made per claim with an ID."""
 
-    def __init__(
-        self,
-        fingerprint: tuple[Any, ...],
-        claim_id: str | None,
-        taken: tuple[Target, ...],
-        now: float,
-    ) -> None:
-        self.fingerprint = fingerprint
-        self.claim_id = claim_id
-        self.taken = taken
-        self.created_at = now
+    holder: str
+    targets: tuple[Target, ...]
+    ttl: float | None
+    claim_id: str | None
+    taken: tuple[Target, ...]
+    created_at: float
 
 
 class MemoryStore(Store):
@@ -184,6 +179,7 @@ class MemoryStore(Store):
         # (which must take the same stripe) draws a larger fence.
         self._fences = itertools.count(1)
         self._id_prefix = secrets.token_hex(4)
+        self._clock_now = self.clock.now
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -202,6 +198,8 @@ class MemoryStore(Store):
 
     def _target_stripes(self, targets: tuple[Target, ...]) -> tuple[int, ...]:
         n = self._nstripes
+        if len(targets) == 1 and type(targets[0]) is Unit:
+            return (hash(targets[0]) % n,)
         return tuple(
             sorted(
                 {
@@ -211,37 +209,56 @@ class MemoryStore(Store):
             )
         )
 
-    @contextmanager
-    def _locked(self, stripes: tuple[int, ...]) -> Iterator[None]:
+    def _acquire(self, stripes: tuple[int, ...]) -> None:
         # `stripes` is sorted ascending: the one global order (module docstring).
         locks = self._locks
         for i in stripes:
             locks[i].acquire()
+
+    def _release_locks(self, stripes: tuple[int, ...]) -> None:
+        locks = self._locks
+        for i in reversed(stripes):
+            locks[i].release()
+
+    @contextmanager
+    def _locked(self, stripes: tuple[int, ...]) -> Iterator[None]:
+        self._acquire(stripes)
         try:
             yield
         finally:
-            for i in reversed(stripes):
-                locks[i].release()
+            self._release_locks(stripes)
 
     # --- claim --------------------------------------------------------------------------------
 
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
-        stripes = self._target_stripes(targets)
+        n = self._nstripes
+        if len(targets) == 1 and type(targets[0]) is Unit:
+            stripes: tuple[int, ...] = (hash(targets[0]) % n,)
+        else:
+            stripes = self._target_stripes(targets)
         if request_id is not None:
-            rstripe = hash(("request", request_id)) % self._nstripes
-            if rstripe not in stripes:
+            rstripe = hash(request_id) % n
+            if len(stripes) == 1:
+                only = stripes[0]
+                if rstripe != only:
+                    stripes = (only, rstripe) if only < rstripe else (rstripe, only)
+            elif rstripe not in stripes:
                 stripes = tuple(sorted((*stripes, rstripe)))
-        with self._locked(stripes):
+        # The claim path takes its locks by hand: a generator context manager
+        # costs more than the rest of an uncontended claim.
+        locks = self._locks
+        for i in stripes:
+            locks[i].acquire()
+        try:
             # Linearization point: everything below runs with every stripe the
             # claim touches held, so the check and the set are one step.
-            now = self._now()
+            now = self._clock_now()
             if request_id is not None:
-                fp = (holder, targets, ttl)
                 prior = self._requests.get(request_id)
                 if prior is not None and prior.created_at + self.request_retention > now:
-                    if prior.fingerprint != fp:
+                    if (prior.holder, prior.targets, prior.ttl) != (holder, targets, ttl):
                         raise RequestConflict(
                             f"request ID {request_id!r} was already used with different input",
                             request_id=request_id,
@@ -250,19 +267,24 @@ class MemoryStore(Store):
             result = self._decide(targets, holder, request_id, ttl, stripes, now)
             if request_id is not None:
                 self._requests[request_id] = _Request(
-                    fp,
+                    holder,
+                    targets,
+                    ttl,
                     result.claim.id if result.claim is not None else None,
                     result.taken,
                     now,
                 )
             return result
+        finally:
+            for i in reversed(stripes):
+                locks[i].release()
 
     def _replay(self, prior: _Request, now: float) -> ClaimResult:
         if prior.claim_id is None:
-            return ClaimResult(False, None, prior.taken, replayed=True)
+            return make_result(False, None, prior.taken, replayed=True)
         record = self._claims.get(prior.claim_id)
         claim = record.snapshot(now) if record is not None else None
-        return ClaimResult(True, claim, (), replayed=True)
+        return make_result(True, claim, (), replayed=True)
 
     def _decide(
         self,
@@ -274,20 +296,27 @@ class MemoryStore(Store):
         now: float,
     ) -> ClaimResult:
         units = self._units
-        taken: list[Target] = []
-        blockers: set[_Record] = set()
-        dead: list[_Record] = []
+        # Allocated only when needed: throwaway objects on the hot path cost
+        # more in garbage collection than in their own construction.
+        taken: list[Target] | None = None
+        blockers: set[_Record] | None = None
+        dead: list[_Record] | None = None
         for target in targets:
-            if isinstance(target, Unit):
+            if type(target) is Unit or isinstance(target, Unit):
                 current = units.get(target)
                 if current is None:
                     continue
                 if current.live(now):
+                    if taken is None or blockers is None:
+                        taken, blockers = [], set()
                     taken.append(target)
                     blockers.add(current)
                 elif current.state is _HELD:
+                    if dead is None:
+                        dead = []
                     dead.append(current)
             else:
+                assert isinstance(target, Span)
                 for span, current in self._spans.get(target.resource, ()):
                     if span.kind != target.kind:
                         if current.live(now):
@@ -301,18 +330,23 @@ class MemoryStore(Store):
                     if not span.overlaps(target):
                         continue
                     if current.live(now):
+                        if taken is None or blockers is None:
+                            taken, blockers = [], set()
                         if target not in taken:
                             taken.append(target)
                         blockers.add(current)
                     elif current.state is _HELD:
+                        if dead is None:
+                            dead = []
                         dead.append(current)
         if taken:
+            assert blockers is not None
             if len(blockers) == 1:
                 (mine,) = blockers
                 # Natural key: the holder re-claiming exactly what it holds.
                 if mine.holder == holder and mine.targets == targets:
-                    return ClaimResult(True, mine.snapshot(now), (), replayed=True)
-            return ClaimResult(False, None, tuple(taken))
+                    return make_result(True, mine.snapshot(now), (), replayed=True)
+            return make_result(False, None, tuple(taken))
 
         fence = next(self._fences)
         record = _Record(
@@ -326,11 +360,12 @@ class MemoryStore(Store):
             now,
             stripes,
         )
-        for old in dead:
-            old.kill(now, taken_over=True)
-            self._forget_holder(old)
+        if dead is not None:
+            for old in dead:
+                old.kill(now, taken_over=True)
+                self._forget_holder(old)
         for target in targets:
-            if isinstance(target, Unit):
+            if type(target) is Unit or isinstance(target, Unit):
                 units[target] = record
             else:
                 entries = self._spans.get(target.resource)
@@ -342,8 +377,11 @@ class MemoryStore(Store):
                     entries[:] = [e for e in entries if e[1].state in _OCCUPYING]
                     entries.append((target, record))
         self._claims[record.id] = record
-        self._by_holder.setdefault(holder, {})[record.id] = record
-        return ClaimResult(True, record.snapshot(now))
+        mine = self._by_holder.get(holder)
+        if mine is None:
+            mine = self._by_holder.setdefault(holder, {})
+        mine[record.id] = record
+        return make_result(True, record.snapshot(now))
 
     def _forget_holder(self, record: _Record) -> None:
         mine = self._by_holder.get(record.holder)
@@ -486,7 +524,7 @@ class MemoryStore(Store):
                     purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):
             if request.created_at + self.request_retention <= now:
-                stripe = hash(("request", request_id)) % self._nstripes
+                stripe = hash(request_id) % self._nstripes
                 with self._locked((stripe,)):
                     current = self._requests.get(request_id)
                     if current is not None and current.created_at + self.request_retention <= now:
