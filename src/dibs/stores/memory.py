@@ -377,10 +377,10 @@ class MemoryStore(Store):
                     entries[:] = [e for e in entries if e[1].state in _OCCUPYING]
                     entries.append((target, record))
         self._claims[record.id] = record
-        mine = self._by_holder.get(holder)
-        if mine is None:
-            mine = self._by_holder.setdefault(holder, {})
-        mine[record.id] = record
+        held_by = self._by_holder.get(holder)
+        if held_by is None:
+            held_by = self._by_holder.setdefault(holder, {})
+        held_by[record.id] = record
         return make_result(True, record.snapshot(now))
 
     def _forget_holder(self, record: _Record) -> None:
