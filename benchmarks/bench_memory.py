@@ -126,7 +126,7 @@ def main() -> None:
     }.items():
         ours = _rate(run_dibs, args.repeat)
         base = _rate(run_seed, args.repeat)
-        print(f"{name:<34}{ours:>12,.0f}{base:>13,.0f}{base / ours:>14.1f}×")
+        print(f"{name:<34}{ours:>12,.0f}{base:>13,.0f}{base / ours:>14.1f}x")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ def _sqlite(clock: FakeClock, retention: float) -> Store:
 
 
 MACHINE_SETTINGS = settings(
-    max_examples=60,
-    stateful_step_count=40,
+    max_examples=150,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

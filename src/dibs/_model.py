@@ -388,7 +388,17 @@ def _from_micros(micros: int) -> datetime:
 
 def targets_to_text(targets: Sequence[Target]) -> str:
     """Encode targets as compact canonical JSON."""
+    if all(type(t) is Unit for t in targets):
+        # The common case on the claim path, several times faster than json.dumps.
+        return (
+            "["
+            + ",".join(f'["u",{_quote(t.resource)},{_quote(t.slot)}]' for t in targets)  # type: ignore[union-attr]
+            + "]"
+        )
     return json.dumps([target_to_json(t) for t in targets], separators=(",", ":"))
+
+
+_quote = json.encoder.encode_basestring_ascii
 
 
 def targets_from_text(text: str) -> tuple[Target, ...]:

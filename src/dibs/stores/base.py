@@ -144,7 +144,10 @@ class Store(abc.ABC):
         return self._claims_of(check_holder(holder))
 
     def sweep(self) -> SweepResult:
-        """Mark dead holds expired and purge request records past retention.
+        """Mark dead holds expired; purge request records and ended claims past retention.
+
+        The newest claim is never purged, so that no store can hand out its
+        fence again.
 
         Safe to run at any time, concurrently with claims and with other sweeps
         in any number of processes.

@@ -178,6 +178,7 @@ class MemoryStore(Store):
         # with the claim's stripes held, so a later claim on the same target
         # (which must take the same stripe) draws a larger fence.
         self._fences = itertools.count(1)
+        self._newest_fence = 0
         self._id_prefix = secrets.token_hex(4)
         self._clock_now = self.clock.now
 
@@ -348,7 +349,7 @@ class MemoryStore(Store):
                     return make_result(True, mine.snapshot(now), (), replayed=True)
             return make_result(False, None, tuple(taken))
 
-        fence = next(self._fences)
+        fence = self._newest_fence = next(self._fences)
         record = _Record(
             f"{self._id_prefix}-{fence}",
             holder,
@@ -519,7 +520,9 @@ class MemoryStore(Store):
                 if record.state is _EXPIRED:
                     with self._locked(record.stripes):
                         self._detach(record, now)
-                if record.updated_at + self.request_retention <= now:
+                # Like every store, keep the newest claim (see SQLiteStore).
+                newest = record.fence == self._newest_fence
+                if record.updated_at + self.request_retention <= now and not newest:
                     self._claims.pop(record.id, None)
                     purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):

@@ -63,7 +63,9 @@ CREATE TABLE IF NOT EXISTS dibs_meta (
     value TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dibs_claims (
-    fence      INTEGER PRIMARY KEY AUTOINCREMENT,  -- also the claim ID
+    -- The rowid: SQLite gives max + 1, and sweep never purges the highest
+    -- row, so a fence is never reused (cheaper than AUTOINCREMENT's extra table).
+    fence      INTEGER PRIMARY KEY,                -- also the claim ID
     holder     TEXT NOT NULL,
     targets    TEXT NOT NULL,                      -- canonical JSON
     state      TEXT NOT NULL,
@@ -87,7 +89,6 @@ CREATE TABLE IF NOT EXISTS dibs_units (
     fence    INTEGER NOT NULL,
     PRIMARY KEY (resource, slot)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dibs_units_by_fence ON dibs_units (fence);
 CREATE TABLE IF NOT EXISTS dibs_spans (
     resource TEXT NOT NULL,
     lo       NOT NULL,                             -- numbers, or µs for datetimes
@@ -96,7 +97,6 @@ CREATE TABLE IF NOT EXISTS dibs_spans (
     fence    INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS dibs_spans_by_resource ON dibs_spans (resource, lo);
-CREATE INDEX IF NOT EXISTS dibs_spans_by_fence ON dibs_spans (fence);
 CREATE TABLE IF NOT EXISTS dibs_requests (
     request_id  TEXT PRIMARY KEY,
     fingerprint TEXT NOT NULL,
@@ -564,20 +564,30 @@ class SQLiteStore(Store):
                     if lost.reason is HoldLostReason.FENCE:
                         raise
                     return False
-                conn.execute(
+                (targets,) = conn.execute(
                     "UPDATE dibs_claims SET state = 'released', expires_at = NULL, "
-                    "updated_at = ? WHERE fence = ?",
+                    "updated_at = ? WHERE fence = ? RETURNING targets",
                     (now, fence),
-                )
-                self._detach(conn, "= ?", (fence,))
+                ).fetchone()
+                self._detach(conn, fence, targets)
                 return True
 
         return self._retrying(attempt)
 
     @staticmethod
-    def _detach(conn: sqlite3.Connection, condition: str, params: tuple[Any, ...]) -> None:
-        conn.execute(f"DELETE FROM dibs_units WHERE fence {condition}", params)
-        conn.execute(f"DELETE FROM dibs_spans WHERE fence {condition}", params)
+    def _detach(conn: sqlite3.Connection, fence: int, targets: str) -> None:
+        """Delete the claim's unit and span rows, found by primary key from its targets."""
+        for target in targets_from_text(targets):
+            if isinstance(target, Unit):
+                conn.execute(
+                    "DELETE FROM dibs_units WHERE resource = ? AND slot = ? AND fence = ?",
+                    (target.resource, target.slot, fence),
+                )
+            else:
+                conn.execute(
+                    "DELETE FROM dibs_spans WHERE resource = ? AND fence = ?",
+                    (target.resource, fence),
+                )
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -659,40 +669,33 @@ class SQLiteStore(Store):
             with self._immediate() as conn:
                 now = _micros(self._now())
                 cutoff = now - _micros(self.request_retention)
-                dead = [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT fence FROM dibs_claims WHERE state = 'held' AND expires_at <= ? "
-                        "LIMIT ?",
-                        (now, batch),
-                    )
-                ]
-                if dead:
-                    marks = ",".join("?" * len(dead))
+                dead = conn.execute(
+                    "SELECT fence, targets FROM dibs_claims WHERE state = 'held' "
+                    "AND expires_at <= ? LIMIT ?",
+                    (now, batch),
+                ).fetchall()
+                for fence, targets in dead:
                     conn.execute(
-                        f"UPDATE dibs_claims SET state = 'expired', updated_at = ? "
-                        f"WHERE fence IN ({marks}) AND state = 'held' AND expires_at <= ?",
-                        (now, *dead, now),
+                        "UPDATE dibs_claims SET state = 'expired', updated_at = ? WHERE fence = ?",
+                        (now, fence),
                     )
-                    self._detach(conn, f"IN ({marks})", tuple(dead))
-                    totals["expired"] += len(dead)
+                    self._detach(conn, fence, targets)
+                totals["expired"] += len(dead)
                 purged_requests = conn.execute(
                     "DELETE FROM dibs_requests WHERE request_id IN (SELECT request_id FROM "
                     "dibs_requests WHERE created_at <= ? LIMIT ?)",
                     (cutoff, batch),
                 ).rowcount
-                ended = [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT fence FROM dibs_claims WHERE state IN ('released', 'expired') "
-                        "AND updated_at <= ? LIMIT ?",
-                        (cutoff, batch),
-                    )
-                ]
-                if ended:
-                    marks = ",".join("?" * len(ended))
-                    conn.execute(f"DELETE FROM dibs_claims WHERE fence IN ({marks})", ended)
-                    self._detach(conn, f"IN ({marks})", tuple(ended))
+                # Never the highest fence: SQLite would hand its rowid out again.
+                ended = conn.execute(
+                    "SELECT fence, targets FROM dibs_claims "
+                    "WHERE state IN ('released', 'expired') AND updated_at <= ? "
+                    "AND fence < (SELECT max(fence) FROM dibs_claims) LIMIT ?",
+                    (cutoff, batch),
+                ).fetchall()
+                for fence, targets in ended:
+                    conn.execute("DELETE FROM dibs_claims WHERE fence = ?", (fence,))
+                    self._detach(conn, fence, targets)
                 totals["purged_requests"] += purged_requests
                 totals["purged_claims"] += len(ended)
                 return len(dead) == batch or purged_requests == batch or len(ended) == batch

@@ -352,6 +352,8 @@ class StoreContract:
         claim = store.claim(SEAT, holder="alice", ttl=10).claim
         assert claim is not None
         store.release(claim.id, holder="alice", fence=claim.fence)
+        # A store may keep its newest claim to keep fences from being reused.
+        store.claim(SEAT_B, holder="bob")
         _clock(store).advance(store.request_retention + 1)
         assert store.sweep().purged_claims >= 1
         assert store.get(claim.id) is None

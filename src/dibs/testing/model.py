@@ -186,6 +186,7 @@ class ModelStore:
             elif (
                 claim.state in (ClaimState.RELEASED, ClaimState.EXPIRED)
                 and claim.updated_at + self.retention <= now
+                and claim.fence != self.last_fence  # the newest claim is kept
             ):
                 claim.purged = True
         self.requests = {
