@@ -195,6 +195,7 @@ class Engine:
         self._heap.clear()
 
     def _compact(self) -> None:
+        """Drop stale entries once they are most of the heap: amortized O(1) per cancel."""
         if self._dead < COMPACT_MIN or self._dead * 2 < len(self._heap):
             return
         self._heap = [entry for entry in self._heap if self._is_live(entry)]
@@ -316,6 +317,7 @@ class Engine:
                 if kind is OutcomeKind.OK:
                     handle._state = TaskStatus.DONE
                     handle._result = outcome.value
+                    handle._exception = handle._traceback = None  # from an earlier attempt
                 elif kind is OutcomeKind.CANCELLED:
                     handle._state = TaskStatus.CANCELLED
                     handle._exception = error
@@ -399,4 +401,5 @@ class Engine:
             self._released(handle)  # the worker that pops it will skip it
         else:
             self._dead += 1
+            self._compact()
         self._resolved(handle)
