@@ -24,12 +24,14 @@ from dibs.exceptions import (
     StoreUnavailable,
     UnknownScheme,
 )
+from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
 from dibs.stores.base import Store
 
 __all__ = [
+    "AlreadyParked",
     "AsyncSingleFlight",
     "Claim",
     "ClaimNotFound",
@@ -42,7 +44,10 @@ __all__ = [
     "HoldLost",
     "HoldLostReason",
     "InvalidInput",
+    "Lot",
     "NotHolder",
+    "NotParked",
+    "Occupancy",
     "PathsExhausted",
     "RequestConflict",
     "ReservedPath",

@@ -1,0 +1,274 @@
+"""A row of slots where the lot picks the position: contiguous k-slot parking on any store.
+
+Each slot is the unit ``Unit("lot:<name>", "slot:<i>")``. A vehicle of length
+k parks by claiming the k slot units *and* its own vehicle unit
+``Unit("lot:<name>", "vehicle:<id>")`` as one group claim held by the vehicle
+ID, confirmed at once. The store decides that claim atomically, so:
+
+* two vehicles never share a slot (the slot units are unique);
+* one vehicle never parks twice, even when two parks of it race from two
+  processes and pick different positions: both claims contain its vehicle
+  unit, the store grants one, and the other learns the vehicle's position;
+* a vehicle is removed whole, by releasing its one claim.
+
+The search reads a snapshot of the row (``holder_of`` per slot) only to pick
+a candidate; the group claim is the check, and when it loses, the slots it
+reports taken are marked in the snapshot and the search moves on. Nothing is
+locked here: every decision is the store's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dibs._model import Claim, Unit
+from dibs.exceptions import DibsError, InvalidInput
+from dibs.stores.base import Store
+
+__all__ = ["AlreadyParked", "Lot", "NotParked", "Occupancy"]
+
+Fit = Literal["first", "best"]
+
+
+class NotParked(DibsError, LookupError):
+    """Raised by :meth:`Lot.remove` when ``vehicle_id`` holds no slots in ``lot``."""
+
+    lot: str
+    vehicle_id: str
+
+
+class AlreadyParked(DibsError, ValueError):
+    """Raised when a parked vehicle is parked again with a different ``length``.
+
+    ``position`` and ``parked_length`` say where and how it is parked.
+    """
+
+    lot: str
+    vehicle_id: str
+    position: int
+    parked_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """A snapshot of the row, for display: who is in each slot and how fragmented it is.
+
+    ``slots[i]`` is the vehicle ID in slot ``i`` or None; ``largest_free_run``
+    is the longest vehicle that would fit right now.
+    """
+
+    size: int
+    slots: tuple[str | None, ...]
+
+    @property
+    def free(self) -> int:
+        """How many slots are free."""
+        return sum(1 for v in self.slots if v is None)
+
+    @property
+    def free_runs(self) -> tuple[tuple[int, int], ...]:
+        """Each maximal run of free slots as ``(start, length)``, left to right."""
+        return tuple(_free_runs([v is not None for v in self.slots]))
+
+    @property
+    def largest_free_run(self) -> int:
+        """The length of the longest run of free slots (0 when full)."""
+        return max((n for _, n in self.free_runs), default=0)
+
+    def __str__(self) -> str:
+        return "".join("." if v is None else "#" for v in self.slots)
+
+
+class Lot:
+    """A parking row of ``size`` slots named ``name`` on ``store``; the lot picks positions.
+
+    ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
+    start of the smallest run that fits, which leaves longer runs for longer
+    vehicles. Every process that opens a lot of one name must give it the
+    same size. Raises :class:`~dibs.InvalidInput` for a bad name, size or fit.
+    """
+
+    def __init__(self, store: Store, name: str, size: int, *, fit: Fit = "first") -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(
+                f"lot name must be a non-empty string, got {name!r}", field="name", value=name
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidInput(
+                f"size must be a positive integer, got {size!r}", field="size", value=size
+            )
+        if fit not in ("first", "best"):
+            raise InvalidInput(
+                f"fit must be 'first' or 'best', got {fit!r}", field="fit", value=fit
+            )
+        self.store = store
+        self.name = name
+        self.size = size
+        self.fit: Fit = fit
+        self._resource = f"lot:{name}"
+        self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
+
+    def __repr__(self) -> str:
+        return f"Lot({self.name!r}, size={self.size}, fit={self.fit!r})"
+
+    # --- parking -------------------------------------------------------------------------------
+
+    def park(self, vehicle_id: str, length: int = 1) -> int | None:
+        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
+
+        Returns None when no run of ``length`` free slots was found (a refusal
+        is not remembered: the vehicle may try again later). Parking a vehicle
+        that is already parked here returns its position and takes nothing new.
+
+        Raises :class:`AlreadyParked` if it is parked with a different length,
+        :class:`~dibs.InvalidInput` for an empty ID or a length outside
+        ``1..size``, and what the store raises.
+        """
+        self._check_vehicle(vehicle_id)
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
+            raise InvalidInput(
+                f"length must be an integer from 1 to {self.size}, got {length!r}",
+                field="length",
+                value=length,
+            )
+        me = self._vehicle_unit(vehicle_id)
+        while True:
+            existing = self._claim_of(vehicle_id)
+            if existing is not None:
+                return self._same_vehicle(existing, vehicle_id, length)
+            occupied = [self.store.holder_of(slot) is not None for slot in self._slots]
+            while (start := self._choose(occupied, length)) is not None:
+                result = self.store.claim(
+                    [*self._slots[start : start + length], me], holder=vehicle_id
+                )
+                # Linearization point: the store's group claim. Granted means the
+                # slots and the vehicle unit are this vehicle's, all or none.
+                if result:
+                    return start
+                if me in result.taken:
+                    break  # a concurrent park of this vehicle won: go find where
+                for unit in result.taken:
+                    if isinstance(unit, Unit):
+                        occupied[self._index(unit)] = True
+            else:
+                return None
+
+    def remove(self, vehicle_id: str) -> int:
+        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
+
+        Raises :class:`NotParked` if it holds no slots in this lot (never
+        parked, already removed, or removed by a concurrent call),
+        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
+        """
+        self._check_vehicle(vehicle_id)
+        claim = self._claim_of(vehicle_id)
+        # The release is conditional on the claim still being live: of two
+        # concurrent removes, exactly one gets True.
+        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
+            raise NotParked(
+                f"vehicle {vehicle_id!r} is not parked in lot {self.name!r}",
+                lot=self.name,
+                vehicle_id=vehicle_id,
+            )
+        return self._placement(claim)[0]
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def position_of(self, vehicle_id: str) -> int | None:
+        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
+        self._check_vehicle(vehicle_id)
+        claim = self._claim_of(vehicle_id)
+        return None if claim is None else self._placement(claim)[0]
+
+    def is_free(self, position: int, length: int = 1) -> bool:
+        """Whether slots ``position .. position+length-1`` were all free a moment ago.
+
+        A snapshot for display only: it may be stale before it returns, so
+        never park on its word (:meth:`park` does not call it). Positions past
+        the end are not free. Raises :class:`~dibs.InvalidInput` for a
+        negative position or a length below 1.
+        """
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise InvalidInput(
+                f"position must be an integer >= 0, got {position!r}",
+                field="position",
+                value=position,
+            )
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise InvalidInput(
+                f"length must be an integer >= 1, got {length!r}", field="length", value=length
+            )
+        if position + length > self.size:
+            return False
+        return all(
+            self.store.holder_of(slot) is None for slot in self._slots[position : position + length]
+        )
+
+    def occupancy(self) -> Occupancy:
+        """Who is in each slot, and the free runs; a snapshot for display."""
+        return Occupancy(self.size, tuple(self.store.holder_of(slot) for slot in self._slots))
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
+        """Pick a start in the snapshot by the fit policy, or None if no run fits."""
+        fits = [(start, n) for start, n in _free_runs(occupied) if n >= length]
+        if not fits:
+            return None
+        if self.fit == "best":
+            return min(fits, key=lambda run: (run[1], run[0]))[0]
+        return fits[0][0]
+
+    def _vehicle_unit(self, vehicle_id: str) -> Unit:
+        return Unit(self._resource, f"vehicle:{vehicle_id}")
+
+    def _index(self, unit: Unit) -> int:
+        return int(unit.slot.removeprefix("slot:"))
+
+    def _claim_of(self, vehicle_id: str) -> Claim | None:
+        me = self._vehicle_unit(vehicle_id)
+        for claim in self.store.claims_of(vehicle_id):
+            if me in claim.units:
+                return claim
+        return None
+
+    def _placement(self, claim: Claim) -> tuple[int, int]:
+        """(start, length) of a parking claim."""
+        slots = [self._index(u) for u in claim.units if u.slot.startswith("slot:")]
+        return min(slots), len(slots)
+
+    def _same_vehicle(self, claim: Claim, vehicle_id: str, length: int) -> int:
+        start, parked = self._placement(claim)
+        if parked != length:
+            raise AlreadyParked(
+                f"vehicle {vehicle_id!r} is parked in lot {self.name!r} at {start} with "
+                f"length {parked}, not {length}",
+                lot=self.name,
+                vehicle_id=vehicle_id,
+                position=start,
+                parked_length=parked,
+            )
+        return start
+
+    @staticmethod
+    def _check_vehicle(vehicle_id: object) -> None:
+        if not isinstance(vehicle_id, str) or not vehicle_id:
+            raise InvalidInput(
+                f"vehicle_id must be a non-empty string, got {vehicle_id!r}",
+                field="vehicle_id",
+                value=vehicle_id,
+            )
+
+
+def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, taken in enumerate((*occupied, True)):
+        if not taken and start is None:
+            start = i
+        elif taken and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
