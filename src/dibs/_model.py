@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
@@ -35,6 +35,9 @@ class Unit:
 
     resource: str
     slot: str = ""
+    # Units are dict keys on every claim; the generated __hash__ builds a tuple
+    # per call, so hash once.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         _check_id("resource", self.resource)
@@ -42,6 +45,19 @@ class Unit:
             raise InvalidInput(
                 f"slot must be a string, got {self.slot!r}", field="slot", value=self.slot
             )
+        object.__setattr__(self, "_hash", hash((self.resource, self.slot)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> tuple[str, str]:
+        return (self.resource, self.slot)
+
+    def __setstate__(self, state: tuple[str, str]) -> None:
+        # String hashes differ between processes: recompute after unpickling.
+        object.__setattr__(self, "resource", state[0])
+        object.__setattr__(self, "slot", state[1])
+        object.__setattr__(self, "_hash", hash(state))
 
 
 @dataclass(frozen=True, slots=True)
