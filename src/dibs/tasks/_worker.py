@@ -9,11 +9,10 @@ import enum
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from dibs.tasks._errors import CancelReason, TaskCancelled
-from dibs.tasks._handle import CancelToken, TaskContext, TaskHandle, _current
+from dibs.tasks._handle import CancelToken, TaskHandle, _current
 
 __all__ = ["LoopRunner", "Outcome", "OutcomeKind", "execute"]
 
@@ -72,15 +71,8 @@ async def _drive(awaitable: Awaitable[Any], token: CancelToken) -> Any:
 
 def execute(handle: TaskHandle[Any], attempt: int, token: CancelToken, loop: LoopRunner) -> Outcome:
     """Run one attempt of ``handle``'s function and say how it ended; never raises."""
-    nominal = handle._nominal
-    context = TaskContext(
-        task_id=handle.id,
-        attempt=attempt,
-        token=token,
-        schedule_id=handle._schedule_id,
-        nominal_time=None if nominal is None else datetime.fromtimestamp(nominal, UTC),
-    )
-    reset = _current.set(context)
+    # current() builds its TaskContext from this on demand: most tasks never ask.
+    reset = _current.set((handle, attempt, token))
     fn: Callable[..., Any] = handle._fn
     try:
         value = fn(*handle._args, **handle._kwargs)
