@@ -11,15 +11,17 @@ ID, confirmed at once. The store decides that claim atomically, so:
   unit, the store grants one, and the other learns the vehicle's position;
 * a vehicle is removed whole, by releasing its one claim.
 
-The search reads a snapshot of the row (``holder_of`` per slot) only to pick
-a candidate; the group claim is the check, and when it loses, the slots it
-reports taken are marked in the snapshot and the search moves on. Nothing is
-locked here: every decision is the store's.
+The search only picks candidates: from a hint of the row this ``Lot`` keeps
+(what its own parks, removes and lost claims taught it), and, before it
+refuses a vehicle, from a fresh snapshot (``holder_of`` per slot). The group
+claim is the check; when it loses, the slots it reports taken are marked and
+the search moves on. Every decision is the store's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,6 +111,12 @@ class Lot:
         self.fit: Fit = fit
         self._resource = f"lot:{name}"
         self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
+        # A hint of which slots are taken, from this instance's own parks,
+        # removes, lost claims and snapshots. Never trusted: it only orders the
+        # candidates, so a stale entry costs one lost claim or one fresh
+        # snapshot. _hint_lock guards it and is never held across a store call.
+        self._hint = [False] * size
+        self._hint_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Lot({self.name!r}, size={self.size}, fit={self.fit!r})"
@@ -134,26 +142,39 @@ class Lot:
                 value=length,
             )
         me = self._vehicle_unit(vehicle_id)
+        occupied = self._hinted()
+        fresh = False
         while True:
-            existing = self._claim_of(vehicle_id)
-            if existing is not None:
-                return self._same_vehicle(existing, vehicle_id, length)
-            occupied = [self.store.holder_of(slot) is not None for slot in self._slots]
-            while (start := self._choose(occupied, length)) is not None:
-                result = self.store.claim(
-                    [*self._slots[start : start + length], me], holder=vehicle_id
+            start = self._choose(occupied, length)
+            if start is None:
+                if not fresh:
+                    # The hint may be stale: look at the row itself before refusing.
+                    occupied = [self.store.holder_of(slot) is not None for slot in self._slots]
+                    self._learn(enumerate(occupied))
+                    fresh = True
+                    continue
+                existing = self._claim_of(vehicle_id)
+                return (
+                    None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
-                # Linearization point: the store's group claim. Granted means the
-                # slots and the vehicle unit are this vehicle's, all or none.
-                if result:
-                    return start
-                if me in result.taken:
-                    break  # a concurrent park of this vehicle won: go find where
-                for unit in result.taken:
-                    if isinstance(unit, Unit):
-                        occupied[self._index(unit)] = True
-            else:
-                return None
+            slots = self._slots[start : start + length]
+            result = self.store.claim([*slots, me], holder=vehicle_id)
+            # Linearization point: the store's group claim. Granted means the
+            # slots and the vehicle unit are this vehicle's, all or none; a
+            # replay means it already held exactly these.
+            if result:
+                self._learn((i, True) for i in range(start, start + length))
+                return start
+            if me in result.taken:
+                # Parked already, or a concurrent park of it won: find where.
+                existing = self._claim_of(vehicle_id)
+                if existing is not None:
+                    return self._same_vehicle(existing, vehicle_id, length)
+                continue  # it left again meanwhile; search on
+            taken = [self._index(u) for u in result.taken if isinstance(u, Unit)]
+            for i in taken:
+                occupied[i] = True
+            self._learn((i, True) for i in taken)
 
     def remove(self, vehicle_id: str) -> int:
         """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
@@ -172,7 +193,9 @@ class Lot:
                 lot=self.name,
                 vehicle_id=vehicle_id,
             )
-        return self._placement(claim)[0]
+        start, length = self._placement(claim)
+        self._learn((i, False) for i in range(start, start + length))
+        return start
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -214,12 +237,27 @@ class Lot:
 
     def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
         """Pick a start in the snapshot by the fit policy, or None if no run fits."""
+        if self.fit == "first":
+            run = 0
+            for i, taken in enumerate(occupied):
+                run = 0 if taken else run + 1
+                if run == length:
+                    return i - length + 1
+            return None
         fits = [(start, n) for start, n in _free_runs(occupied) if n >= length]
         if not fits:
             return None
-        if self.fit == "best":
-            return min(fits, key=lambda run: (run[1], run[0]))[0]
-        return fits[0][0]
+        return min(fits, key=lambda run: (run[1], run[0]))[0]
+
+    def _hinted(self) -> list[bool]:
+        with self._hint_lock:
+            return list(self._hint)
+
+    def _learn(self, facts: Iterable[tuple[int, bool]]) -> None:
+        facts = list(facts)
+        with self._hint_lock:
+            for i, taken in facts:
+                self._hint[i] = taken
 
     def _vehicle_unit(self, vehicle_id: str) -> Unit:
         return Unit(self._resource, f"vehicle:{vehicle_id}")
