@@ -186,6 +186,8 @@ class TaskContext:
     schedule_id: str | None = None
     nominal_time: datetime | None = None
     """For a recurring run: the occurrence it is for (not when it started)."""
+    job_id: str | None = None
+    """In durable mode: the job row this run is an attempt of."""
 
     @property
     def cancelled(self) -> bool:
@@ -200,6 +202,7 @@ class TaskContext:
 _current: contextvars.ContextVar[tuple[TaskHandle[Any], int, CancelToken]] = contextvars.ContextVar(
     "dibs_task"
 )
+current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("dibs_job", default=None)
 
 
 def current() -> TaskContext:
@@ -217,6 +220,7 @@ def current() -> TaskContext:
         token=token,
         schedule_id=handle._schedule_id,
         nominal_time=handle.nominal_time,
+        job_id=current_job.get(),
     )
 
 

@@ -12,9 +12,11 @@ from typing import Any, Self, TypeVar
 
 from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
+from dibs.stores.base import Store
+from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask
 from dibs.tasks._engine import Engine
 from dibs.tasks._errors import ProcessorClosed
-from dibs.tasks._handle import Backoff, TaskHandle
+from dibs.tasks._handle import Backoff, TaskHandle, current
 from dibs.tasks._options import check_fn, check_id, task_options
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
@@ -45,6 +47,9 @@ class TaskProcessor:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         name: str = "dibs-tasks",
+        store: Store | None = None,
+        lease: float = 30.0,
+        poll: float = 0.5,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidInput(
@@ -53,6 +58,14 @@ class TaskProcessor:
         self._engine = Engine(workers, clock, rng, name)
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
+        self._durable: DurableRunner | None = None
+        if store is not None:
+            if not isinstance(store, Store):
+                raise InvalidInput("store must be a dibs Store", field="store", value=store)
+            self._durable = DurableRunner(
+                store, self.submit, workers, to_seconds(lease, "lease"),
+                to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
+            )  # fmt: skip
 
     @property
     def clock(self) -> Clock:
@@ -164,6 +177,91 @@ class TaskProcessor:
             id, misfire, max_running, retries, backoff, timeout,
         )  # fmt: skip
 
+    # --- durable mode -----------------------------------------------------------------------
+
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        retries: int = 0,
+        backoff: Backoff | float = DEFAULT_BACKOFF,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[..., R]], Callable[..., R]]:
+        """Register a function by ``name`` (default: module and qualified name) for durable jobs.
+
+        Every process that registers the same name can run its jobs. Raises
+        :class:`~dibs.InvalidInput` without a store or for bad options.
+        """
+        durable = self._require_store()
+        retries, backoff, timeout = task_options(retries, backoff, timeout)
+
+        def register(fn: Callable[..., R]) -> Callable[..., R]:
+            check_fn(fn)
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            durable.tasks[task_name] = RegisteredTask(task_name, fn, retries, backoff, timeout)
+            return fn
+
+        return register
+
+    def enqueue(
+        self,
+        task: str | Callable[..., Any],
+        /,
+        *args: Any,
+        at: object = None,
+        delay: object = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Add a durable job for a registered task; return its job ID.
+
+        Arguments must be JSON-serializable. With ``key``, the key is the job
+        ID and a second enqueue with it adds nothing. Raises
+        :class:`~dibs.InvalidInput` for an unregistered task or bad arguments.
+        """
+        durable = self._require_store()
+        registered = self._registered(task)
+        if at is not None and delay is not None:
+            raise InvalidInput("give at= or delay=, not both", field="delay", value=delay)
+        run_at: float | None = None
+        if at is not None:
+            run_at = to_epoch(at, "at")
+        elif delay is not None:
+            run_at = durable.store.now().timestamp() + to_seconds(delay, "delay", allow_zero=True)
+        job_id = check_id(key, "key") if key is not None else f"j-{secrets.token_hex(8)}"
+        with self._engine.lock:
+            self._check_open()
+        durable.enqueue(registered, args, kwargs, job_id=job_id, run_at=run_at)
+        return job_id
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """A snapshot of durable job ``job_id``, or None if there is none."""
+        return self._require_store().record(job_id)
+
+    def _require_store(self) -> DurableRunner:
+        if self._durable is None:
+            raise InvalidInput(
+                "durable tasks need TaskProcessor(store=...)", field="store", value=None
+            )
+        return self._durable
+
+    def _registered(self, task: object) -> RegisteredTask:
+        durable = self._require_store()
+        for registered in durable.tasks.values():
+            if task == registered.name or task is registered.fn:
+                return registered
+        raise InvalidInput(f"{task!r} is not a registered durable task", field="task", value=task)
+
+    def _occurrence(self, registered: RegisteredTask, *args: Any, **kwargs: Any) -> None:
+        """A durable schedule's local run: turn this occurrence into its one job row."""
+        context = current()
+        assert self._durable is not None and context.nominal_time is not None
+        job_id = f"{context.schedule_id}@{context.nominal_time.isoformat()}"
+        self._durable.enqueue(
+            registered, args, kwargs, job_id=job_id,
+            run_at=context.nominal_time.timestamp(), schedule_id=context.schedule_id,
+        )  # fmt: skip
+
     def schedules(self) -> list[Schedule]:
         """Snapshots of the live schedules, in the order they were added."""
         with self._engine.lock:
@@ -196,11 +294,16 @@ class TaskProcessor:
         engine = self._engine
         if timeout is not None:
             timeout = to_seconds(timeout, "timeout", allow_zero=True)
+        if self._durable is not None:
+            self._durable.stop_taking()  # running jobs keep their heartbeats while they drain
         with engine.lock:
             engine.close(None if timeout is None else engine.alarm.now() + timeout)
             if not wait or threading.current_thread() in engine.workers:
                 return
             engine.idle.wait_for(lambda: engine.finished)
+        if self._durable is not None:
+            self._durable.stop()
+        with engine.lock:
             # A worker stuck in a task that ignored its token is left behind (daemon).
             join_workers = not engine.deadline_passed and engine.abandoned == 0
         if join_workers:
@@ -235,6 +338,14 @@ class TaskProcessor:
         backoff: Backoff | float,
         timeout: float | None,
     ) -> Schedule:
+        if self._durable is not None and (
+            isinstance(fn, str) or any(fn is t.fn for t in self._durable.tasks.values())
+        ):
+            # Durable: every process runs the trigger; each occurrence becomes one job.
+            registered = self._registered(fn)
+            fn, args = self._occurrence, (registered, *args)
+            if schedule_id is None:
+                schedule_id = f"{registered.name}:{trigger.describe()}"
         check_fn(fn)
         retries, backoff, timeout = task_options(retries, backoff, timeout)
         if not isinstance(misfire, Misfire):

@@ -1,0 +1,319 @@
+"""Durable mode: jobs are rows, an attempt is a hold, completion is a fenced confirm.
+
+A worker takes attempt n of a due job by claiming ``Unit(job_id, str(n))`` as
+a hold whose TTL is the lease; the claim is the only arbiter of who runs it.
+A heartbeat extends the hold; a worker that crashes or stops stops extending,
+its hold expires on the store's clock, and the next worker that finds the job
+claims attempt n + 1 (the lost attempt counts toward ``max_attempts``, so a
+job that kills its worker is not retried forever). To finish, the worker
+writes its outcome as a proposal on the row, then confirms its hold with its
+fence; only a confirmed hold's proposal is ever settled into the row. A worker
+whose hold was taken over learns it from the failed confirm (``HoldLost``) and
+changes nothing.
+
+Recurring schedules run on every process that registers them: each occurrence
+becomes the job ``"{schedule_id}@{nominal time}"``, inserted with
+``INSERT OR IGNORE`` by whichever processes reach it, so there is one job per
+occurrence and, through the claims above, one completed run — with no leader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dibs._model import ClaimState, Unit
+from dibs.exceptions import ClaimNotFound, DibsError, HoldLost, InvalidInput
+from dibs.stores.base import Store
+from dibs.tasks._errors import CancelReason, UnknownTask
+from dibs.tasks._handle import Backoff, TaskHandle, current, current_job
+from dibs.tasks._jobs import Job, job_table
+
+__all__ = ["DurableRunner", "JobRecord", "RegisteredTask"]
+
+log = logging.getLogger("dibs.tasks")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredTask:
+    """A function registered by name so that any process with the same code can run it."""
+
+    name: str
+    fn: Callable[..., Any]
+    retries: int
+    backoff: Backoff
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A snapshot of one durable job, as :meth:`TaskProcessor.job` returns it."""
+
+    id: str
+    name: str
+    state: str
+    """``pending``, ``running``, ``done`` or ``failed``."""
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    result: Any
+    """The JSON-decoded return value once done."""
+    error: str | None
+    """The last failure's traceback text."""
+    schedule_id: str | None
+
+
+@dataclass(slots=True)
+class _Running:
+    job: Job
+    attempt: int
+    fence: int
+    claim_id: str
+    handle: TaskHandle[Any] | None = None
+    lost: bool = False
+
+
+class DurableRunner:
+    """Polls the job table, takes due jobs through store claims, runs them on the local engine."""
+
+    def __init__(
+        self,
+        store: Store,
+        submit: Callable[..., TaskHandle[Any]],
+        workers: int,
+        lease: float,
+        poll: float,
+        rng: random.Random,
+    ) -> None:
+        self.store = store
+        self.jobs = job_table(store)
+        self._submit = submit
+        self._slots = workers
+        self.lease = lease
+        self.poll = poll
+        self._rng = rng
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.tasks: dict[str, RegisteredTask] = {}
+        self._lock = threading.Lock()  # guards _running and _stopping
+        self._wake = threading.Condition(self._lock)
+        self._running: dict[str, _Running] = {}
+        self._taking = True  # False once shutdown began: no new jobs
+        self._stopping = False  # True once the local work has drained: no more heartbeats
+        self._threads = [
+            threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="dibs-tasks-heartbeat", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- enqueueing -----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: RegisteredTask,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        job_id: str,
+        run_at: float | None,
+        schedule_id: str | None = None,
+    ) -> bool:
+        """Insert a job row; False if a job with this ID already exists."""
+        try:
+            payload = json.dumps([list(args), kwargs])
+        except TypeError as exc:
+            raise InvalidInput(
+                f"durable task arguments must be JSON: {exc}", field="args", value=args
+            ) from None
+        now = self.store.now().timestamp()
+        job = Job(
+            id=job_id, name=task.name, args=payload, run_at=now if run_at is None else run_at,
+            attempt=1, max_attempts=task.retries + 1, state="pending", schedule_id=schedule_id,
+        )  # fmt: skip
+        inserted = self.jobs.insert(job)
+        if inserted:
+            with self._wake:
+                self._wake.notify()
+        return inserted
+
+    def record(self, job_id: str) -> JobRecord | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        done = job.state == "done"
+        return JobRecord(
+            id=job.id, name=job.name, state=job.state, attempt=job.attempt,
+            max_attempts=job.max_attempts, run_at=datetime.fromtimestamp(job.run_at, UTC),
+            result=json.loads(job.outcome) if done and job.outcome is not None else None,
+            error=job.outcome if job.outcome_kind == "error" else None,
+            schedule_id=job.schedule_id,
+        )  # fmt: skip
+
+    def stop_taking(self) -> None:
+        """Take no new jobs; keep heartbeating the running ones."""
+        with self._wake:
+            self._taking = False
+            self._wake.notify_all()
+        self._threads[0].join()
+
+    def stop(self) -> None:
+        """Stop heartbeating (after the running jobs have finished or been abandoned)."""
+        with self._wake:
+            self._taking = False
+            self._stopping = True
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self.jobs.close()
+
+    # --- taking jobs ----------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        while True:
+            with self._wake:
+                if not self._taking:
+                    return
+                free = self._slots - len(self._running)
+            if free > 0:
+                try:
+                    self._take_some(free)
+                except DibsError:
+                    log.exception("durable poll failed; trying again")
+            with self._wake:
+                if not self._taking:
+                    return
+                # Other processes add rows without telling us: this wait is the poll.
+                self._wake.wait(self.poll)
+
+    def _take_some(self, free: int) -> None:
+        now = self.store.now().timestamp()
+        for job in self.jobs.due(now, limit=free * 4 + 8):
+            if free <= 0:
+                return
+            if job.name in self.tasks and job.id not in self._running and self._take(job, now):
+                free -= 1
+
+    def _take(self, job: Job, now: float) -> bool:
+        seen_fence: int | None = None
+        attempt = job.attempt
+        if job.state == "running":
+            claim = self.store.get(job.claim_id) if job.claim_id else None
+            if (
+                claim is not None
+                and claim.state is ClaimState.CONFIRMED
+                and claim.fence == job.fence
+            ):
+                self._settle(job, job.attempt, job.fence)  # its worker confirmed, then died
+                return False
+            if (
+                claim is not None
+                and claim.state is ClaimState.HELD
+                and (claim.expires_at is not None and claim.expires_at.timestamp() > now)
+            ):
+                return False  # alive: its holder is heartbeating
+            # The lease lapsed: that attempt is lost and counts.
+            seen_fence, attempt = job.fence, job.attempt + 1
+            if attempt > job.max_attempts:
+                log.error("job %s lost its worker on its last attempt; failing it", job.id)
+                self.jobs.settle(job.id, job.attempt, job.fence, "failed", None)
+                return False
+        # Linearization point: the store's claim decides who runs this attempt.
+        won = self.store.claim(Unit(job.id, str(attempt)), holder=self.holder, ttl=self.lease)
+        if not won or won.claim is None:
+            return False
+        claim = won.claim
+        if not self.jobs.start(job.id, job.attempt, seen_fence, attempt, claim.fence, claim.id):
+            self.store.release(claim.id, holder=self.holder, fence=claim.fence)
+            return False
+        running = _Running(job, attempt, claim.fence, claim.id)
+        with self._lock:
+            self._running[job.id] = running
+        task = self.tasks[job.name]
+        handle = self._submit(self._run, running, timeout=task.timeout)
+        running.handle = handle
+        return True
+
+    # --- running and finishing ------------------------------------------------------------
+
+    def _run(self, running: _Running) -> None:
+        job = running.job
+        try:
+            task = self.tasks.get(job.name)
+            if task is None:
+                raise UnknownTask(f"no task named {job.name!r} is registered", name=job.name)
+            args, kwargs = json.loads(job.args)
+            reset = current_job.set(job.id)
+            try:
+                value = task.fn(*args, **kwargs)
+                kind, outcome = "ok", json.dumps(value)
+            except Exception as exc:
+                if current().cancelled and running.lost:
+                    return  # our hold is gone; the new owner decides
+                kind, outcome = "error", "".join(traceback.format_exception(exc))
+            finally:
+                current_job.reset(reset)
+            self._complete(running, kind, outcome)
+        finally:
+            with self._lock:
+                self._running.pop(job.id, None)
+            with self._wake:
+                self._wake.notify()
+
+    def _complete(self, running: _Running, kind: str, outcome: str) -> None:
+        job = running.job
+        if not self.jobs.propose(job.id, running.attempt, running.fence, kind, outcome):
+            log.warning("job %s attempt %d was taken over; result dropped", job.id, running.attempt)
+            return
+        try:
+            # Completion is this fenced confirm: a stale worker's fails here.
+            self.store.confirm(running.claim_id, holder=self.holder, fence=running.fence)
+        except (HoldLost, ClaimNotFound) as exc:
+            log.warning("job %s attempt %d lost its hold (%s); result dropped", job.id,
+                        running.attempt, exc)  # fmt: skip
+            return
+        settled = self.jobs.get(job.id)
+        if settled is not None:
+            self._settle(settled, running.attempt, running.fence)
+
+    def _settle(self, job: Job, attempt: int, fence: int | None) -> None:
+        """Turn the confirmed attempt's proposal into the row's state (idempotent)."""
+        if job.outcome_kind == "ok":
+            self.jobs.settle(job.id, attempt, fence, "done", None)
+        elif attempt < job.max_attempts:
+            task = self.tasks.get(job.name)
+            backoff = task.backoff if task is not None else Backoff()
+            run_at = self.store.now().timestamp() + backoff.delay(attempt, self._rng)
+            self.jobs.settle(job.id, attempt, fence, "pending", run_at)
+        else:
+            self.jobs.settle(job.id, attempt, fence, "failed", None)
+
+    # --- heartbeats -----------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping:
+                    return
+                self._wake.wait(self.lease / 3)
+                running = list(self._running.values())
+            for item in running:
+                try:
+                    self.store.extend(
+                        item.claim_id, holder=self.holder, fence=item.fence, ttl=self.lease
+                    )
+                except (HoldLost, ClaimNotFound):
+                    item.lost = True
+                    if item.handle is not None:
+                        item.handle._engine.cancel(item.handle, CancelReason.CANCELLED)
+                except DibsError:
+                    log.exception("heartbeat for job %s failed", item.job.id)
