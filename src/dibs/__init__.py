@@ -8,8 +8,10 @@
 (True, False, (Unit(resource='seat-14A', slot='show-42'),))
 """
 
+from dibs import booking
 from dibs._clock import Clock, FakeClock, SystemClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
+from dibs.booking import ResourceBusy
 from dibs.exceptions import (
     ClaimNotFound,
     DibsError,
@@ -25,6 +27,7 @@ from dibs.exceptions import (
     UnknownScheme,
 )
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy
+from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
@@ -45,12 +48,14 @@ __all__ = [
     "HoldLostReason",
     "InvalidInput",
     "Lot",
+    "Match",
     "NotHolder",
     "NotParked",
     "Occupancy",
     "PathsExhausted",
     "RequestConflict",
     "ReservedPath",
+    "ResourceBusy",
     "SchemaError",
     "SingleFlight",
     "Span",
@@ -63,6 +68,8 @@ __all__ = [
     "Target",
     "Unit",
     "UnknownScheme",
+    "booking",
+    "match",
     "open",
     "reserve_path",
 ]
