@@ -17,6 +17,7 @@ from dibs._clock import Clock, SystemClock
 from dibs._model import (
     Claim,
     ClaimResult,
+    ClaimState,
     Span,
     SweepResult,
     Target,
@@ -28,7 +29,14 @@ from dibs._model import (
     check_ttl,
     normalize_targets,
 )
-from dibs.exceptions import InvalidInput, StoreClosed
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    StoreClosed,
+)
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
 
@@ -220,6 +228,54 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _close(self) -> None: ...
+
+
+# --- errors every backend raises, worded once -------------------------------------------------
+
+
+def claim_not_found(claim_id: str) -> ClaimNotFound:
+    """The error for an unknown claim ID."""
+    return ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+
+
+def not_holder(claim_id: str, holder: str) -> NotHolder:
+    """The error for a transition attempted by someone other than the holder."""
+    return NotHolder(
+        f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
+    )
+
+
+def hold_lost(claim_id: str, reason: HoldLostReason, fence: int) -> HoldLost:
+    """The error for a confirm, extend or release that found no live hold."""
+    message = {
+        HoldLostReason.FENCE: f"fence {fence} is not the fence of claim {claim_id!r}",
+        HoldLostReason.RELEASED: f"claim {claim_id!r} was released",
+        HoldLostReason.EXPIRED: f"hold {claim_id!r} expired",
+        HoldLostReason.TAKEN_OVER: f"hold {claim_id!r} expired and was taken over",
+    }[reason]
+    return HoldLost(message, claim_id=claim_id, reason=reason)
+
+
+def lost_reason(
+    *, real_fence: int, fence: int, state: ClaimState, dead: bool, taken_over: bool
+) -> HoldLostReason | None:
+    """Why a claim is not the caller's live hold, or None if it is.
+
+    ``dead`` says whether a claim still marked held has passed its expiry on
+    the store's clock. The order of the checks is part of the contract.
+    """
+    if real_fence != fence:
+        return HoldLostReason.FENCE
+    if state is ClaimState.RELEASED:
+        return HoldLostReason.RELEASED
+    if state is ClaimState.EXPIRED or (state is ClaimState.HELD and dead):
+        return HoldLostReason.TAKEN_OVER if taken_over else HoldLostReason.EXPIRED
+    return None
+
+
+def parse_serial_id(claim_id: str) -> int | None:
+    """The fence behind a claim ID of a store whose IDs are its fences, or None."""
+    return int(claim_id) if claim_id.isascii() and claim_id.isdigit() else None
 
 
 def span_overlaps(a: Span, b: Span) -> bool:

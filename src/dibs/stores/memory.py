@@ -45,15 +45,20 @@ from dibs._model import (
     make_result,
 )
 from dibs.exceptions import (
-    ClaimNotFound,
     HoldLost,
     HoldLostReason,
     InvalidInput,
-    NotHolder,
     RequestConflict,
     SpanKindMismatch,
 )
-from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+from dibs.stores.base import (
+    DEFAULT_REQUEST_RETENTION,
+    Store,
+    claim_not_found,
+    hold_lost,
+    lost_reason,
+    not_holder,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -394,36 +399,23 @@ class MemoryStore(Store):
     def _owned(self, claim_id: str, holder: str) -> _Record:
         record = self._claims.get(claim_id)
         if record is None:
-            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+            raise claim_not_found(claim_id)
         if record.holder != holder:
-            raise NotHolder(
-                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
-            )
+            raise not_holder(claim_id, holder)
         return record
 
     def _require_live(self, record: _Record, fence: int, now: float) -> None:
         """Raise HoldLost unless ``record`` is live and ``fence`` is its fence."""
-        if record.fence != fence:
-            raise HoldLost(
-                f"fence {fence} is not the fence of claim {record.id!r}",
-                claim_id=record.id,
-                reason=HoldLostReason.FENCE,
-            )
-        if record.state is _RELEASED:
-            raise HoldLost(
-                f"claim {record.id!r} was released",
-                claim_id=record.id,
-                reason=HoldLostReason.RELEASED,
-            )
         # A dead hold is judged, not written: the sweep or a takeover marks it.
-        dead = record.state is _HELD and record.expires_at <= now  # type: ignore[operator]
-        if dead or record.state is _EXPIRED:
-            reason = HoldLostReason.TAKEN_OVER if record.taken_over else HoldLostReason.EXPIRED
-            raise HoldLost(
-                f"hold {record.id!r} {'was taken over' if record.taken_over else 'expired'}",
-                claim_id=record.id,
-                reason=reason,
-            )
+        reason = lost_reason(
+            real_fence=record.fence,
+            fence=fence,
+            state=record.state,
+            dead=record.state is _HELD and record.expires_at <= now,  # type: ignore[operator]
+            taken_over=record.taken_over,
+        )
+        if reason is not None:
+            raise hold_lost(record.id, reason, fence)
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         record = self._owned(claim_id, holder)

@@ -41,17 +41,23 @@ from dibs._model import (
     targets_to_text,
 )
 from dibs.exceptions import (
-    ClaimNotFound,
     HoldLost,
     HoldLostReason,
     InvalidInput,
-    NotHolder,
     RequestConflict,
     SchemaError,
     SpanKindMismatch,
     StoreUnavailable,
 )
-from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+from dibs.stores.base import (
+    DEFAULT_REQUEST_RETENTION,
+    Store,
+    claim_not_found,
+    hold_lost,
+    lost_reason,
+    not_holder,
+    parse_serial_id,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -483,46 +489,32 @@ class SQLiteStore(Store):
 
     # --- transitions on one claim ---------------------------------------------------------------
 
-    def _owned(self, conn: sqlite3.Connection, claim_id: str, holder: str) -> tuple[Any, ...]:
-        fence = _parse_id(claim_id)
-        row = None
-        if fence is not None:
-            row = conn.execute(
-                "SELECT fence, holder, state, expires_at, taken_over FROM dibs_claims "
-                "WHERE fence = ?",
-                (fence,),
-            ).fetchone()
-        if row is None:
-            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
-        if row[1] != holder:
-            raise NotHolder(
-                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
-            )
-        return tuple(row)
-
     def _live_state(
         self, conn: sqlite3.Connection, claim_id: str, holder: str, fence: int, now: int
     ) -> str:
         """Return 'held' or 'confirmed', or raise why the claim is not the caller's live hold."""
-        real_fence, _, state, expires_at, taken_over = self._owned(conn, claim_id, holder)
-        if real_fence != fence:
-            raise HoldLost(
-                f"fence {fence} is not the fence of claim {claim_id!r}",
-                claim_id=claim_id,
-                reason=HoldLostReason.FENCE,
-            )
-        if state == "released":
-            raise HoldLost(
-                f"claim {claim_id!r} was released",
-                claim_id=claim_id,
-                reason=HoldLostReason.RELEASED,
-            )
-        if state == "expired" or (state == "held" and expires_at <= now):
-            raise HoldLost(
-                f"hold {claim_id!r} {'was taken over' if taken_over else 'expired'}",
-                claim_id=claim_id,
-                reason=HoldLostReason.TAKEN_OVER if taken_over else HoldLostReason.EXPIRED,
-            )
+        number = parse_serial_id(claim_id)
+        row = None
+        if number is not None:
+            row = conn.execute(
+                "SELECT fence, holder, state, expires_at, taken_over FROM dibs_claims "
+                "WHERE fence = ?",
+                (number,),
+            ).fetchone()
+        if row is None:
+            raise claim_not_found(claim_id)
+        real_fence, real_holder, state, expires_at, taken_over = row
+        if real_holder != holder:
+            raise not_holder(claim_id, holder)
+        reason = lost_reason(
+            real_fence=real_fence,
+            fence=fence,
+            state=ClaimState(state),
+            dead=state == "held" and expires_at <= now,
+            taken_over=bool(taken_over),
+        )
+        if reason is not None:
+            raise hold_lost(claim_id, reason, fence)
         return str(state)
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
@@ -612,7 +604,7 @@ class SQLiteStore(Store):
         return self._retrying(attempt)
 
     def _get(self, claim_id: str) -> Claim | None:
-        fence = _parse_id(claim_id)
+        fence = parse_serial_id(claim_id)
         if fence is None:
             return None
 
@@ -713,10 +705,6 @@ class SQLiteStore(Store):
             conns, self._all = self._all, []
         for conn in conns:
             conn.close()
-
-
-def _parse_id(claim_id: str) -> int | None:
-    return int(claim_id) if claim_id.isdigit() and claim_id.isascii() else None
 
 
 def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
