@@ -104,11 +104,26 @@ def test_processes_racing_on_one_file_get_one_winner_per_unit(url: str) -> None:
             assert store.holder_of(unit) == holder
 
 
+def _sweeps(url: str, at: float, seconds: float) -> int:
+    """Sweep in a loop while the claimants run: sweeps race claims and each other."""
+    store = dibs.open(url)
+    _start_together(at)
+    expired = 0
+    while time.time() < at + seconds:
+        expired += store.sweep().expired
+    store.close()
+    return expired
+
+
 def test_processes_taking_over_dead_holds_never_overlap(url: str) -> None:
     dibs.open(url).close()
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(PROCESSES) as pool:
-        granted = pool.starmap(_holds, [(url, n, 400, time.time() + 2) for n in range(PROCESSES)])
+    at = time.time() + 2
+    with ctx.Pool(PROCESSES + 2) as pool:
+        sweepers = [pool.apply_async(_sweeps, (url, at, 1.0)) for _ in range(2)]
+        granted = pool.starmap(_holds, [(url, n, 400, at) for n in range(PROCESSES)])
+        swept = sum(s.get() for s in sweepers)
+    assert swept > 0, "the sweepers never raced a claim"
     assert sum(granted) > 3
     conn = sqlite3.connect(url.removeprefix("sqlite:///"))
     rows = conn.execute(
