@@ -328,7 +328,7 @@ def check_request_id(request_id: object) -> str | None:
     return request_id  # type: ignore[return-value]
 
 
-def check_ttl(ttl: object, *, allow_none: bool = True) -> float | None:
+def check_ttl(ttl: object, *, allow_none: bool = True, field: str = "ttl") -> float | None:
     """Return the TTL in seconds or raise :class:`InvalidInput` for a bad one.
 
     A TTL must be a finite number of seconds greater than zero, or ``None``
@@ -343,9 +343,9 @@ def check_ttl(ttl: object, *, allow_none: bool = True) -> float | None:
         or ttl <= 0
     ):
         raise InvalidInput(
-            f"ttl must be a finite number of seconds > 0{' or None' if allow_none else ''}, "
+            f"{field} must be a finite number of seconds > 0{' or None' if allow_none else ''}, "
             f"got {ttl!r}",
-            field="ttl",
+            field=field,
             value=ttl,
         )
     return float(ttl)

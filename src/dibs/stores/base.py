@@ -56,7 +56,7 @@ class Store(abc.ABC):
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
     ) -> None:
-        retention = check_ttl(request_retention, allow_none=False)
+        retention = check_ttl(request_retention, allow_none=False, field="request_retention")
         assert retention is not None
         self.request_retention = retention
         self.clock: Clock = clock if clock is not None else SystemClock()
