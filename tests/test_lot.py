@@ -22,7 +22,7 @@ T = TypeVar("T")
 # Park/remove rounds per thread in the churn test. memory:// gets the full
 # 16 x 2,000 of the issue; the SQL stores commit every claim to a database, so
 # they get fewer rounds at the same thread count (still thousands of races).
-CHURN_ROUNDS = {"memory": 2000, "sqlite": 400, "postgresql": 60}
+CHURN_ROUNDS = {"memory": 2000, "sqlite": 600, "postgresql": 150}
 
 
 def test_cars_and_trucks_fill_left_to_right(store: Store) -> None:
