@@ -1,0 +1,406 @@
+"""The ``/v1`` JSON API: one method per operation, each mapping store answers to HTTP.
+
+Every operation authenticates first (the holder always comes from the API
+key), spends a token of the key's rate limit, reads a bounded body, then makes
+one store call in a worker thread under ``request_timeout``. Store errors map
+to statuses in :meth:`Api.call`, in one place:
+
+==================  ======  =============================================
+store answer        status  body ``error``
+==================  ======  =============================================
+granted             201     (the claim)
+taken               409     ``taken``, with ``taken``: the targets
+InvalidInput        400     ``invalid``, with ``field``
+RequestConflict     422     ``idempotency_key_reused``
+ClaimNotFound       404     ``not_found``
+NotHolder           404     ``not_found`` (existence does not leak)
+HoldLost            409     ``hold_lost``, with ``reason``
+StoreUnavailable    503     ``unavailable``, with ``Retry-After``
+==================  ======  =============================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dibs._model import ClaimResult, Span, Target, Unit, target_to_json
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    StoreClosed,
+    StoreUnavailable,
+)
+from dibs.service._config import ServiceConfig
+from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
+from dibs.service._keys import ApiKey, KeyRing
+from dibs.service._metrics import Metrics
+from dibs.service._wire import (
+    check_name,
+    claim_to_wire,
+    parse_fence,
+    parse_json_object,
+    parse_target,
+    parse_targets,
+    parse_ttl,
+    request_id_for,
+    target_to_wire,
+)
+from dibs.singleflight import AsyncSingleFlight
+from dibs.stores.base import Store
+
+__all__ = ["Api"]
+
+_T = TypeVar("_T")
+_RETRY = {"Retry-After": "1"}
+
+
+def _not_found(claim_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"you have no claim {claim_id!r}")
+
+
+class Api:
+    """The handlers of ``/v1``, bound to one store, key ring and configuration."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: KeyRing,
+        config: ServiceConfig,
+        metrics: Metrics,
+        on_change: Callable[[tuple[Target, ...]], None],
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.config = config
+        self.metrics = metrics
+        self.limiter = RateLimiter(config.rate, config.burst)
+        # Claims are frozen dataclasses: share them, no copies.
+        self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
+        self._on_change = on_change
+
+    # --- the steps every operation takes ----------------------------------------------------------
+
+    def authorize(self, request: Request) -> ApiKey:
+        """The caller's key; raises 401 without a valid bearer token, 429 over its rate."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        key = self.keys.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        if key is None:
+            raise ApiError(
+                401,
+                "unauthorized",
+                "send an API key: Authorization: Bearer dibs_...",
+                headers={"WWW-Authenticate": 'Bearer realm="dibs"'},
+            )
+        request.scope["dibs.holder"] = key.holder
+        wait = self.limiter.take(key.id)
+        if wait > 0:
+            self.metrics.rate_limited.inc()
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"this key is limited to {self.config.rate:g} requests/s",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return key
+
+    async def read_body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object body; 413 past ``max_body``, 408 if it is too slow."""
+        limit = self.config.max_body
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
+
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            raw = await asyncio.wait_for(read(), self.config.body_timeout)
+        except TimeoutError:
+            raise ApiError(408, "timeout", "the request body arrived too slowly") from None
+        try:
+            return parse_json_object(raw)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+
+    async def call(self, operation: str, work: Callable[[], _T]) -> _T:
+        """Run one store call in a worker thread, bounded by ``request_timeout``.
+
+        Translates the store's errors into :class:`ApiError` (see the module table).
+        """
+        started = time.perf_counter()
+        try:
+            return await asyncio.wait_for(
+                anyio.to_thread.run_sync(work, abandon_on_cancel=True),
+                self.config.request_timeout,
+            )
+        except TimeoutError:
+            raise ApiError(
+                503, "timeout", "the store did not answer in time; retry", headers=_RETRY
+            ) from None
+        except (StoreUnavailable, StoreClosed) as exc:
+            raise ApiError(503, "unavailable", str(exc), headers=_RETRY) from None
+        except RequestConflict:
+            raise ApiError(
+                422,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used with a different request body",
+            ) from None
+        except (ClaimNotFound, NotHolder) as exc:
+            raise _not_found(getattr(exc, "claim_id", "")) from None
+        except HoldLost as exc:
+            reason = HoldLostReason(exc.reason)
+            self.metrics.hold_lost.labels(operation, str(reason)).inc()
+            if reason is HoldLostReason.TAKEN_OVER:
+                self.metrics.holds_taken_over.inc()
+            raise ApiError(409, "hold_lost", str(exc), {"reason": str(reason)}) from None
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        finally:
+            self.metrics.observe_store(operation, time.perf_counter() - started)
+
+    @staticmethod
+    def _fields(body: dict[str, Any], allowed: set[str]) -> None:
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise ApiError(400, "invalid", f"unknown field {unknown[0]!r}", {"field": unknown[0]})
+
+    @staticmethod
+    def _claim_id(request: Request) -> str:
+        claim_id: str = request.path_params["claim_id"]
+        if len(claim_id) > 64 or not claim_id.isprintable():
+            raise _not_found(claim_id[:64])
+        return claim_id
+
+    # --- claims -----------------------------------------------------------------------------------
+
+    async def create_claim(self, request: Request) -> Response:
+        """``POST /v1/claims``: claim every target or none."""
+        key = self.authorize(request)
+        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        body = await self.read_body(request)
+        self._fields(body, {"targets", "ttl"})
+        try:
+            targets = parse_targets(body, self.config.max_targets)
+            ttl = parse_ttl(body, required=False)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        holder = key.holder
+        request_id = None if idempotency_key is None else request_id_for(holder, idempotency_key)
+
+        async def claim() -> ClaimResult:
+            return await self.call(
+                "claim",
+                lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+            )
+
+        shared = False
+        if idempotency_key is None:
+            result = await claim()
+        else:
+            # One flight per (holder, key, body): a duplicate with the same body
+            # waits for the first; one with another body goes to the store, whose
+            # request record answers it RequestConflict (422).
+            digest = hashlib.sha256(
+                json.dumps([[target_to_json(t) for t in targets], ttl]).encode()
+            ).hexdigest()
+            flight = (holder, idempotency_key, digest)
+            if self.flights.in_flight(flight):
+                try:
+                    answer = await asyncio.wait_for(
+                        self.flights.call(flight, claim), self.config.idempotency_wait
+                    )
+                except TimeoutError:
+                    self.metrics.idempotency_waits.labels("gave_up").inc()
+                    raise ApiError(
+                        409,
+                        "in_progress",
+                        "a request with this Idempotency-Key is still in progress; retry",
+                        headers=_RETRY,
+                    ) from None
+                self.metrics.idempotency_waits.labels("answered").inc()
+            else:
+                answer = await self.flights.call(flight, claim)
+            result, shared = answer.value, answer.shared
+        replayed = result.replayed or shared
+        headers = {"Idempotent-Replayed": "true"} if replayed else {}
+        if result.replayed:
+            self.metrics.claims.labels("replayed").inc()
+        if not result:
+            if not result.replayed:
+                self.metrics.claims.labels("taken").inc()
+            return JSONResponse(
+                {
+                    "error": "taken",
+                    "message": "another holder has some of these targets",
+                    "taken": [target_to_wire(t) for t in result.taken],
+                },
+                status_code=409,
+                headers=headers,
+            )
+        assert result.claim is not None
+        if not result.replayed:
+            self.metrics.claims.labels("granted").inc()
+            self._on_change(result.claim.targets)
+        headers["Location"] = f"/v1/claims/{result.claim.id}"
+        return JSONResponse(claim_to_wire(result.claim), status_code=201, headers=headers)
+
+    async def get_claim(self, request: Request) -> Response:
+        """``GET /v1/claims/{id}``: one of the caller's claims."""
+        key = self.authorize(request)
+        claim_id = self._claim_id(request)
+        claim = await self.call("get", lambda: self.store.get(claim_id))
+        if claim is None or claim.holder != key.holder:
+            raise _not_found(claim_id)
+        return JSONResponse(claim_to_wire(claim))
+
+    async def list_claims(self, request: Request) -> Response:
+        """``GET /v1/claims?holder=me``: the caller's live claims, a snapshot."""
+        key = self.authorize(request)
+        unknown = sorted(set(request.query_params) - {"holder"})
+        if unknown:
+            raise ApiError(
+                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
+            )
+        wanted = request.query_params.get("holder", "me")
+        if wanted not in ("me", key.holder):
+            raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
+        claims = await self.call("claims_of", lambda: self.store.claims_of(key.holder))
+        return JSONResponse({"snapshot": True, "claims": [claim_to_wire(c) for c in claims]})
+
+    async def confirm(self, request: Request) -> Response:
+        """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""
+        key = self.authorize(request)
+        claim_id = self._claim_id(request)
+        body = await self.read_body(request)
+        self._fields(body, {"fence"})
+        fence = self._fence(body.get("fence"))
+        claim = await self.call(
+            "confirm", lambda: self.store.confirm(claim_id, holder=key.holder, fence=fence)
+        )
+        self._on_change(claim.targets)
+        return JSONResponse(claim_to_wire(claim))
+
+    async def extend(self, request: Request) -> Response:
+        """``POST /v1/claims/{id}/extend``: push the caller's live hold's expiry."""
+        key = self.authorize(request)
+        claim_id = self._claim_id(request)
+        body = await self.read_body(request)
+        self._fields(body, {"fence", "ttl"})
+        fence = self._fence(body.get("fence"))
+        try:
+            ttl = parse_ttl(body, required=True)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        assert ttl is not None
+        claim = await self.call(
+            "extend",
+            lambda: self.store.extend(claim_id, holder=key.holder, fence=fence, ttl=ttl),
+        )
+        self._on_change(claim.targets)
+        return JSONResponse(claim_to_wire(claim))
+
+    async def release(self, request: Request) -> Response:
+        """``DELETE /v1/claims/{id}``: give up the caller's claim (fence in body or query)."""
+        key = self.authorize(request)
+        claim_id = self._claim_id(request)
+        body = await self.read_body(request)
+        self._fields(body, {"fence"})
+        unknown = sorted(set(request.query_params) - {"fence"})
+        if unknown:
+            raise ApiError(
+                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
+            )
+        fence = self._fence(body.get("fence", request.query_params.get("fence")))
+
+        def release() -> tuple[bool, Any]:
+            released = self.store.release(claim_id, holder=key.holder, fence=fence)
+            return released, self.store.get(claim_id)
+
+        released, claim = await self.call("release", release)
+        if released and claim is not None:
+            self._on_change(claim.targets)
+        return JSONResponse(
+            {"released": released, "claim": None if claim is None else claim_to_wire(claim)}
+        )
+
+    @staticmethod
+    def _fence(value: object) -> int:
+        try:
+            return parse_fence(value)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+
+    # --- availability -----------------------------------------------------------------------------
+
+    async def resource(self, request: Request) -> Response:
+        """``GET /v1/resources/{resource}?slot=…`` or ``?start=…&end=…``: free or not, now."""
+        key = self.authorize(request)
+        params = request.query_params
+        unknown = sorted(set(params) - {"slot", "start", "end"})
+        if unknown:
+            raise ApiError(
+                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
+            )
+        item: dict[str, Any] = {"resource": request.path_params["resource"]}
+        if "start" in params or "end" in params:
+            item["start"] = _query_bound(params.get("start"))
+            item["end"] = _query_bound(params.get("end"))
+        else:
+            item["slot"] = params.get("slot", "")
+        try:
+            target = parse_target(item, "query")
+        except InvalidInput as exc:
+            field = exc.field.removeprefix("query.")
+            raise ApiError(
+                400, "invalid", str(exc).replace("query.", ""), {"field": field}
+            ) from None
+        assert isinstance(target, Unit | Span)
+
+        def read() -> tuple[str | None, Any]:
+            return self.store.holder_of(target), self.store.now()
+
+        holder, now = await self.call("holder_of", read)
+        state = "free" if holder is None else "yours" if holder == key.holder else "taken"
+        return JSONResponse(
+            {
+                "snapshot": True,
+                "as_of": now.isoformat().replace("+00:00", "Z"),
+                "target": target_to_wire(target),
+                "state": state,
+            }
+        )
+
+
+def _query_bound(text: str | None) -> object:
+    if text is None:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def check_resource_name(value: str) -> str:
+    """Path segments name resources; same rule as in bodies."""
+    return check_name(value, "resource")

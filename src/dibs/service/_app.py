@@ -1,0 +1,348 @@
+"""The ASGI application: routes, the access-log middleware, and the background jobs.
+
+``create_app`` wires a store, a key ring and a :class:`ServiceConfig` into a
+Starlette app. Background jobs run on the app's event loop while it is up (the
+lifespan): the sweeper, every ``sweep_interval`` seconds with jitter, and one
+poll loop per showing for the live seat map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import dibs
+from dibs._model import Target, Unit
+from dibs.service._api import Api
+from dibs.service._board import Board, change_token_for
+from dibs.service._config import ServiceConfig
+from dibs.service._guard import ApiError, new_request_id
+from dibs.service._keys import KeyRing
+from dibs.service._metrics import Metrics
+from dibs.service._openapi import openapi_document, render_docs
+from dibs.service._page import seat_map_page
+from dibs.stores.base import Store
+
+__all__ = ["Service", "create_app"]
+
+log = logging.getLogger("dibs.service")
+access_log = logging.getLogger("dibs.service.access")
+
+
+class Service:
+    """One running instance: store, keys, metrics, seat-map boards and the API handlers."""
+
+    def __init__(self, config: ServiceConfig, store: Store, keys: KeyRing) -> None:
+        self.config = config
+        self.store = store
+        self.keys = keys
+        self.metrics = Metrics(store.scheme)
+        token = change_token_for(store)
+        self.boards = {
+            s.slot: Board(store, s, poll_interval=config.poll_interval, change_token=token)
+            for s in config.showings
+        }
+        self.api = Api(store, keys, config, self.metrics, self.changed)
+        self.ready = False
+
+    def changed(self, targets: tuple[Target, ...]) -> None:
+        """Tell the boards whose showing these targets are in to refresh now."""
+        for target in targets:
+            if isinstance(target, Unit) and target.slot in self.boards:
+                self.boards[target.slot].poke()
+
+    async def sweep_forever(self) -> None:
+        """Sweep the store every ``sweep_interval`` seconds (±10 % jitter, so instances spread)."""
+        while True:
+            await asyncio.sleep(self.config.sweep_interval * random.uniform(0.9, 1.1))
+            await self.sweep_once()
+
+    async def sweep_once(self) -> None:
+        """One sweep; failures are logged and retried on the next round."""
+        started = time.perf_counter()
+        try:
+            result = await anyio.to_thread.run_sync(self.store.sweep)
+        except Exception:
+            log.exception("sweep failed")
+            return
+        finally:
+            self.metrics.observe_store("sweep", time.perf_counter() - started)
+        self.metrics.holds_expired.inc(result.expired)
+        if result.expired:
+            for board in self.boards.values():
+                board.poke()
+        log.info(
+            "swept",
+            extra={
+                "expired": result.expired,
+                "purged_requests": result.purged_requests,
+                "purged_claims": result.purged_claims,
+            },
+        )
+
+    # --- routes outside /v1 -----------------------------------------------------------------------
+
+    async def showings(self, request: Request) -> Response:
+        """``GET /v1/showings``: the showings this instance draws seat maps for."""
+        self._map_access(request)
+        return JSONResponse(
+            {
+                "showings": [
+                    {"slot": b.showing.slot, "rows": b.showing.rows, "cols": b.showing.cols}
+                    for b in self.boards.values()
+                ]
+            }
+        )
+
+    def _board(self, request: Request) -> Board:
+        self._map_access(request)
+        board = self.boards.get(request.path_params["slot"])
+        if board is None:
+            raise ApiError(404, "not_found", "no such showing")
+        return board
+
+    def _map_access(self, request: Request) -> None:
+        if not self.config.public_map:
+            self.api.authorize(request)
+
+    async def showing(self, request: Request) -> Response:
+        """``GET /v1/showings/{slot}``: every seat's state now, a snapshot."""
+        board = self._board(request)
+        snapshot = await self.api.call("seat_map", board.compute)
+        snapshot["version"] = board.version
+        return JSONResponse(snapshot)
+
+    async def events(self, request: Request) -> Response:
+        """``GET /v1/showings/{slot}/events``: the seat map as server-sent events."""
+        board = self._board(request)
+
+        async def stream() -> AsyncIterator[str]:
+            board.subscribers += 1
+            try:
+                if board.snapshot is None or board.subscribers == 1:
+                    await board.refresh()
+                version = -1
+                while True:
+                    if board.version != version and board.snapshot is not None:
+                        version = board.version
+                        data = json.dumps(board.snapshot, separators=(",", ":"))
+                        yield f"event: seats\nid: {version}\ndata: {data}\n\n"
+                    elif not await board.changed(version, 15.0):
+                        yield ": keep-alive\n\n"
+            finally:
+                board.subscribers -= 1
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def health(self, request: Request) -> Response:
+        """``GET /healthz``: the process answers."""
+        return JSONResponse({"status": "ok"})
+
+    async def readiness(self, request: Request) -> Response:
+        """``GET /readyz``: the store answers a read within the request timeout."""
+        probe = Unit("dibs-readiness-probe", "")
+        try:
+            await self.api.call("ready", lambda: self.store.holder_of(probe))
+        except ApiError as exc:
+            return JSONResponse(
+                {"status": "unavailable", "message": exc.message},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        return JSONResponse({"status": "ready", "store": self.store.scheme})
+
+    async def metrics_page(self, request: Request) -> Response:
+        """``GET /metrics``: Prometheus text format."""
+        return Response(
+            self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    async def page(self, request: Request) -> Response:
+        """``GET /``: the live seat map of the first (or ``?show=``) showing."""
+        slot = request.query_params.get("show") or self.config.showings[0].slot
+        if slot not in self.boards:
+            slot = self.config.showings[0].slot
+        return HTMLResponse(seat_map_page(slot, [s.slot for s in self.config.showings]))
+
+    async def openapi(self, request: Request) -> Response:
+        """``GET /openapi.json``."""
+        return JSONResponse(openapi_document())
+
+    async def docs(self, request: Request) -> Response:
+        """``GET /docs``: the OpenAPI document rendered as one self-contained page."""
+        return HTMLResponse(render_docs(openapi_document()))
+
+
+def create_app(
+    config: ServiceConfig | None = None,
+    *,
+    store: Store | None = None,
+    keys: KeyRing | None = None,
+) -> Starlette:
+    """Build the service's ASGI app.
+
+    ``store`` and ``keys`` default to ``dibs.open(config.store_url)`` and the
+    config's keys file; a store passed in is not closed by the app.
+    """
+    config = config or ServiceConfig()
+    own_store = store is None
+    the_store = dibs.open(config.store_url) if store is None else store
+    service = Service(config, the_store, keys or KeyRing(config.keys_file))
+    api = service.api
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = config.threads
+        jobs = [asyncio.create_task(service.sweep_forever())]
+        jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
+        service.ready = True
+        log.info("serving", extra={"store": the_store.scheme})
+        try:
+            yield
+        finally:
+            for job in jobs:
+                job.cancel()
+            for job in jobs:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
+            if own_store:
+                the_store.close()
+
+    routes = [
+        Route("/", service.page, methods=["GET"]),
+        Route("/healthz", service.health, methods=["GET"]),
+        Route("/readyz", service.readiness, methods=["GET"]),
+        Route("/metrics", service.metrics_page, methods=["GET"]),
+        Route("/openapi.json", service.openapi, methods=["GET"]),
+        Route("/docs", service.docs, methods=["GET"]),
+        Route("/v1/claims", api.create_claim, methods=["POST"]),
+        Route("/v1/claims", api.list_claims, methods=["GET"]),
+        Route("/v1/claims/{claim_id}", api.get_claim, methods=["GET"]),
+        Route("/v1/claims/{claim_id}", api.release, methods=["DELETE"]),
+        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
+        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
+        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
+        Route("/v1/showings", service.showings, methods=["GET"]),
+        Route("/v1/showings/{slot}", service.showing, methods=["GET"]),
+        Route("/v1/showings/{slot}/events", service.events, methods=["GET"]),
+    ]
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            {"error": error, "message": str(exc.detail)},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: api_error, HTTPException: http_error},
+    )
+    app.state.service = service
+    app.add_middleware(AccessLog, service=service)
+    return app
+
+
+class AccessLog:
+    """Give every request an ID (``X-Request-ID``), log it as one JSON line, count it.
+
+    Also turns an unexpected exception into a JSON 500 that carries the request ID.
+    """
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+        self._routes: list[Route] = []
+
+    def _route(self, scope: Scope) -> str:
+        if not self._routes:
+            router = scope["app"].router
+            self._routes = [r for r in router.routes if isinstance(r, Route)]
+        for route in self._routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                return route.path
+        return "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        raw = headers.get(b"x-request-id")
+        request_id = new_request_id(None if raw is None else raw.decode("latin-1"))
+        scope["dibs.request_id"] = request_id
+        started = time.perf_counter()
+        status = 500
+        sent = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                sent = True
+                message.setdefault("headers", [])
+                message["headers"] = [
+                    *message["headers"],
+                    (b"x-request-id", request_id.encode()),
+                ]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id})
+            if not sent:
+                body = json.dumps(
+                    {"error": "internal", "message": "internal error", "request_id": request_id}
+                ).encode()
+                await send_wrapper(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+        finally:
+            seconds = time.perf_counter() - started
+            route = self._route(scope)
+            metrics = self.service.metrics
+            metrics.http_requests.labels(route, str(status)).inc()
+            metrics.http_latency.labels(route).observe(seconds)
+            access_log.info(
+                "request",
+                extra={
+                    "request_id": request_id,
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "route": route,
+                    "status": status,
+                    "ms": round(seconds * 1000, 3),
+                    "holder": scope.get("dibs.holder"),
+                },
+            )

@@ -1,0 +1,85 @@
+"""What a running service is configured with: its store, keys, limits and showings."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from dibs.exceptions import InvalidInput
+
+__all__ = ["ServiceConfig", "Showing"]
+
+_ROWS = string.ascii_uppercase
+
+
+@dataclass(frozen=True)
+class Showing:
+    """A venue's seats for one showing: ``rows`` x ``cols`` units ``seat-A1``... on ``slot``.
+
+    Raises :class:`~dibs.InvalidInput` for an empty slot or a grid outside 1-26 x 1-60.
+    """
+
+    slot: str
+    rows: int = 8
+    cols: int = 12
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slot, str) or not self.slot or len(self.slot) > 200:
+            raise InvalidInput(f"bad showing slot {self.slot!r}", field="slot", value=self.slot)
+        if not 1 <= self.rows <= len(_ROWS) or not 1 <= self.cols <= 60:
+            raise InvalidInput(
+                f"a showing has 1-26 rows and 1-60 seats per row, got {self.rows}x{self.cols}",
+                field="rows",
+                value=(self.rows, self.cols),
+            )
+
+    @property
+    def seats(self) -> tuple[str, ...]:
+        """Seat resource names in row-major order: ``seat-A1``, ``seat-A2``, …"""
+        return tuple(f"seat-{_ROWS[r]}{c + 1}" for r in range(self.rows) for c in range(self.cols))
+
+    @classmethod
+    def parse(cls, text: str) -> Showing:
+        """Parse ``SLOT`` or ``SLOT:ROWSxCOLS`` (e.g. ``show-42:8x12``).
+
+        Raises :class:`~dibs.InvalidInput` for a malformed text.
+        """
+        slot, _, grid = text.partition(":")
+        if not grid:
+            return cls(slot)
+        rows, sep, cols = grid.lower().partition("x")
+        if not sep or not rows.isdigit() or not cols.isdigit():
+            raise InvalidInput(
+                f"showing must look like SLOT or SLOT:ROWSxCOLS, got {text!r}",
+                field="showing",
+                value=text,
+            )
+        return cls(slot, int(rows), int(cols))
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Settings of one service instance; every limit applies per instance.
+
+    ``rate`` and ``burst`` are the token bucket each API key gets (requests per
+    second, and the most that may arrive at once). ``request_timeout`` bounds a
+    store call, ``body_timeout`` the reading of a request body, and
+    ``idempotency_wait`` how long a duplicate of an in-flight Idempotency-Key
+    waits for the first request before it is answered ``409``.
+    """
+
+    store_url: str = "sqlite:///dibs.db"
+    keys_file: Path | None = Path("dibs-keys.json")
+    showings: tuple[Showing, ...] = (Showing("show-1"),)
+    rate: float = 50.0
+    burst: int = 100
+    max_body: int = 64 * 1024
+    max_targets: int = 100
+    request_timeout: float = 10.0
+    body_timeout: float = 10.0
+    idempotency_wait: float = 5.0
+    sweep_interval: float = 30.0
+    poll_interval: float = 0.2
+    threads: int = 32
+    public_map: bool = True

@@ -1,0 +1,84 @@
+"""Prometheus metrics of one service instance, on a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """The counters and histograms ``/metrics`` exposes.
+
+    A registry per instance (not the global one) so several apps in one process,
+    as in the tests, count separately.
+    """
+
+    def __init__(self, store_kind: str) -> None:
+        self.registry = CollectorRegistry()
+        self.store_kind = store_kind
+        self.claims = Counter(
+            "dibs_claims",
+            "Claims answered, by outcome: granted, taken (lost the race), replayed.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.holds_expired = Counter(
+            "dibs_holds_expired",
+            "Dead holds the sweeper marked expired.",
+            registry=self.registry,
+        )
+        self.holds_taken_over = Counter(
+            "dibs_holds_taken_over",
+            "Confirms, extends and releases that found their hold taken over by another claim.",
+            registry=self.registry,
+        )
+        self.hold_lost = Counter(
+            "dibs_hold_lost",
+            "Confirm, extend and release calls that lost their hold, by operation and reason.",
+            ["operation", "reason"],
+            registry=self.registry,
+        )
+        self.store_latency = Histogram(
+            "dibs_store_operation_seconds",
+            "Time of one store call, by operation and store kind.",
+            ["operation", "store"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "dibs_http_requests",
+            "HTTP requests answered, by route and status code.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.http_latency = Histogram(
+            "dibs_http_request_seconds",
+            "Time to answer an HTTP request, by route.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "dibs_rate_limited",
+            "Requests refused with 429 because the key's rate limit was exceeded.",
+            registry=self.registry,
+        )
+        self.idempotency_waits = Counter(
+            "dibs_idempotency_waits",
+            "Requests that waited for an in-flight duplicate Idempotency-Key, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+    def observe_store(self, operation: str, seconds: float) -> None:
+        """Record one store call's duration."""
+        self.store_latency.labels(operation, self.store_kind).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

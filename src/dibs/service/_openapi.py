@@ -1,0 +1,508 @@
+"""The OpenAPI 3.1 document of the service, written by hand, and its HTML rendering.
+
+Hand-written so that it says exactly what the handlers do (statuses, error
+codes, headers); ``tests/test_service_api.py`` checks that it validates, that
+its paths are the app's routes, and schemathesis checks the live service
+against it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from functools import cache
+from typing import Any
+
+__all__ = ["openapi_document", "render_docs"]
+
+_NAME = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
+}
+_SLOT = {**_NAME, "minLength": 0}
+_BOUND = {
+    "oneOf": [
+        {"type": "number", "minimum": -(2**53), "maximum": 2**53},
+        {"type": "string", "format": "date-time"},
+    ],
+    "description": "A number, or an RFC 3339 time with an offset; both bounds of one kind.",
+}
+_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str, **headers: str) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+    }
+    if headers:
+        answer["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}}
+            for name, text in headers.items()
+        }
+    return answer
+
+
+def _error(description: str, **headers: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description, **headers)
+
+
+_RETRY = "Seconds to wait before retrying."
+_COMMON = {
+    "400": _error("Bad input; `field` names it."),
+    "401": _error("No valid API key.", **{"WWW-Authenticate": "Bearer challenge."}),
+    "413": _error("The request body is larger than the limit."),
+    "429": _error("This key's rate limit was exceeded.", **{"Retry-After": _RETRY}),
+    "503": _error("The store did not answer in time or is unreachable.", **{"Retry-After": _RETRY}),
+}
+_READ = {k: v for k, v in _COMMON.items() if k != "413"}
+_CLAIM_ID = {
+    "name": "claim_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64},
+}
+_SLOT_PARAM = {"name": "slot", "in": "path", "required": True, "schema": _NAME}
+_NOT_FOUND = _error("No such claim of yours (another holder's claim is also 404).")
+_HOLD_LOST = _error("The hold expired, was taken over or released, or the fence is stale.")
+
+
+def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+_SCHEMAS: dict[str, Any] = {
+    "Unit": {
+        "type": "object",
+        "description": "One indivisible key, e.g. a seat for a showing.",
+        "properties": {"resource": _NAME, "slot": _SLOT},
+        "required": ["resource"],
+        "additionalProperties": False,
+    },
+    "Span": {
+        "type": "object",
+        "description": "A half-open interval [start, end) on a resource; start < end.",
+        "properties": {"resource": _NAME, "start": _BOUND, "end": _BOUND},
+        "required": ["resource", "start", "end"],
+        "additionalProperties": False,
+    },
+    "Target": {"oneOf": [_ref("Unit"), _ref("Span")]},
+    "ClaimRequest": {
+        "type": "object",
+        "properties": {
+            "targets": {"type": "array", "items": _ref("Target"), "minItems": 1, "maxItems": 100},
+            "ttl": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": 366 * 24 * 3600,
+                "description": "Seconds to hold before confirming; null or absent: confirmed now.",
+            },
+        },
+        "required": ["targets"],
+        "additionalProperties": False,
+    },
+    "FenceRequest": {
+        "type": "object",
+        "properties": {"fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}},
+        "required": ["fence"],
+        "additionalProperties": False,
+    },
+    "ExtendRequest": {
+        "type": "object",
+        "properties": {
+            "fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "ttl": {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600},
+        },
+        "required": ["fence", "ttl"],
+        "additionalProperties": False,
+    },
+    "Claim": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "holder": {"type": "string"},
+            "targets": {"type": "array", "items": _ref("Target")},
+            "state": {"enum": ["held", "confirmed", "released", "expired"]},
+            "fence": {"type": "integer"},
+            "expires_at": _TIME,
+            "idempotency_key": {"type": ["string", "null"]},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "taken_over": {"type": "boolean"},
+        },
+        "required": [
+            "id",
+            "holder",
+            "targets",
+            "state",
+            "fence",
+            "expires_at",
+            "idempotency_key",
+            "created_at",
+            "updated_at",
+            "taken_over",
+        ],
+    },
+    "Error": {
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "string",
+                "description": "A stable code: invalid, unauthorized, forbidden, not_found, "
+                "taken, hold_lost, in_progress, idempotency_key_reused, too_large, "
+                "rate_limited, timeout, unavailable, method_not_allowed, internal.",
+            },
+            "message": {"type": "string"},
+            "field": {"type": "string", "description": "With `invalid`: the field at fault."},
+            "reason": {
+                "enum": ["expired", "taken_over", "released", "fence"],
+                "description": "With `hold_lost`.",
+            },
+            "taken": {
+                "type": "array",
+                "items": _ref("Target"),
+                "description": "With `taken`: your targets that someone else holds.",
+            },
+        },
+        "required": ["error", "message"],
+    },
+    "Seat": {
+        "type": "object",
+        "properties": {"state": {"enum": ["free", "held", "confirmed"]}, "expires_at": _TIME},
+        "required": ["state", "expires_at"],
+    },
+    "SeatMap": {
+        "type": "object",
+        "properties": {
+            "slot": {"type": "string"},
+            "rows": {"type": "integer"},
+            "cols": {"type": "integer"},
+            "snapshot": {"const": True},
+            "now": {"type": "string", "format": "date-time"},
+            "version": {"type": "integer"},
+            "seats": {"type": "object", "additionalProperties": _ref("Seat")},
+        },
+        "required": ["slot", "rows", "cols", "snapshot", "now", "seats"],
+    },
+}
+
+_CLAIM_OK = _json(_ref("Claim"), "The claim as stored now.")
+
+
+def _paths() -> dict[str, Any]:
+    auth: list[dict[str, list[str]]] = [{"bearer": []}]
+    return {
+        "/v1/claims": {
+            "post": {
+                "summary": "Claim every target or none",
+                "description": "All-or-nothing. With `ttl` the claim is a hold to confirm "
+                "before it expires; without, it is confirmed at once. Send an "
+                "`Idempotency-Key` to make retries safe: the same key and body replay the "
+                "first answer (`Idempotent-Replayed: true`); a concurrent duplicate waits "
+                "for the first request's answer.",
+                "operationId": "createClaim",
+                "security": auth,
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
+                        "schema": {"type": "string", "maxLength": 257},
+                    }
+                ],
+                "requestBody": _body(_ref("ClaimRequest")),
+                "responses": {
+                    "201": _json(
+                        _ref("Claim"),
+                        "Granted (or replayed).",
+                        Location="The claim's URL.",
+                        **{"Idempotent-Replayed": "`true` when an earlier request answered."},
+                    ),
+                    "409": _error(
+                        "`taken`: someone else holds some targets (listed, never who); or "
+                        "`in_progress`: a request with this key is still running.",
+                        **{"Retry-After": "With `in_progress`."},
+                    ),
+                    "422": _error("This Idempotency-Key was used with a different body."),
+                    **_COMMON,
+                },
+            },
+            "get": {
+                "summary": "Your live claims (a snapshot)",
+                "operationId": "listClaims",
+                "security": auth,
+                "parameters": [
+                    {
+                        "name": "holder",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "default": "me"},
+                        "description": "`me` (or your own holder name).",
+                    }
+                ],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "snapshot": {"const": True},
+                                "claims": {"type": "array", "items": _ref("Claim")},
+                            },
+                            "required": ["snapshot", "claims"],
+                        },
+                        "Your held and confirmed claims.",
+                    ),
+                    "403": _error("`holder` names someone else."),
+                    **_READ,
+                },
+            },
+        },
+        "/v1/claims/{claim_id}": {
+            "get": {
+                "summary": "One of your claims",
+                "operationId": "getClaim",
+                "security": auth,
+                "parameters": [_CLAIM_ID],
+                "responses": {"200": _CLAIM_OK, "404": _NOT_FOUND, **_READ},
+            },
+            "delete": {
+                "summary": "Release your claim",
+                "description": "Idempotent: releasing an ended claim answers `released: false`. "
+                "The fence goes in the body or in `?fence=`.",
+                "operationId": "releaseClaim",
+                "security": auth,
+                "parameters": [
+                    _CLAIM_ID,
+                    {
+                        "name": "fence",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                ],
+                "requestBody": _body(_ref("FenceRequest"), required=False),
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "released": {"type": "boolean"},
+                                "claim": {"oneOf": [_ref("Claim"), {"type": "null"}]},
+                            },
+                            "required": ["released", "claim"],
+                        },
+                        "Whether this call released it, and the claim now.",
+                    ),
+                    "404": _NOT_FOUND,
+                    "409": _HOLD_LOST,
+                    **_COMMON,
+                },
+            },
+        },
+        "/v1/claims/{claim_id}/confirm": {
+            "post": {
+                "summary": "Confirm your live hold",
+                "operationId": "confirmClaim",
+                "security": auth,
+                "parameters": [_CLAIM_ID],
+                "requestBody": _body(_ref("FenceRequest")),
+                "responses": {"200": _CLAIM_OK, "404": _NOT_FOUND, "409": _HOLD_LOST, **_COMMON},
+            }
+        },
+        "/v1/claims/{claim_id}/extend": {
+            "post": {
+                "summary": "Extend your live hold by `ttl` seconds from now",
+                "operationId": "extendClaim",
+                "security": auth,
+                "parameters": [_CLAIM_ID],
+                "requestBody": _body(_ref("ExtendRequest")),
+                "responses": {"200": _CLAIM_OK, "404": _NOT_FOUND, "409": _HOLD_LOST, **_COMMON},
+            }
+        },
+        "/v1/resources/{resource}": {
+            "get": {
+                "summary": "Is a unit (or a span) free now? A snapshot for display",
+                "description": "`?slot=` asks about a unit; `?start=&end=` about a span. "
+                "Never names another holder.",
+                "operationId": "getResource",
+                "security": auth,
+                "parameters": [
+                    {"name": "resource", "in": "path", "required": True, "schema": _NAME},
+                    {"name": "slot", "in": "query", "required": False, "schema": _SLOT},
+                    {"name": "start", "in": "query", "required": False, "schema": _BOUND},
+                    {"name": "end", "in": "query", "required": False, "schema": _BOUND},
+                ],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "snapshot": {"const": True},
+                                "as_of": {"type": "string", "format": "date-time"},
+                                "target": _ref("Target"),
+                                "state": {"enum": ["free", "yours", "taken"]},
+                            },
+                            "required": ["snapshot", "as_of", "target", "state"],
+                        },
+                        "The state now.",
+                    ),
+                    **_READ,
+                },
+            }
+        },
+        "/v1/showings": {
+            "get": {
+                "summary": "The showings this service draws seat maps for",
+                "operationId": "listShowings",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"showings": {"type": "array"}},
+                            "required": ["showings"],
+                        },
+                        "Slots and grid sizes.",
+                    )
+                },
+            }
+        },
+        "/v1/showings/{slot}": {
+            "get": {
+                "summary": "Every seat of a showing now (a snapshot)",
+                "operationId": "getShowing",
+                "parameters": [_SLOT_PARAM],
+                "responses": {
+                    "200": _json(_ref("SeatMap"), "Seat states; never who holds them."),
+                    "404": _error("No such showing."),
+                    "503": _COMMON["503"],
+                },
+            }
+        },
+        "/v1/showings/{slot}/events": {
+            "get": {
+                "summary": "The seat map as server-sent events",
+                "description": "A `seats` event with a SeatMap at once and after every change "
+                "(from any client or service instance); comments keep the stream alive.",
+                "operationId": "showingEvents",
+                "parameters": [_SLOT_PARAM],
+                "responses": {
+                    "200": {
+                        "description": "An event stream.",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    "404": _error("No such showing."),
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness: the process answers",
+                "operationId": "health",
+                "responses": {"200": _json({"type": "object"}, "Alive.")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: the store answers",
+                "operationId": "readiness",
+                "responses": {
+                    "200": _json({"type": "object"}, "Ready."),
+                    "503": _COMMON["503"],
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "operationId": "metrics",
+                "responses": {
+                    "200": {
+                        "description": "Text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+@cache
+def _document_text() -> str:
+    return json.dumps(
+        {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "dibs",
+                "version": "1",
+                "description": "Claim a named, indivisible thing exactly once. The holder is "
+                "always the API key's; another holder's claims answer 404.",
+            },
+            "paths": _paths(),
+            "components": {
+                "schemas": _SCHEMAS,
+                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            },
+        }
+    )
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the OpenAPI document."""
+    doc: dict[str, Any] = json.loads(_document_text())
+    return doc
+
+
+def render_docs(doc: dict[str, Any]) -> str:
+    """The document as one self-contained HTML page (no scripts, no CDN)."""
+    esc = html.escape
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>dibs API</title>",
+        "<style>body{font:15px/1.45 system-ui,sans-serif;max-width:60em;margin:2em auto;"
+        "padding:0 1em}code,pre{background:#f4f4f4;padding:.1em .3em}pre{padding:.6em;"
+        "overflow:auto}h2{border-top:1px solid #ddd;padding-top:.8em}.m{font-weight:bold;"
+        "text-transform:uppercase;margin-right:.5em}</style>",
+        f"<h1>{esc(doc['info']['title'])} API v{esc(doc['info']['version'])}</h1>",
+        f"<p>{esc(doc['info']['description'])}</p>",
+        '<p>Machine-readable: <a href="/openapi.json">/openapi.json</a>.</p>',
+    ]
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            parts.append(
+                f"<h2 id={esc(op['operationId'])}><span class=m>{esc(method)}</span>"
+                f"<code>{esc(path)}</code></h2><p><b>{esc(op['summary'])}</b></p>"
+            )
+            if "description" in op:
+                parts.append(f"<p>{esc(op['description'])}</p>")
+            if op.get("security"):
+                parts.append("<p>Needs <code>Authorization: Bearer &lt;API key&gt;</code>.</p>")
+            for param in op.get("parameters", []):
+                parts.append(
+                    f"<p>{esc(param['in'])} <code>{esc(param['name'])}</code>"
+                    f"{' (required)' if param.get('required') else ''} "
+                    f"{esc(param.get('description', ''))}</p>"
+                )
+            if "requestBody" in op:
+                schema = op["requestBody"]["content"]["application/json"]["schema"]
+                name = schema.get("$ref", "").rsplit("/", 1)[-1]
+                body = doc["components"]["schemas"].get(name, schema)
+                parts.append(
+                    f"<p>Body <code>{esc(name)}</code>:</p>"
+                    f"<pre>{esc(json.dumps(body, indent=1))}</pre>"
+                )
+            parts.append("<ul>")
+            for status, answer in op["responses"].items():
+                parts.append(f"<li><code>{esc(status)}</code> {esc(answer['description'])}</li>")
+            parts.append("</ul>")
+    parts.append("<h2>Schemas</h2>")
+    for name, schema in doc["components"]["schemas"].items():
+        parts.append(
+            f"<h3 id={esc(name)}>{esc(name)}</h3><pre>{esc(json.dumps(schema, indent=1))}</pre>"
+        )
+    return "".join(parts)

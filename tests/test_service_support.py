@@ -1,0 +1,113 @@
+"""Shared set-up for the service tests: real servers on loopback, keys, clients.
+
+Every service test talks HTTP to a real uvicorn on 127.0.0.1 (in a thread of
+the test process, or as a ``python -m dibs.service serve`` subprocess), never
+to an in-memory transport, so what is tested is what a client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from dibs.service import KeyRing, Service, ServiceConfig, create_app
+from dibs.stores.base import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Running:
+    """A service running on loopback, with a key per named holder."""
+
+    url: str
+    keys: KeyRing
+    service: Service | None = None
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def token(self, holder: str) -> str:
+        if holder not in self.tokens:
+            self.tokens[holder] = self.keys.create(holder)[0]
+        return self.tokens[holder]
+
+    def client(self, holder: str | None = None, **options: Any) -> httpx.Client:
+        headers = {} if holder is None else {"Authorization": f"Bearer {self.token(holder)}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **options)
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    config: ServiceConfig, *, store: Store | None = None, keys: KeyRing | None = None
+) -> Iterator[Running]:
+    """Run the app on uvicorn in a thread of this process until the block ends."""
+    ring = keys or KeyRing(None)
+    app = create_app(config, store=store, keys=ring)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"
+        )
+    )
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the service thread died while starting")
+        time.sleep(0.01)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", ring, app.state.service)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@contextlib.contextmanager
+def serve_in_process(store_url: str, keys_file: Path, *args: str) -> Iterator[Running]:
+    """Run ``python -m dibs.service serve`` as a subprocess until the block ends."""
+    port = free_port()
+    log = open(keys_file.with_suffix(f".{port}.log"), "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dibs.service", "serve", "--store", store_url,
+         "--keys", str(keys_file), "--port", str(port), "--log-level", "warning", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dibs serve exited: {Path(log.name).read_text()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield Running(url, KeyRing(keys_file))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
