@@ -276,9 +276,9 @@ BEGIN
             SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all(
                 v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi);
             IF cardinality(v_taken) > 0 THEN
-                RAISE EXCEPTION 'lost' USING ERRCODE = 'DB000';
+                RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
             END IF;
-        EXCEPTION WHEN SQLSTATE 'DB000' THEN
+        EXCEPTION WHEN SQLSTATE 'DB010' THEN
             NULL;  -- all or nothing: undo the targets this attempt took
         END;
     END IF;

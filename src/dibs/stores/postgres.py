@@ -145,8 +145,11 @@ class PostgresStore(Store):
                 field="schema",
                 value=schema,
             )
-        for name, value, low in (("pool_min", pool_min, 0), ("pool_max", pool_max, 1),
-                                 ("max_retries", max_retries, 0)):
+        for name, value, low in (
+            ("pool_min", pool_min, 0),
+            ("pool_max", pool_max, 1),
+            ("max_retries", max_retries, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidInput(
                     f"{name} must be an integer >= {low}, got {value!r}", field=name, value=value
@@ -157,8 +160,10 @@ class PostgresStore(Store):
                 field="pool_min",
                 value=pool_min,
             )
-        if isinstance(pool_timeout, bool) or not isinstance(pool_timeout, int | float) or not (
-            0 < pool_timeout < float("inf")
+        if (
+            isinstance(pool_timeout, bool)
+            or not isinstance(pool_timeout, int | float)
+            or not (0 < pool_timeout < float("inf"))
         ):
             raise InvalidInput(
                 f"pool_timeout must be a positive number of seconds, got {pool_timeout!r}",
@@ -243,8 +248,13 @@ class PostgresStore(Store):
                     value=value,
                 ) from None
         conninfo = urlunsplit(
-            ("postgresql" if scheme in ("postgresql", "postgres") else scheme, parts.netloc,
-             parts.path, urlencode(rest), parts.fragment)
+            (
+                "postgresql" if scheme in ("postgresql", "postgres") else scheme,
+                parts.netloc,
+                parts.path,
+                urlencode(rest),
+                parts.fragment,
+            )
         )
         return cls(conninfo, **{**ours, **options})
 
@@ -337,9 +347,7 @@ class PostgresStore(Store):
             ) from exc
 
     def _ensure_extension(self, conn: psycopg.Connection[TupleRow], create: bool) -> None:
-        present = conn.execute(
-            "SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'"
-        ).fetchone()
+        present = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'").fetchone()
         if present:
             return
         if create:
@@ -419,9 +427,7 @@ class PostgresStore(Store):
         number = _parse_id(claim_id)
         if number is None:
             raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
-        row = self._call(
-            self._sql_transition, (op, number, holder, fence, ttl, self._now_param())
-        )
+        row = self._call(self._sql_transition, (op, number, holder, fence, ttl, self._now_param()))
         status = row[0]
         if status == "not_found":
             raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
@@ -479,8 +485,13 @@ class PostgresStore(Store):
         else:
             row = self._call(
                 self._sql_holder_of_span,
-                (target.resource, target.kind, _bound(target.start), _bound(target.end),
-                 self._now_param()),
+                (
+                    target.resource,
+                    target.kind,
+                    _bound(target.start),
+                    _bound(target.end),
+                    self._now_param(),
+                ),
             )
         return None if row is None else str(row[0])
 
@@ -498,7 +509,9 @@ class PostgresStore(Store):
                 self._sql_sweep, (self._now_param(), self.request_retention, _SWEEP_BATCH)
             )
             expired, purged_claims, purged_requests = (
-                expired + e, purged_claims + c, purged_requests + r
+                expired + e,
+                purged_claims + c,
+                purged_requests + r,
             )
             if max(e, c, r) < _SWEEP_BATCH:
                 return SweepResult(
@@ -510,9 +523,7 @@ class PostgresStore(Store):
 
 
 def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
-    row = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)
-    ).fetchone()
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)).fetchone()
     if not row or not row[0]:
         return 0
     found = conn.execute(
@@ -547,8 +558,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _claim_from_row(row: Sequence[Any], now: datetime) -> Claim:
-    (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created,
-     updated) = row
+    (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created, updated) = row
     claim_state = _STATES[state]
     if claim_state is ClaimState.HELD and expires_at <= now:
         claim_state = ClaimState.EXPIRED  # dead before a sweep marked it: derive on read

@@ -34,6 +34,8 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
+import psycopg
+
 __all__ = ["PostgresServer", "ServerSetupError", "ensure_installed", "find_bindir"]
 
 ADMIN_ROLE = "dibs_admin"
@@ -105,9 +107,9 @@ def ensure_installed() -> Path:
 
 
 def _has_btree_gist(bindir: Path) -> bool:
-    sharedir = _run([str(bindir / "pg_config"), "--sharedir"]) if (
-        bindir / "pg_config"
-    ).is_file() else ""
+    sharedir = (
+        _run([str(bindir / "pg_config"), "--sharedir"]) if (bindir / "pg_config").is_file() else ""
+    )
     roots = [Path(sharedir.strip())] if sharedir.strip() else []
     roots.append(bindir.parent / "share")
     roots.append(Path("/usr/share/postgresql") / bindir.parent.name)
@@ -133,14 +135,24 @@ def server_os_user() -> pwd.struct_passwd | None:
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
     done = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-         _FALLBACK_OS_USER],
-        capture_output=True, text=True, check=False,
+        [
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            _FALLBACK_OS_USER,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     try:
         return pwd.getpwnam(_FALLBACK_OS_USER)
     except KeyError:
-        raise ServerSetupError(f"could not create OS user {_FALLBACK_OS_USER}: {done.stderr}")
+        raise ServerSetupError(
+            f"could not create OS user {_FALLBACK_OS_USER}: {done.stderr}"
+        ) from None
 
 
 def free_port() -> int:
@@ -185,8 +197,10 @@ class PostgresServer:
             "log_line_prefix": "'%m [%p] '",
             **(settings or {}),
         }
-        base = base_dir or os.environ.get("DIBS_PG_TMPDIR") or (
-            "/tmp" if self.os_user is not None else None
+        base = (
+            base_dir
+            or os.environ.get("DIBS_PG_TMPDIR")
+            or ("/tmp" if self.os_user is not None else None)
         )
         self.root = Path(tempfile.mkdtemp(prefix="dibs-pg-", dir=base))
         self.datadir = self.root / "data"
@@ -215,8 +229,9 @@ class PostgresServer:
                 return
             if "could not bind" not in self.log_tail() and "in use" not in self.log_tail():
                 break
-        raise ServerSetupError(f"pg_ctl start failed:\n{done.stdout}{done.stderr}\n"
-                               f"{self.log_tail()}")
+        raise ServerSetupError(
+            f"pg_ctl start failed:\n{done.stdout}{done.stderr}\n{self.log_tail()}"
+        )
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: ``fast`` (clean), or ``immediate`` (like a crash)."""
@@ -295,8 +310,6 @@ class PostgresServer:
         name = name or f"dibs_test_{secrets.token_hex(4)}"
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
             raise ValueError(f"database name must be a plain identifier, got {name!r}")
-        import psycopg
-
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)
@@ -314,8 +327,6 @@ class PostgresServer:
 
     def drop_database(self, name: str) -> None:
         """Drop a database, disconnecting whoever is still in it."""
-        import psycopg
-
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -335,12 +346,18 @@ class PostgresServer:
         done = self._as_server_user(
             [
                 str(self.bindir / "initdb"),
-                "-D", str(self.datadir),
-                "-U", ADMIN_ROLE,
-                "--pwfile", str(pwfile),
-                "--auth", "scram-sha-256",
-                "--encoding", "UTF8",
-                "--locale", "C",
+                "-D",
+                str(self.datadir),
+                "-U",
+                ADMIN_ROLE,
+                "--pwfile",
+                str(pwfile),
+                "--auth",
+                "scram-sha-256",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C",
                 "--no-sync",
             ]
         )
@@ -369,8 +386,14 @@ class PostgresServer:
             kwargs.update(user=self.os_user.pw_uid, group=self.os_user.pw_gid, extra_groups=[])
             env["HOME"] = str(self.root)
         return subprocess.run(
-            cmd, env=env, cwd=self.root, capture_output=True, text=True, check=False,
-            start_new_session=True, **kwargs,
+            cmd,
+            env=env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            check=False,
+            start_new_session=True,
+            **kwargs,
         )
 
     def _chown(self, path: Path) -> None:

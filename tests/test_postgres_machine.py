@@ -1,0 +1,37 @@
+"""The PostgreSQL store against the pure model, driven by Hypothesis with a fake clock."""
+
+from __future__ import annotations
+
+import secrets
+
+from hypothesis import HealthCheck, settings
+
+import dibs
+from dibs import FakeClock, Store
+from dibs.testing import StoreStateMachine
+from pg_fixtures import drop_schema, schema_url, session_database
+
+
+def _postgres(clock: FakeClock, retention: float) -> Store:
+    url, _ = session_database()
+    schema = f"m_{secrets.token_hex(6)}"
+    store = dibs.open(schema_url(url, schema), clock=clock, request_retention=retention, pool_max=2)
+    store.dropped_schema = (url, schema)  # type: ignore[attr-defined]
+    return store
+
+
+class PostgresMachine(StoreStateMachine):
+    make_store = staticmethod(_postgres)
+
+    def teardown(self) -> None:
+        super().teardown()
+        drop_schema(*self.store.dropped_schema)  # type: ignore[attr-defined]
+
+
+TestPostgresMachine = PostgresMachine.TestCase
+TestPostgresMachine.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
