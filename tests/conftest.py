@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,17 +10,29 @@ import pytest
 
 import dibs
 from dibs import FakeClock, Store
+from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
+    drop_schema,
+    pg_admin_url,
+    pg_schema_url,
+    pg_url,
+    private_pg_server,
+    schema_url,
+)
 
-STORE_KINDS = ["memory", "sqlite"]
-"""Every store the contract runs on; the PostgreSQL fixtures add "postgresql"."""
+__all__ = ["pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
+
+STORE_KINDS = ["memory", "sqlite", "postgresql"]
+"""Every store the contract runs on."""
 
 
 class StoreMaker:
     """Opens stores of one kind onto one shared place (a file, a database)."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, pg_url: str | None = None) -> None:
         self.kind = kind
         self.tmp_path = tmp_path
+        self.pg_url = pg_url
+        self.pg_schema = f"t_{secrets.token_hex(6)}"  # a fresh schema per test
         self.opened: list[Store] = []
         self._memory: Store | None = None
 
@@ -28,6 +41,8 @@ class StoreMaker:
         """A URL that other processes can open (not for memory://)."""
         if self.kind == "sqlite":
             return f"sqlite:///{self.tmp_path / 'dibs.db'}"
+        if self.kind == "postgresql" and self.pg_url is not None:
+            return schema_url(self.pg_url, self.pg_schema)
         raise NotImplementedError(self.kind)
 
     def __call__(self, clock: FakeClock | None = None, **options: object) -> Store:
@@ -43,6 +58,8 @@ class StoreMaker:
     def close(self) -> None:
         for store in self.opened:
             store.close()
+        if self.kind == "postgresql" and self.pg_url is not None:
+            drop_schema(self.pg_url, self.pg_schema)
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -51,8 +68,12 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_store(store_kind: str, tmp_path: Path) -> Iterator[StoreMaker]:
-    maker = StoreMaker(store_kind, tmp_path)
+def make_store(
+    store_kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[StoreMaker]:
+    # Start PostgreSQL only when a test actually runs on it.
+    url = request.getfixturevalue("pg_url") if store_kind == "postgresql" else None
+    maker = StoreMaker(store_kind, tmp_path, url)
     yield maker
     maker.close()
 
