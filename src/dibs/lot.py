@@ -171,7 +171,10 @@ class Lot:
                 if existing is not None:
                     return self._same_vehicle(existing, vehicle_id, length)
                 continue  # it left again meanwhile; search on
-            taken = [self._index(u) for u in result.taken if isinstance(u, Unit)]
+            # Every loss marks at least one slot, so the search always ends.
+            taken = [self._index(u) for u in result.taken if isinstance(u, Unit)] or list(
+                range(start, start + length)
+            )
             for i in taken:
                 occupied[i] = True
             self._learn((i, True) for i in taken)
