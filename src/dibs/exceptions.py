@@ -14,7 +14,15 @@ promises::
     ├── HoldLost                           the hold expired, was released or taken over
     ├── StoreClosed (RuntimeError)         the store was closed
     ├── SchemaError (RuntimeError)         the stored schema is newer than this code
-    └── StoreUnavailable (ConnectionError) transient; the only error worth retrying
+    ├── StoreUnavailable (ConnectionError) transient; the only error worth retrying
+    │
+    │   raised by the patterns, defined beside them:
+    ├── lot.NotParked (LookupError)        removing a vehicle that holds no slots
+    ├── lot.AlreadyParked (ValueError)     re-parking a vehicle with another length
+    ├── booking.ResourceBusy (TimeoutError) exclusive() waited too long for a resource
+    ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
+    └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,
+        NotInTask, UnknownTask             see dibs.tasks
 
 Every exception carries its facts as attributes and pickles cleanly, so it can
 cross a process boundary unchanged.
