@@ -33,7 +33,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dibs._model import ClaimResult, Span, Target, Unit, target_to_json
+from dibs._model import ClaimResult, ClaimState, Span, Target, Unit, target_to_json
 from dibs.exceptions import (
     ClaimNotFound,
     HoldLost,
@@ -269,7 +269,9 @@ class Api:
         key = self.authorize(request)
         claim_id = self._claim_id(request)
         claim = await self.call("get", lambda: self.store.get(claim_id))
-        if claim is None or claim.holder != key.holder:
+        # A released claim is gone, as DELETE promised; an expired one stays
+        # readable so its holder can learn why (until the sweeper purges it).
+        if claim is None or claim.holder != key.holder or claim.state is ClaimState.RELEASED:
             raise _not_found(claim_id)
         return JSONResponse(claim_to_wire(claim))
 
@@ -329,6 +331,13 @@ class Api:
         if unknown:
             raise ApiError(
                 400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
+            )
+        if "fence" in body and "fence" in request.query_params:
+            raise ApiError(
+                400,
+                "invalid",
+                "give the fence in the body or the query, not both",
+                {"field": "fence"},
             )
         fence = self._fence(body.get("fence", request.query_params.get("fence")))
 

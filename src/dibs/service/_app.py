@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -232,10 +232,8 @@ def create_app(
         Route("/metrics", service.metrics_page, methods=["GET"]),
         Route("/openapi.json", service.openapi, methods=["GET"]),
         Route("/docs", service.docs, methods=["GET"]),
-        Route("/v1/claims", api.create_claim, methods=["POST"]),
-        Route("/v1/claims", api.list_claims, methods=["GET"]),
-        Route("/v1/claims/{claim_id}", api.get_claim, methods=["GET"]),
-        Route("/v1/claims/{claim_id}", api.release, methods=["DELETE"]),
+        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
+        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
         Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
         Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
         Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
@@ -265,6 +263,17 @@ def create_app(
     app.state.service = service
     app.add_middleware(AccessLog, service=service)
     return app
+
+
+def _route(path: str, **handlers: Callable[[Request], Awaitable[Response]]) -> Route:
+    """One route for every method of a path, so that a 405 lists them all in ``Allow``."""
+    if "GET" in handlers:
+        handlers["HEAD"] = handlers["GET"]
+
+    async def endpoint(request: Request) -> Response:
+        return await handlers[request.method](request)
+
+    return Route(path, endpoint, methods=list(handlers))
 
 
 class AccessLog:

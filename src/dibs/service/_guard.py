@@ -25,8 +25,10 @@ __all__ = [
 log = logging.getLogger("dibs.service")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
-_TOKEN = re.compile(r"[\x21-\x7e]+")
+# The header's whole value: a Structured Field string, or a bare token (lenient).
+# The same pattern is in the OpenAPI document.
+KEY_PATTERN = r'^(?:"(?:[ !#-\[\]-~]|\\["\\])+"|[!#-~]+)$'
+_KEY = re.compile(KEY_PATTERN)
 MAX_KEY = 255
 
 
@@ -60,14 +62,10 @@ def parse_idempotency_key(header: str | None) -> str | None:
     if header is None:
         return None
     text = header.strip()
-    match = _SF_STRING.fullmatch(text)
-    if match is not None:
-        key = re.sub(r"\\(.)", r"\1", match.group(1))
-    elif _TOKEN.fullmatch(text) and '"' not in text:
-        key = text
-    else:
-        key = ""
-    if not key or len(key) > MAX_KEY:
+    key = ""
+    if len(text) <= MAX_KEY and _KEY.match(text):
+        key = re.sub(r"\\(.)", r"\1", text[1:-1]) if text.startswith('"') else text
+    if not key:
         raise ApiError(
             400,
             "invalid",

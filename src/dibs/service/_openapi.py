@@ -13,6 +13,8 @@ import json
 from functools import cache
 from typing import Any
 
+from dibs.service._guard import KEY_PATTERN
+
 __all__ = ["openapi_document", "render_docs"]
 
 _NAME = {
@@ -214,7 +216,7 @@ def _paths() -> dict[str, Any]:
                         "in": "header",
                         "required": False,
                         "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
-                        "schema": {"type": "string", "maxLength": 257},
+                        "schema": {"type": "string", "maxLength": 255, "pattern": KEY_PATTERN},
                     }
                 ],
                 "requestBody": _body(_ref("ClaimRequest")),

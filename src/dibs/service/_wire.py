@@ -147,6 +147,8 @@ def parse_fence(value: object) -> int:
     """A fence: a positive integer below 2**63."""
     if isinstance(value, str) and value.isdigit() and len(value) < 20:
         value = int(value)
+    elif isinstance(value, float) and value.is_integer() and 0 < value <= MAX_FENCE:
+        value = int(value)  # JSON Schema counts 5.0 as an integer, so we do too
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_FENCE:
         raise InvalidInput("fence must be a positive integer", field="fence", value=value)
     return value
