@@ -1,0 +1,207 @@
+"""The ``dibs`` command: one argparse subcommand per job (``demo``, ``sweep``, …).
+
+Each subcommand is a ``_add_<name>(subparsers)`` function that declares its
+arguments and sets ``run``, a function from the parsed arguments to an exit
+code; add a command by adding one such function to :data:`_COMMANDS`. The
+work itself lives in the library (``dibs.demo``, the stores); this module only
+parses, dispatches and turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+import dibs
+from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
+from dibs.demo._view import ProgressView, render_json, render_summary
+from dibs.exceptions import DibsError, InvalidInput
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The demo's audit failed, or the store could not do its job."""
+EXIT_USAGE = 2
+"""Bad arguments or a bad store URL (argparse uses 2 as well)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dibs`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run(args)
+    except InvalidInput as exc:
+        print(f"dibs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DibsError as exc:
+        print(f"dibs: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("dibs: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dibs",
+        description="Claim a named, indivisible thing exactly once.",
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be in (0, 60] seconds, got {text}")
+    return value
+
+
+# --- dibs demo -----------------------------------------------------------------------------------
+
+
+def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    d = DemoConfig()
+    p = subparsers.add_parser(
+        "demo",
+        help="run a ticket rush against a store and audit the result",
+        description=(
+            "Sell a venue's seats to thousands of simulated customers racing in several "
+            "processes: single seats and groups of adjacent seats, held for a short TTL, "
+            "then paid, abandoned, paid too late, or retried with the same request ID. "
+            "Then read everything back from the store, check that every promise held, and "
+            "print the audit. Exits 1 if any audit check fails. Takes a few seconds."
+        ),
+        epilog=(
+            f"Without --store the demo uses {DEFAULT_URL}: the file ./{DEFAULT_URL[10:]} "
+            "(and its -wal/-shm files) is deleted and recreated at the start of every run, "
+            "so reruns are clean. A store given with --store is never wiped: each run sells "
+            "a fresh show, so earlier runs do not interfere. memory:// lives in one process, "
+            "so with it the customers run as threads of this process. See docs/demo.md."
+        ),
+    )
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"store to rush (default: a fresh {DEFAULT_URL}; e.g. memory://, "
+        "sqlite:///path.db, postgresql://user@host/db)",
+    )
+    p.add_argument(
+        "--seats",
+        type=_positive_int,
+        default=d.seats,
+        help=f"seats in the venue (default {d.seats})",
+    )
+    p.add_argument(
+        "--row-size",
+        type=_positive_int,
+        default=d.row_size,
+        help=f"seats per row (default {d.row_size})",
+    )
+    p.add_argument(
+        "--customers",
+        type=_positive_int,
+        default=d.customers,
+        help=f"simulated customers (default {d.customers})",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=d.processes,
+        help=f"worker processes (default {d.processes}); 0 runs the customers as threads "
+        "in this process, as memory:// always does",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=d.threads,
+        help=f"concurrent store calls per worker process (default {d.threads})",
+    )
+    p.add_argument(
+        "--ttl", type=_seconds, default=d.ttl, help=f"hold TTL in seconds (default {d.ttl:g})"
+    )
+    p.add_argument("--seed", type=int, help="seed for the customers' plan (races still vary)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    config = DemoConfig(
+        store=args.store,
+        seats=args.seats,
+        row_size=args.row_size,
+        customers=args.customers,
+        processes=args.processes,
+        threads=args.threads,
+        ttl=args.ttl,
+        seed=args.seed,
+    )
+    with ProgressView(enabled=not args.no_progress) as view:
+        report = run_demo(config, observer=view)
+    if args.json:
+        render_json(report)
+    else:
+        render_summary(report)
+    return EXIT_OK if report.passed else EXIT_FAILED
+
+
+# --- dibs sweep ----------------------------------------------------------------------------------
+
+
+def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="expire dead holds and purge old request records, once",
+        description=(
+            "Mark holds whose TTL has passed as expired and purge request records and ended "
+            "claims older than the store's retention. Safe to run at any time, alongside "
+            "claims and other sweeps."
+        ),
+    )
+    p.add_argument(
+        "--store", metavar="URL", help="store to sweep (default: $DIBS_URL, else sqlite:///dibs.db)"
+    )
+    p.add_argument("--json", action="store_true", help="print the counts as JSON")
+    p.set_defaults(run=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    with dibs.open(args.store) as store:
+        result = store.sweep()
+    counts = {
+        "expired": result.expired,
+        "purged_requests": result.purged_requests,
+        "purged_claims": result.purged_claims,
+    }
+    if args.json:
+        print(json.dumps(counts))
+    else:
+        print(
+            f"expired {result.expired} dead holds, purged {result.purged_requests} request "
+            f"records and {result.purged_claims} ended claims"
+        )
+    return EXIT_OK
+
+
+_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_demo,
+    _add_sweep,
+]
