@@ -18,6 +18,7 @@ import dibs
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput
+from dibs.service._cli import add_commands as add_service_commands
 
 __all__ = ["main"]
 
@@ -204,4 +205,5 @@ def _run_sweep(args: argparse.Namespace) -> int:
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_sweep,
+    add_service_commands,  # serve, keys (dibs.service; needs the service extra only to run)
 ]
