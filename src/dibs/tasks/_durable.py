@@ -43,6 +43,13 @@ __all__ = ["DurableRunner", "JobRecord", "RegisteredTask"]
 
 log = logging.getLogger("dibs.tasks")
 
+MAX_LOST = 3
+"""Attempts a job may lose to crashed or stalled workers, on top of its retries.
+
+A job that kills every worker that runs it (a poison pill) fails after this
+many takeovers instead of being retried forever.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class RegisteredTask:
@@ -94,6 +101,7 @@ class DurableRunner:
         lease: float,
         poll: float,
         rng: random.Random,
+        take_jobs: bool,
     ) -> None:
         self.store = store
         self.jobs = job_table(store)
@@ -101,13 +109,14 @@ class DurableRunner:
         self._slots = workers
         self.lease = lease
         self.poll = poll
+        self.max_lost = MAX_LOST
         self._rng = rng
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.tasks: dict[str, RegisteredTask] = {}
         self._lock = threading.Lock()  # guards _running and _stopping
         self._wake = threading.Condition(self._lock)
         self._running: dict[str, _Running] = {}
-        self._taking = True  # False once shutdown began: no new jobs
+        self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
         self._threads = [
             threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
@@ -138,7 +147,8 @@ class DurableRunner:
         now = self.store.now().timestamp()
         job = Job(
             id=job_id, name=task.name, args=payload, run_at=now if run_at is None else run_at,
-            attempt=1, max_attempts=task.retries + 1, state="pending", schedule_id=schedule_id,
+            attempt=1, max_attempts=task.retries + 1 + self.max_lost, state="pending",
+            schedule_id=schedule_id, retries=task.retries,
         )  # fmt: skip
         inserted = self.jobs.insert(job)
         if inserted:
@@ -224,7 +234,9 @@ class DurableRunner:
             # The lease lapsed: that attempt is lost and counts.
             seen_fence, attempt = job.fence, job.attempt + 1
             if attempt > job.max_attempts:
-                log.error("job %s lost its worker on its last attempt; failing it", job.id)
+                log.error(
+                    "job %s lost %d workers; failing it as a poison pill", job.id, self.max_lost
+                )
                 self.jobs.settle(job.id, job.attempt, job.fence, "failed", None)
                 return False
         # Linearization point: the store's claim decides who runs this attempt.
@@ -289,7 +301,7 @@ class DurableRunner:
         """Turn the confirmed attempt's proposal into the row's state (idempotent)."""
         if job.outcome_kind == "ok":
             self.jobs.settle(job.id, attempt, fence, "done", None)
-        elif attempt < job.max_attempts:
+        elif job.failures < job.retries and attempt < job.max_attempts:
             task = self.tasks.get(job.name)
             backoff = task.backoff if task is not None else Backoff()
             run_at = self.store.now().timestamp() + backoff.delay(attempt, self._rng)

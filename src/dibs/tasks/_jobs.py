@@ -44,6 +44,8 @@ class Job:
     outcome_kind: str | None = None  # "ok" | "error", proposed or final
     outcome: str | None = None  # JSON result, or the error's text
     schedule_id: str | None = None
+    retries: int = 0  # failed attempts that may be retried
+    failures: int = 0  # failed attempts so far (lost ones count only toward max_attempts)
 
 
 class JobTable(Protocol):
@@ -66,7 +68,7 @@ class JobTable(Protocol):
 
 _COLUMNS = (
     "id, name, args, run_at, attempt, max_attempts, state, fence, claim_id, "
-    "outcome_kind, outcome, schedule_id"
+    "outcome_kind, outcome, schedule_id, retries, failures"
 )
 
 _SCHEMA = """
@@ -82,7 +84,9 @@ CREATE TABLE IF NOT EXISTS dibs_jobs (
     claim_id     TEXT,
     outcome_kind TEXT,
     outcome      TEXT,
-    schedule_id  TEXT
+    schedule_id  TEXT,
+    retries      INTEGER NOT NULL,
+    failures     INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dibs_jobs_due
     ON dibs_jobs (run_at) WHERE state IN ('pending', 'running');
@@ -110,7 +114,12 @@ class SQLiteJobs:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,  # only so close() may close it from any thread
+                )
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"cannot open job table in {self.path!r}: {exc}") from exc
             self._local.conn = conn
@@ -133,10 +142,11 @@ class SQLiteJobs:
 
     def insert(self, job: Job) -> bool:
         return self._write(
-            f"INSERT OR IGNORE INTO dibs_jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO dibs_jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 job.id, job.name, job.args, job.run_at, job.attempt, job.max_attempts, job.state,
                 job.fence, job.claim_id, job.outcome_kind, job.outcome, job.schedule_id,
+                job.retries, job.failures,
             ),
         )  # fmt: skip
 
@@ -187,8 +197,8 @@ class SQLiteJobs:
         if state == "pending":  # a retry: the next attempt, not yet taken
             return self._write(
                 "UPDATE dibs_jobs SET state = 'pending', attempt = attempt + 1, run_at = ?, "
-                "fence = NULL, claim_id = NULL WHERE id = ? AND attempt = ? AND fence IS ? "
-                "AND state = 'running'",
+                "failures = failures + 1, fence = NULL, claim_id = NULL "
+                "WHERE id = ? AND attempt = ? AND fence IS ? AND state = 'running'",
                 (run_at, job_id, attempt, fence),
             )
         return self._write(
@@ -270,7 +280,7 @@ class MemoryJobs:
             assert run_at is not None
             return self._swap(
                 job_id, ok, state="pending", attempt=attempt + 1, run_at=run_at,
-                fence=None, claim_id=None,
+                fence=None, claim_id=None, failures=self._rows[job_id].failures + 1,
             )  # fmt: skip
         return self._swap(job_id, ok, state=state)
 

@@ -36,7 +36,14 @@ class TaskProcessor:
 
     Use it as a context manager: leaving the block shuts it down and waits for
     the work already submitted. ``clock`` is for tests (a
-    :class:`~dibs.tasks.ManualClock`); ``rng`` drives backoff jitter. Raises
+    :class:`~dibs.tasks.ManualClock`); ``rng`` drives backoff jitter.
+
+    Durable mode: with ``store``, registered tasks (:meth:`task`) can be
+    enqueued as job rows that any process with the same registrations runs.
+    ``lease`` is the seconds a worker's hold on a job lasts between
+    heartbeats (a crashed worker's job is taken over after at most that);
+    ``poll`` is how often the job table is read for jobs other processes
+    added; ``take_jobs=False`` makes an enqueue-only client. Raises
     :class:`~dibs.InvalidInput` for a bad argument.
     """
 
@@ -50,6 +57,7 @@ class TaskProcessor:
         store: Store | None = None,
         lease: float = 30.0,
         poll: float = 0.5,
+        take_jobs: bool = True,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidInput(
@@ -65,6 +73,7 @@ class TaskProcessor:
             self._durable = DurableRunner(
                 store, self.submit, workers, to_seconds(lease, "lease"),
                 to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
+                take_jobs,
             )  # fmt: skip
 
     @property
@@ -139,11 +148,15 @@ class TaskProcessor:
         """Run ``fn`` at ``start + k * interval`` (default start: one interval from now).
 
         Occurrences are computed from ``start``, never from when a run
-        finished, so they do not drift; those before now are not run.
+        finished, so they do not drift; those before now are not run. For a
+        durable task, ``start`` defaults to the Unix epoch so that every
+        process computes the same occurrences.
         ``interval`` is seconds or a timedelta. Raises
         :class:`~dibs.InvalidInput` for bad arguments or an ``id`` in use.
         """
         seconds = to_seconds(interval, "interval")
+        if start is None and self._durable is not None:
+            start = 0.0  # durable: every process must agree on the occurrences
         anchor = self._engine.alarm.now() + seconds if start is None else to_epoch(start, "start")
         return self._add_schedule(
             EveryTrigger(seconds, anchor), fn, args, kwargs,

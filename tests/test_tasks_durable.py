@@ -1,0 +1,242 @@
+"""Durable tasks on a store: one process with memory://, and 3 worker processes on one SQLite file.
+
+Worker processes run the script below; each run of a job writes an *effect*
+row (job, pid, what) to a separate ledger file, so the test can count runs.
+Waiting loops poll the files with a hang guard; nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import dibs
+from dibs.tasks import TaskProcessor, current
+
+GUARD = 60.0  # real seconds before a wait is declared hung
+
+WORKER = r"""
+import os, sqlite3, sys, time
+import dibs
+from dibs.tasks import TaskProcessor, current
+
+db, ledger, schedule = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+effects = sqlite3.connect(ledger, timeout=30, isolation_level=None, check_same_thread=False)
+
+def effect(what):
+    effects.execute("INSERT INTO effects VALUES (?, ?, ?)", (current().job_id, os.getpid(), what))
+
+store = dibs.open(f"sqlite:///{db}")
+processor = TaskProcessor(store=store, workers=2, lease=1.0, poll=0.02)
+
+@processor.task("quick")
+def quick(n):
+    effect("ran")
+    return n
+
+@processor.task("slow")
+def slow():
+    effect("started")
+    current().token.sleep(2.0)
+    effect("finished")
+    return os.getpid()
+
+@processor.task("tick")
+def tick():
+    effect("tick")
+
+if schedule:
+    processor.every(0.1, "tick", id="tick")
+print("ready", flush=True)
+sys.stdin.read()  # run until the test closes our stdin
+processor.shutdown(timeout=5)
+store.close()
+"""
+
+
+class Cluster:
+    """Three worker processes on one SQLite file, plus the test's own view of it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.db = tmp_path / "dibs.db"
+        self.ledger = tmp_path / "ledger.db"
+        self.script = tmp_path / "worker.py"
+        self.script.write_text(WORKER)
+        with sqlite3.connect(self.ledger) as conn:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("CREATE TABLE effects (job TEXT, pid INTEGER, what TEXT)")
+        self.store = dibs.open(f"sqlite:///{self.db}")
+        self.client = TaskProcessor(store=self.store, workers=1, take_jobs=False)
+        for name in ("quick", "slow", "tick"):
+            self.client.task(name)(lambda *a: None)  # names only: this process runs nothing
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, count: int = 3, schedule: bool = False) -> None:
+        for _ in range(count):
+            proc = subprocess.Popen(
+                [sys.executable, str(self.script), str(self.db), str(self.ledger),
+                 "1" if schedule else "0"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            self.procs.append(proc)
+
+    def effects(self, what: str | None = None) -> list[tuple[str, int, str]]:
+        with sqlite3.connect(self.ledger, timeout=30) as conn:
+            rows = conn.execute("SELECT job, pid, what FROM effects").fetchall()
+        return [r for r in rows if what is None or r[2] == what]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # killed by the test
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=GUARD)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.client.shutdown(timeout=0)
+        self.store.close()
+
+
+def wait_for(condition: Callable[[], object]) -> None:
+    deadline = time.monotonic() + GUARD
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def test_thousand_jobs_each_complete_exactly_once(cluster: Cluster) -> None:
+    ids = [cluster.client.enqueue("quick", i) for i in range(1000)]
+    cluster.start(3)
+
+    def all_done() -> bool:
+        return all((r := cluster.client.job(i)) is not None and r.state == "done" for i in ids)
+
+    wait_for(all_done)
+    runs = cluster.effects("ran")
+    assert sorted(job for job, _, _ in runs) == sorted(ids)  # each ran once, none twice
+    assert len({pid for _, pid, _ in runs}) > 1  # the work was shared
+    assert [cluster.client.job(i).result for i in ids[:5]] == [0, 1, 2, 3, 4]  # type: ignore[union-attr]
+
+
+def test_every_occurrence_of_a_schedule_runs_exactly_once(cluster: Cluster) -> None:
+    cluster.start(3, schedule=True)
+    wait_for(lambda: len(cluster.effects("tick")) >= 30)
+    ticks = cluster.effects("tick")
+    nominal = sorted(job.split("@", 1)[1] for job, _, _ in ticks)
+    assert len(nominal) == len(set(nominal)), "an occurrence ran twice"
+    stamps = [dibs_time(n) for n in nominal]
+    gaps = {round(b - a, 3) for a, b in itertools.pairwise(stamps)}
+    assert gaps == {0.1}, f"occurrences missing between first and last: {nominal}"
+
+
+def dibs_time(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_kill_9_mid_job_is_taken_over_and_recorded_once(cluster: Cluster) -> None:
+    cluster.start(3)
+    job = cluster.client.enqueue("slow")
+    wait_for(lambda: cluster.effects("started"))
+    ((_, victim, _),) = cluster.effects("started")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: (r := cluster.client.job(job)) is not None and r.state == "done")
+    record = cluster.client.job(job)
+    assert record is not None
+    assert record.result != victim and record.attempt == 2
+    assert [pid for _, pid, _ in cluster.effects("finished")] == [record.result]
+
+
+def test_stopped_worker_cannot_record_its_stale_result(cluster: Cluster) -> None:
+    cluster.start(3)
+    job = cluster.client.enqueue("slow")
+    wait_for(lambda: cluster.effects("started"))
+    ((_, sleeper, _),) = cluster.effects("started")
+    os.kill(sleeper, signal.SIGSTOP)
+    wait_for(lambda: (r := cluster.client.job(job)) is not None and r.state == "done")
+    winner = cluster.client.job(job)
+    assert winner is not None and winner.result != sleeper
+    os.kill(sleeper, signal.SIGCONT)
+    # Give the woken worker every chance to write: its heartbeat or its finish
+    # must fail on the fence, leaving the record as the new owner wrote it.
+    wait_for(lambda: len(cluster.effects("started")) >= 2)
+    time.sleep(2.5)
+    after = cluster.client.job(job)
+    assert after == winner
+
+
+# --- one process, memory:// -------------------------------------------------------------------
+
+
+def test_durable_jobs_retry_and_record_results_on_memory_store() -> None:
+    store = dibs.open("memory://")
+    processor = TaskProcessor(store=store, workers=2, lease=5, poll=0.01)
+    calls: list[int] = []
+
+    @processor.task("flaky", retries=2, backoff=0.001)
+    def flaky(x: int) -> int:
+        calls.append(x)
+        assert current().job_id is not None
+        if len(calls) < 3:
+            raise ValueError("not yet")
+        return x * 10
+
+    @processor.task("broken")
+    def broken() -> None:
+        raise KeyError("nope")
+
+    ok = processor.enqueue(flaky, 4)
+    bad = processor.enqueue("broken")
+    again = processor.enqueue("broken", key="once")
+    assert processor.enqueue("broken", key="once") == again
+    wait_for(lambda: all(processor.job(j).state in ("done", "failed") for j in (ok, bad, again)))  # type: ignore[union-attr]
+    record = processor.job(ok)
+    assert record is not None and (record.state, record.result, record.attempt) == ("done", 40, 3)
+    failed = processor.job(bad)
+    assert failed is not None and failed.state == "failed"
+    assert failed.error is not None and "KeyError: 'nope'" in failed.error
+    processor.shutdown()
+    store.close()
+
+
+def test_durable_calls_need_a_store_and_registered_tasks() -> None:
+    with TaskProcessor(workers=1) as plain:
+        with pytest.raises(dibs.InvalidInput) as info:
+            plain.enqueue("anything")
+        assert info.value.field == "store"
+    store = dibs.open("memory://")
+    with TaskProcessor(store=store, workers=1) as processor:
+        with pytest.raises(dibs.InvalidInput) as info:
+            processor.enqueue("unknown")
+        assert info.value.field == "task"
+        processor.task("echo")(str)
+        with pytest.raises(dibs.InvalidInput):
+            processor.enqueue("echo", object())  # not JSON
+    store.close()
