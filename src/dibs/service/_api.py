@@ -134,7 +134,9 @@ class Api:
             return b"".join(chunks)
 
         try:
-            raw = await asyncio.wait_for(read(), self.config.body_timeout)
+            # asyncio.timeout, not wait_for: no task per request on the hot path.
+            async with asyncio.timeout(self.config.body_timeout):
+                raw = await read()
         except TimeoutError:
             raise ApiError(408, "timeout", "the request body arrived too slowly") from None
         try:
@@ -149,10 +151,10 @@ class Api:
         """
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(
-                anyio.to_thread.run_sync(work, abandon_on_cancel=True),
-                self.config.request_timeout,
-            )
+            # On timeout the worker thread is abandoned, not stopped: the store
+            # call may still land, which a retry with the same key will learn.
+            async with asyncio.timeout(self.config.request_timeout):
+                return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except TimeoutError:
             raise ApiError(
                 503, "timeout", "the store did not answer in time; retry", headers=_RETRY

@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Match, Route
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import dibs
@@ -285,17 +285,14 @@ class AccessLog:
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app = app
         self.service = service
-        self._routes: list[Route] = []
+        self._paths: dict[object, str] = {}
 
     def _route(self, scope: Scope) -> str:
-        if not self._routes:
-            router = scope["app"].router
-            self._routes = [r for r in router.routes if isinstance(r, Route)]
-        for route in self._routes:
-            match, _ = route.matches(scope)
-            if match is not Match.NONE:
-                return route.path
-        return "unmatched"
+        """The matched route's path template (the router left its endpoint in the scope)."""
+        if not self._paths:
+            routes = scope["app"].router.routes
+            self._paths = {r.endpoint: r.path for r in routes if isinstance(r, Route)}
+        return self._paths.get(scope.get("endpoint"), "unmatched")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
