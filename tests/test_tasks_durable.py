@@ -37,7 +37,7 @@ def effect(what):
     effects.execute("INSERT INTO effects VALUES (?, ?, ?)", (current().job_id, os.getpid(), what))
 
 store = dibs.open(f"sqlite:///{db}")
-processor = TaskProcessor(store=store, workers=2, lease=1.0, poll=0.02)
+processor = TaskProcessor(store=store, workers=2, lease=1.5, poll=0.02)
 
 @processor.task("quick")
 def quick(n):
@@ -116,6 +116,13 @@ class Cluster:
         self.store.close()
 
 
+def done(cluster: Cluster, job_id: str) -> bool:
+    """Whether the job is done; fails the test at once if it failed instead."""
+    record = cluster.client.job(job_id)
+    assert record is None or record.state != "failed", record
+    return record is not None and record.state == "done"
+
+
 def wait_for(condition: Callable[[], object]) -> None:
     deadline = time.monotonic() + GUARD
     while not condition():
@@ -134,10 +141,7 @@ def test_thousand_jobs_each_complete_exactly_once(cluster: Cluster) -> None:
     ids = [cluster.client.enqueue("quick", i) for i in range(1000)]
     cluster.start(3)
 
-    def all_done() -> bool:
-        return all((r := cluster.client.job(i)) is not None and r.state == "done" for i in ids)
-
-    wait_for(all_done)
+    wait_for(lambda: all(done(cluster, i) for i in ids))
     runs = cluster.effects("ran")
     assert sorted(job for job, _, _ in runs) == sorted(ids)  # each ran once, none twice
     assert len({pid for _, pid, _ in runs}) > 1  # the work was shared
@@ -167,7 +171,7 @@ def test_kill_9_mid_job_is_taken_over_and_recorded_once(cluster: Cluster) -> Non
     wait_for(lambda: cluster.effects("started"))
     ((_, victim, _),) = cluster.effects("started")
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: (r := cluster.client.job(job)) is not None and r.state == "done")
+    wait_for(lambda: done(cluster, job))
     record = cluster.client.job(job)
     assert record is not None
     assert record.result != victim and record.attempt == 2
@@ -180,7 +184,7 @@ def test_stopped_worker_cannot_record_its_stale_result(cluster: Cluster) -> None
     wait_for(lambda: cluster.effects("started"))
     ((_, sleeper, _),) = cluster.effects("started")
     os.kill(sleeper, signal.SIGSTOP)
-    wait_for(lambda: (r := cluster.client.job(job)) is not None and r.state == "done")
+    wait_for(lambda: done(cluster, job))
     winner = cluster.client.job(job)
     assert winner is not None and winner.result != sleeper
     os.kill(sleeper, signal.SIGCONT)
