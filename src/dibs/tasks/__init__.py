@@ -9,6 +9,7 @@
 Needs the ``tasks`` extra (``pip install 'dibs[tasks]'``) for cron schedules.
 """
 
+from dibs.tasks._durable import JobRecord
 from dibs.tasks._errors import (
     CancelReason,
     NotInTask,
@@ -28,6 +29,7 @@ __all__ = [
     "CancelReason",
     "CancelToken",
     "Coalesce",
+    "JobRecord",
     "ManualClock",
     "Misfire",
     "NotInTask",
