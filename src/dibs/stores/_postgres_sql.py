@@ -402,9 +402,12 @@ BEGIN
     SELECT coalesce(array_agg(marked.id), '{{}}') INTO v_ids FROM marked;
     expired := cardinality(v_ids);
 
+    -- Like every store, keep the newest claim (the sequence's last fence;
+    -- PostgreSQL never reuses a fence anyway, so this is only for parity).
     WITH ended AS (
         SELECT c.id FROM {s}.claims c
          WHERE c.state IN ('released', 'expired') AND c.updated_at <= v_cutoff
+           AND c.fence <> (SELECT f.last_value FROM {s}.fences f)
          ORDER BY c.id LIMIT p_batch FOR UPDATE SKIP LOCKED
     ), purged AS (
         DELETE FROM {s}.claims c USING ended WHERE c.id = ended.id RETURNING c.id

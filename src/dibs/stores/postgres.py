@@ -49,23 +49,28 @@ from dibs._model import (
     Target,
     Unit,
     fingerprint,
+    make_claim,
+    make_result,
     span_bound_to_number,
     targets_from_text,
     targets_to_text,
 )
 from dibs.exceptions import (
-    ClaimNotFound,
-    HoldLost,
     HoldLostReason,
     InvalidInput,
-    NotHolder,
     RequestConflict,
     SchemaError,
     SpanKindMismatch,
     StoreUnavailable,
 )
 from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION
-from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
+from dibs.stores.base import (
+    DEFAULT_REQUEST_RETENTION,
+    Store,
+    claim_not_found,
+    hold_lost,
+    not_holder,
+)
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -187,6 +192,25 @@ class PostgresStore(Store):
             "SELECT * FROM {}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
             "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
         ).format(s)
+        # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
+        # the unit insert is the check; the fence is drawn by the claims insert,
+        # which reads the unit insert's row, so only after the unit is held.
+        # No row back means the unit was occupied: the full function decides.
+        free_unit = (
+            "WITH t AS (SELECT {now} AS now), "
+            "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
+            "SELECT %s, %s, nextval('{s}.claim_ids'), t.now + make_interval(secs => %s::float8) "
+            "FROM t ON CONFLICT DO NOTHING RETURNING claim_id, expires_at) "
+            "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
+            "created_at, updated_at) "
+            "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
+            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, t.now, t.now FROM u, t "
+            "RETURNING id, fence, expires_at, created_at"
+        )
+        self._sql_claim_free_unit = sql.SQL(free_unit).format(
+            s=s,
+            now=sql.SQL("%s::timestamptz" if self._test_clock else "clock_timestamp()"),
+        )
         self._sql_transition = sql.SQL(
             "SELECT * FROM {}.transition(%s, %s, %s, %s, %s, %s)"
         ).format(s)
@@ -261,7 +285,10 @@ class PostgresStore(Store):
     # --- the one boundary with the driver -------------------------------------------------------
 
     def _call(
-        self, query: sql.Composed, params: Sequence[Any], fetch: Literal["one", "all"] = "one"
+        self,
+        query: sql.Composed,
+        params: Sequence[Any] | dict[str, Any],
+        fetch: Literal["one", "all"] = "one",
     ) -> Any:
         """Run one statement on a pooled connection, translating the driver's errors.
 
@@ -369,9 +396,13 @@ class PostgresStore(Store):
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
+        text = targets_to_text(targets)
+        if request_id is None and len(targets) == 1 and type(targets[0]) is Unit:
+            granted = self._claim_free_unit(targets[0], text, holder, ttl)
+            if granted is not None:
+                return granted
         units = [t for t in targets if isinstance(t, Unit)]
         spans = [t for t in targets if isinstance(t, Span)]
-        text = targets_to_text(targets)
         params = (
             holder,
             text,
@@ -398,6 +429,32 @@ class PostgresStore(Store):
         return ClaimResult(
             False, None, tuple(targets[i] for i in taken), replayed=outcome == "replayed_taken"
         )
+
+    def _claim_free_unit(
+        self, unit: Unit, text: str, holder: str, ttl: float | None
+    ) -> ClaimResult | None:
+        """Claim a free unit in one plain statement; None if it was occupied (or dead)."""
+        state = ClaimState.CONFIRMED if ttl is None else ClaimState.HELD
+        params: tuple[Any, ...] = (unit.resource, unit.slot, ttl, holder, text)
+        if self._test_clock:
+            params = (self._now_param(), *params)
+        row = self._call(self._sql_claim_free_unit, params)
+        if row is None:
+            return None
+        id_, fence, expires_at, created = row
+        created_at = created.astimezone(UTC)
+        claim = make_claim(
+            str(id_),
+            holder,
+            (unit,),
+            state,
+            fence,
+            None if expires_at is None else expires_at.astimezone(UTC),
+            None,
+            created_at,
+            created_at,
+        )
+        return make_result(True, claim)
 
     def _claim_error(
         self, exc: psycopg.Error, targets: tuple[Target, ...], request_id: str | None
@@ -426,46 +483,33 @@ class PostgresStore(Store):
     ) -> tuple[str, Claim | None]:
         number = _parse_id(claim_id)
         if number is None:
-            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+            raise claim_not_found(claim_id)
         row = self._call(self._sql_transition, (op, number, holder, fence, ttl, self._now_param()))
         status = row[0]
         if status == "not_found":
-            raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+            raise claim_not_found(claim_id)
         if status == "not_holder":
-            raise NotHolder(
-                f"claim {claim_id!r} is not held by {holder!r}", claim_id=claim_id, holder=holder
-            )
+            raise not_holder(claim_id, holder)
         return status, _claim_from_row(row[1:11], row[11])
-
-    @staticmethod
-    def _lost(status: str, claim_id: str, fence: int) -> HoldLost:
-        reason = _LOST_REASONS[status]
-        message = {
-            HoldLostReason.FENCE: f"fence {fence} is not the fence of claim {claim_id!r}",
-            HoldLostReason.RELEASED: f"claim {claim_id!r} was released",
-            HoldLostReason.EXPIRED: f"hold {claim_id!r} expired",
-            HoldLostReason.TAKEN_OVER: f"hold {claim_id!r} was taken over",
-        }[reason]
-        return HoldLost(message, claim_id=claim_id, reason=reason)
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         status, claim = self._transition("confirm", claim_id, holder, fence, None)
         if status != "ok":
-            raise self._lost(status, claim_id, fence)
+            raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         assert claim is not None
         return claim
 
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
         status, claim = self._transition("extend", claim_id, holder, fence, ttl)
         if status != "ok":
-            raise self._lost(status, claim_id, fence)
+            raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         assert claim is not None
         return claim
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
         status, _ = self._transition("release", claim_id, holder, fence, None)
         if status == "fence":
-            raise self._lost(status, claim_id, fence)
+            raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         return status == "ok"
 
     # --- reads ----------------------------------------------------------------------------------

@@ -1,0 +1,147 @@
+"""Single-unit claims per second on PostgreSQL: dibs vs a raw psycopg INSERT, same server.
+
+For each client count C (1, 4, 16 by default), C threads share one pool of C
+connections and claim distinct units as fast as they can for a fixed number
+of claims per round. The baseline does what the issue names: raw psycopg
+running one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per transaction
+(autocommit) into a one-table schema, through a pool of the same size on the
+same server. dibs does ``store.claim(Unit(...), holder=..., ttl=300)``.
+Rounds of baseline and dibs alternate, and the script prints medians of
+throughput and p99 latency and the median of per-round ratios: this machine
+is shared and noisy, so a single round means little.
+
+    python benchmarks/bench_postgres.py                    # private server, fsync off
+    python benchmarks/bench_postgres.py --durable          # fsync on
+    python benchmarks/bench_postgres.py --url postgresql://user:pw@host/db
+    python benchmarks/bench_postgres.py --clients 1 4 --claims 2000 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+import dibs
+from dibs.testing.pgserver import PostgresServer
+
+Op = Callable[[int, int], None]
+
+
+def run_round(op: Op, clients: int, claims: int) -> tuple[float, list[float]]:
+    """Run ``claims`` ops split over ``clients`` threads; return (ops/s, latencies)."""
+    per = claims // clients
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+
+    def client(n: int) -> None:
+        mine = latencies[n]
+        clock = time.perf_counter
+        barrier.wait()
+        for i in range(per):
+            t0 = clock()
+            op(n, i)
+            mine.append(clock() - t0)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    flat = [x for per_client in latencies for x in per_client]
+    return len(flat) / elapsed, flat
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile of ``values``."""
+    return statistics.quantiles(values, n=100)[98]
+
+
+def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> str:
+    """Alternate baseline and dibs rounds at one client count; return the table row."""
+    store = dibs.open(f"{url}?schema=bench_{tag}&pool_min={clients}&pool_max={clients}")
+    pool = ConnectionPool(
+        url, min_size=clients, max_size=clients, kwargs={"autocommit": True}, open=True
+    )
+    insert = (
+        f"INSERT INTO baseline_{tag} (resource, slot, holder) VALUES (%s, %s, %s) "
+        "ON CONFLICT DO NOTHING RETURNING holder"
+    )
+    rounds: list[tuple[float, float, float, float]] = []
+    try:
+        pool.wait()
+        for r in range(repeat + 1):  # round 0 warms both up and is not counted
+            resource = f"c{clients}-r{r}"
+
+            def base(n: int, i: int, resource: str = resource) -> None:
+                with pool.connection() as conn:
+                    row = conn.execute(insert, (resource, f"{n}-{i}", f"h{n}")).fetchone()
+                assert row is not None
+
+            def claim(n: int, i: int, resource: str = resource) -> None:
+                result = store.claim(dibs.Unit(resource, f"{n}-{i}"), holder=f"h{n}", ttl=300)
+                assert result
+
+            b_rate, b_lat = run_round(base, clients, claims)
+            d_rate, d_lat = run_round(claim, clients, claims)
+            if r:
+                rounds.append((d_rate, b_rate, p99(d_lat), p99(b_lat)))
+    finally:
+        pool.close()
+        store.close()
+    med = statistics.median
+    return (
+        f"{clients:>7} | {med(x[0] for x in rounds):>8,.0f} {med(x[1] for x in rounds):>8,.0f} "
+        f"{med(x[0] / x[1] for x in rounds):>6.0%} | "
+        f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms "
+        f"{med(x[2] / x[3] for x in rounds):>5.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--url", help="an existing database (default: a private server)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--claims", type=int, default=4000, help="claims per round")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds of each, interleaved")
+    parser.add_argument("--durable", action="store_true", help="fsync on (private server)")
+    args = parser.parse_args()
+
+    with ExitStack() as stack:
+        if args.url:
+            url = args.url
+            where = "existing server"
+        else:
+            server = stack.enter_context(
+                PostgresServer(durable=args.durable, settings={"max_connections": "100"})
+            )
+            url = server.create_database("dibs_bench")
+            where = f"private server, fsync {'on' if args.durable else 'off'}"
+        tag = secrets.token_hex(3)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE TABLE baseline_{tag} (resource text, slot text, holder text NOT NULL, "
+                "PRIMARY KEY (resource, slot))"
+            )
+        print(f"PostgreSQL ({where}); {args.claims} single-unit claims per round,")
+        print(f"{args.repeat} rounds of dibs and of the baseline, interleaved; medians")
+        print(
+            f"{'clients':>7} | {'dibs/s':>8} {'base/s':>8} {'ratio':>6} | "
+            f"{'dibs p99':>9} {'base p99':>9} {'p99 x':>6}"
+        )
+        for clients in args.clients:
+            print(bench(url, tag, clients, args.claims, args.repeat), flush=True)
+
+
+if __name__ == "__main__":
+    main()
