@@ -19,6 +19,7 @@ from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput
 from dibs.service._cli import add_commands as add_service_commands
+from dibs.tasks._command import load_app, run_worker
 
 __all__ = ["main"]
 
@@ -202,8 +203,53 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- dibs worker ---------------------------------------------------------------------------------
+
+
+def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "worker",
+        help="run an application's task processor until SIGTERM",
+        description=(
+            "Import the application's dibs.tasks processor and run its workers: durable jobs "
+            "and schedules on the store, and the store's expired-hold sweeper. SIGTERM or "
+            "SIGINT stops taking jobs, lets running ones finish until the --timeout deadline, "
+            "then cancels the rest (their jobs are taken over by other workers) and exits 0."
+        ),
+    )
+    p.add_argument(
+        "--app",
+        metavar="MODULE:NAME",
+        required=True,
+        help="a TaskProcessor, or a function taking the store and returning one",
+    )
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="store URL, exported as $DIBS_URL before the app is imported "
+        "(default: $DIBS_URL, else sqlite:///dibs.db)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to drain running jobs after SIGTERM before cancelling them (default 30)",
+    )
+    p.set_defaults(run=_run_worker)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    if not args.timeout >= 0:
+        raise InvalidInput(
+            f"--timeout must be >= 0, got {args.timeout}", field="timeout", value=args.timeout
+        )
+    run_worker(load_app(args.app, args.store), args.timeout)
+    return EXIT_OK
+
+
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_sweep,
+    _add_worker,
     add_service_commands,  # serve, keys (dibs.service; needs the service extra only to run)
 ]

@@ -269,8 +269,11 @@ class DurableRunner:
                 value = task.fn(*args, **kwargs)
                 kind, outcome = "ok", json.dumps(value)
             except Exception as exc:
-                if current().cancelled and running.lost:
-                    return  # our hold is gone; the new owner decides
+                token = current().token
+                if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
+                    # Our hold is gone, or this process is stopping: the attempt is
+                    # left unrecorded, and the job is taken over once its lease lapses.
+                    return
                 kind, outcome = "error", "".join(traceback.format_exception(exc))
             finally:
                 current_job.reset(reset)

@@ -81,6 +81,11 @@ class TaskProcessor:
         """The clock due times are read on."""
         return self._engine.alarm.clock
 
+    @property
+    def store(self) -> Store | None:
+        """The store of durable mode, or None for an in-process processor."""
+        return None if self._durable is None else self._durable.store
+
     def submit(
         self,
         fn: Callable[..., R],
