@@ -528,8 +528,14 @@ def test_sweeper_runs_on_its_schedule(clock: FakeClock) -> None:
             threading.Event().wait(0.05)
 
 
-def test_two_instances_on_one_sqlite_file_see_each_others_changes(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'dibs.db'}"
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_two_instances_on_one_store_see_each_others_changes(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema_url")
     config = ServiceConfig(store_url=url, keys_file=None, poll_interval=0.05)
     keys = KeyRing(tmp_path / "keys.json")
     with (

@@ -29,11 +29,8 @@ ATTEMPTS = 12
 SHOW = Showing("show-load", 8, 12)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str]]:
-    tmp = tmp_path_factory.mktemp("load")
-    url = f"sqlite:///{tmp / 'dibs.db'}"
-    args = [
+def _args() -> list[str]:
+    return [
         "--showing",
         f"{SHOW.slot}:{SHOW.rows}x{SHOW.cols}",
         "--rate",
@@ -41,14 +38,36 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, 
         "--burst",
         "1000",
     ]
-    with serve_in_process(url, tmp / "keys.json", *args) as running:
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str]]:
+    tmp = tmp_path_factory.mktemp("load")
+    url = f"sqlite:///{tmp / 'dibs.db'}"
+    with serve_in_process(url, tmp / "keys.json", *_args()) as running:
         yield running, url
 
 
 def test_64_clients_racing_for_seats_never_double_book(served: tuple[Running, str]) -> None:
     s, url = served
+    _race([s], url)
+
+
+def test_64_clients_on_two_instances_over_one_postgresql(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.json"
+    with (
+        serve_in_process(pg_schema_url, keys, *_args()) as one,
+        serve_in_process(pg_schema_url, keys, *_args()) as two,
+    ):
+        _race([one, two], pg_schema_url)
+
+
+def _race(instances: list[Running], url: str) -> None:
+    """64 clients (spread over the instances) race for the seats; check the store after."""
     seats = SHOW.seats
-    tokens = [s.token(f"fan-{i}") for i in range(CLIENTS)]
+    tokens = [instances[0].token(f"fan-{i}") for i in range(CLIENTS)]
     start = threading.Barrier(CLIENTS)
     granted: list[tuple[str, str, tuple[str, ...]]] = []  # (holder, claim id, seats)
     statuses: Counter[int] = Counter()
@@ -61,7 +80,8 @@ def test_64_clients_racing_for_seats_never_double_book(served: tuple[Running, st
         holder = f"fan-{i}"
         headers = {"Authorization": f"Bearer {tokens[i]}"}
         try:
-            with httpx.Client(base_url=s.url, headers=headers, timeout=60) as c:
+            base = instances[i % len(instances)].url
+            with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
                 start.wait()
                 for n in range(ATTEMPTS):
                     k = rng.choice([1, 1, 2, 3])
@@ -138,6 +158,7 @@ def test_schemathesis_finds_no_server_errors(served: tuple[Running, str], tmp_pa
         text=True,
         timeout=240,
         check=False,
+        cwd=tmp_path,  # schemathesis writes a .schemathesis folder where it runs
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "Server error" not in result.stdout

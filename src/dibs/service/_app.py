@@ -50,7 +50,7 @@ class Service:
         self.store = store
         self.keys = keys
         self.metrics = Metrics(store.scheme)
-        token = change_token_for(store)
+        self.change_token = token = change_token_for(store, config.store_url)
         self.boards = {
             s.slot: Board(store, s, poll_interval=config.poll_interval, change_token=token)
             for s in config.showings
@@ -222,6 +222,8 @@ def create_app(
             for job in jobs:
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
+            if service.change_token is not None:
+                service.change_token.close()
             if own_store:
                 the_store.close()
 
