@@ -79,6 +79,15 @@ def test_cross_holder_matrix_has_no_successes(
                 attempts.append((f"{state}/{name}", b.request(method, path, **kwargs)))
         # Bob cannot read Alice's claims through the list either.
         mine = b.get("/v1/claims").json()["claims"]
+        # Nor find or move Alice's parked vehicle, nor replay her dispatch.
+        with s.client("alice") as a:
+            assert a.post("/v1/lots/lot-1/vehicles", json={"vehicle": "car-9"}).status_code == 201
+            ride = {"candidates": [{"resource": "driver-9", "slot": "s"}]}
+            key = {"Idempotency-Key": '"ride-9"'}
+            assert a.post("/v1/match", json=ride, headers=key).status_code == 201
+        attempts.append(("lot/get", b.get("/v1/lots/lot-1/vehicles/car-9")))
+        attempts.append(("lot/unpark", b.delete("/v1/lots/lot-1/vehicles/car-9")))
+        attempts.append(("match/replay", b.post("/v1/match", json=ride, headers=key)))
     alice_token = s.token("alice")
     key_id = alice_token.split("_")[1]
     with httpx.Client(base_url=s.url) as anon:
@@ -110,6 +119,10 @@ def test_cross_holder_matrix_has_no_successes(
             assert statuses[f"{state}/{op}"] == 404, (state, op)
         assert statuses[f"{state}/list"] == 403
     assert statuses["forged-secret"] == statuses["truncated"] == 401
+    assert statuses["lot/get"] == statuses["lot/unpark"] == 404
+    assert statuses["match/replay"] == 409  # the driver is Alice's; Bob's ride-9 is his own
+    with s.client("alice") as a:
+        assert a.get("/v1/lots/lot-1/vehicles/car-9").status_code == 200
     assert all(c["holder"] == "bob" for c in mine)
     # And nothing of Alice's changed, but for Bob's fair takeover of her dead hold.
     after = {c["id"]: store.get(c["id"]) for c in claims.values()}

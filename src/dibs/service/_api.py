@@ -180,8 +180,13 @@ class Api:
         finally:
             self.metrics.observe_store(operation, time.perf_counter() - started)
 
+    def changed(self, targets: tuple[Target, ...]) -> None:
+        """Tell the seat maps that these targets changed hands."""
+        self._on_change(targets)
+
     @staticmethod
-    def _fields(body: dict[str, Any], allowed: set[str]) -> None:
+    def fields(body: dict[str, Any], allowed: set[str]) -> None:
+        """Raise 400 naming the first field of ``body`` not in ``allowed``."""
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise ApiError(400, "invalid", f"unknown field {unknown[0]!r}", {"field": unknown[0]})
@@ -200,7 +205,7 @@ class Api:
         key = self.authorize(request)
         idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
         body = await self.read_body(request)
-        self._fields(body, {"targets", "ttl"})
+        self.fields(body, {"targets", "ttl"})
         try:
             targets = parse_targets(body, self.config.max_targets)
             ttl = parse_ttl(body, required=False)
@@ -296,7 +301,7 @@ class Api:
         key = self.authorize(request)
         claim_id = self._claim_id(request)
         body = await self.read_body(request)
-        self._fields(body, {"fence"})
+        self.fields(body, {"fence"})
         fence = self._fence(body.get("fence"))
         claim = await self.call(
             "confirm", lambda: self.store.confirm(claim_id, holder=key.holder, fence=fence)
@@ -309,7 +314,7 @@ class Api:
         key = self.authorize(request)
         claim_id = self._claim_id(request)
         body = await self.read_body(request)
-        self._fields(body, {"fence", "ttl"})
+        self.fields(body, {"fence", "ttl"})
         fence = self._fence(body.get("fence"))
         try:
             ttl = parse_ttl(body, required=True)
@@ -328,7 +333,7 @@ class Api:
         key = self.authorize(request)
         claim_id = self._claim_id(request)
         body = await self.read_body(request)
-        self._fields(body, {"fence"})
+        self.fields(body, {"fence"})
         unknown = sorted(set(request.query_params) - {"fence"})
         if unknown:
             raise ApiError(

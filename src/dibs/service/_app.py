@@ -34,6 +34,7 @@ from dibs.service._keys import KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
+from dibs.service._patterns import Patterns
 from dibs.stores.base import Store
 
 __all__ = ["Service", "create_app"]
@@ -56,6 +57,7 @@ class Service:
             for s in config.showings
         }
         self.api = Api(store, keys, config, self.metrics, self.changed)
+        self.patterns = Patterns(self.api, config.lots)
         self.ready = False
 
     def changed(self, targets: tuple[Target, ...]) -> None:
@@ -239,6 +241,15 @@ def create_app(
         Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
         Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
         Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
+        Route("/v1/lots", service.patterns.list_lots, methods=["GET"]),
+        Route("/v1/lots/{lot}", service.patterns.lot, methods=["GET"]),
+        Route("/v1/lots/{lot}/vehicles", service.patterns.park, methods=["POST"]),
+        _route(
+            "/v1/lots/{lot}/vehicles/{vehicle}",
+            GET=service.patterns.vehicle,
+            DELETE=service.patterns.unpark,
+        ),
+        Route("/v1/match", service.patterns.match, methods=["POST"]),
         Route("/v1/showings", service.showings, methods=["GET"]),
         Route("/v1/showings/{slot}", service.showing, methods=["GET"]),
         Route("/v1/showings/{slot}/events", service.events, methods=["GET"]),

@@ -65,6 +65,12 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(repeatable; default show-1:8x12)",
     )
     p.add_argument(
+        "--lot",
+        action="append",
+        metavar="NAME:SIZE[:best]",
+        help="a parking row served under /v1/lots (repeatable; default lot-1:40)",
+    )
+    p.add_argument(
         "--rate", type=_positive, default=50.0, help="requests/s per API key (default 50)"
     )
     p.add_argument("--burst", type=int, default=100, help="burst per API key (default 100)")
@@ -108,7 +114,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: PLC0415
 
         from dibs.service._app import create_app  # noqa: PLC0415
-        from dibs.service._config import ServiceConfig, Showing  # noqa: PLC0415
+        from dibs.service._config import LotSpec, ServiceConfig, Showing  # noqa: PLC0415
         from dibs.service._guard import JsonFormatter  # noqa: PLC0415
     except ImportError as exc:
         print(
@@ -126,6 +132,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         store_url=args.store or os.environ.get("DIBS_URL") or "sqlite:///dibs.db",
         keys_file=_keys_path(args.keys),
         showings=showings,
+        lots=tuple(LotSpec.parse(x) for x in args.lot or ["lot-1:40"]),
         rate=args.rate,
         burst=args.burst,
         max_body=args.max_body,

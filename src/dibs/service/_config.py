@@ -5,10 +5,11 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from dibs.exceptions import InvalidInput
 
-__all__ = ["ServiceConfig", "Showing"]
+__all__ = ["LotSpec", "ServiceConfig", "Showing"]
 
 _ROWS = string.ascii_uppercase
 
@@ -59,6 +60,38 @@ class Showing:
 
 
 @dataclass(frozen=True)
+class LotSpec:
+    """A parking row served under ``/v1/lots/{name}``: ``size`` slots, ``fit`` policy.
+
+    Every instance serving a lot must give it the same size. Raises
+    :class:`~dibs.InvalidInput` for a bad name or size.
+    """
+
+    name: str
+    size: int
+    fit: Literal["first", "best"] = "first"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise InvalidInput(f"bad lot name {self.name!r}", field="lot", value=self.name)
+        if not 1 <= self.size <= 100_000:
+            raise InvalidInput(
+                f"a lot has 1-100000 slots, got {self.size}", field="size", value=self.size
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> LotSpec:
+        """Parse ``NAME:SIZE`` or ``NAME:SIZE:best``."""
+        name, _, rest = text.partition(":")
+        size, _, fit = rest.partition(":")
+        if not size.isdigit() or fit not in ("", "first", "best"):
+            raise InvalidInput(
+                f"lot must look like NAME:SIZE[:first|best], got {text!r}", field="lot", value=text
+            )
+        return cls(name, int(size), "best" if fit == "best" else "first")
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     """Settings of one service instance; every limit applies per instance.
 
@@ -72,6 +105,7 @@ class ServiceConfig:
     store_url: str = "sqlite:///dibs.db"
     keys_file: Path | None = Path("dibs-keys.json")
     showings: tuple[Showing, ...] = (Showing("show-1"),)
+    lots: tuple[LotSpec, ...] = (LotSpec("lot-1", 40),)
     rate: float = 50.0
     burst: int = 100
     max_body: int = 64 * 1024

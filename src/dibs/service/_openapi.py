@@ -71,6 +71,15 @@ _CLAIM_ID = {
     "schema": {"type": "string", "minLength": 1, "maxLength": 64},
 }
 _SLOT_PARAM = {"name": "slot", "in": "path", "required": True, "schema": _NAME}
+_KEY_HEADER = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
+    "schema": {"type": "string", "maxLength": 255, "pattern": KEY_PATTERN},
+}
+_LOT = {"name": "lot", "in": "path", "required": True, "schema": _NAME}
+_VEHICLE = {"name": "vehicle", "in": "path", "required": True, "schema": _NAME}
 _NOT_FOUND = _error("No such claim of yours (another holder's claim is also 404).")
 _HOLD_LOST = _error("The hold expired, was taken over or released, or the fence is stale.")
 
@@ -174,6 +183,56 @@ _SCHEMAS: dict[str, Any] = {
         },
         "required": ["error", "message"],
     },
+    "ParkRequest": {
+        "type": "object",
+        "properties": {
+            "vehicle": _NAME,
+            "length": {"type": "integer", "minimum": 1, "default": 1},
+        },
+        "required": ["vehicle"],
+        "additionalProperties": False,
+    },
+    "Parked": {
+        "type": "object",
+        "properties": {
+            "lot": {"type": "string"},
+            "vehicle": {"type": "string"},
+            "position": {"type": "integer"},
+            "length": {"type": "integer"},
+        },
+        "required": ["lot", "vehicle", "position"],
+    },
+    "LotMap": {
+        "type": "object",
+        "properties": {
+            "snapshot": {"const": True},
+            "name": {"type": "string"},
+            "size": {"type": "integer"},
+            "free": {"type": "integer"},
+            "largest_free_run": {"type": "integer"},
+            "slots": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "state": {"enum": ["free", "yours", "taken"]},
+                        "vehicle": {"type": "string"},
+                    },
+                    "required": ["state"],
+                },
+            },
+        },
+        "required": ["snapshot", "name", "size", "free", "largest_free_run", "slots"],
+    },
+    "MatchRequest": {
+        "type": "object",
+        "properties": {
+            "candidates": {"type": "array", "items": _ref("Unit"), "minItems": 1, "maxItems": 100},
+            "ttl": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600},
+        },
+        "required": ["candidates"],
+        "additionalProperties": False,
+    },
     "Seat": {
         "type": "object",
         "properties": {"state": {"enum": ["free", "held", "confirmed"]}, "expires_at": _TIME},
@@ -210,15 +269,7 @@ def _paths() -> dict[str, Any]:
                 "for the first request's answer.",
                 "operationId": "createClaim",
                 "security": auth,
-                "parameters": [
-                    {
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "required": False,
-                        "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
-                        "schema": {"type": "string", "maxLength": 255, "pattern": KEY_PATTERN},
-                    }
-                ],
+                "parameters": [_KEY_HEADER],
                 "requestBody": _body(_ref("ClaimRequest")),
                 "responses": {
                     "201": _json(
@@ -356,6 +407,108 @@ def _paths() -> dict[str, Any]:
                         "The state now.",
                     ),
                     **_READ,
+                },
+            }
+        },
+        "/v1/lots": {
+            "get": {
+                "summary": "The parking lots this service serves",
+                "operationId": "listLots",
+                "security": auth,
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"lots": {"type": "array"}},
+                            "required": ["lots"],
+                        },
+                        "Names and sizes.",
+                    ),
+                    **_READ,
+                },
+            }
+        },
+        "/v1/lots/{lot}": {
+            "get": {
+                "summary": "Each slot of a lot: free, yours or taken (a snapshot)",
+                "operationId": "getLot",
+                "security": auth,
+                "parameters": [_LOT],
+                "responses": {
+                    "200": _json(_ref("LotMap"), "The slots now; never whose."),
+                    "404": _error("No such lot."),
+                    **_READ,
+                },
+            }
+        },
+        "/v1/lots/{lot}/vehicles": {
+            "post": {
+                "summary": "Park a vehicle in `length` adjacent slots the lot picks",
+                "description": "Parking a vehicle of yours that is already parked with the "
+                "same length answers its position again. Vehicle names are yours: another "
+                "holder's `car-1` is another vehicle.",
+                "operationId": "parkVehicle",
+                "security": auth,
+                "parameters": [_LOT],
+                "requestBody": _body(_ref("ParkRequest")),
+                "responses": {
+                    "201": _json(_ref("Parked"), "Parked; `position` is the first slot."),
+                    "404": _error("No such lot."),
+                    "409": _error(
+                        "`full`: no run of `length` free slots now; `already_parked`: "
+                        "this vehicle is parked with another length."
+                    ),
+                    **_COMMON,
+                },
+            }
+        },
+        "/v1/lots/{lot}/vehicles/{vehicle}": {
+            "get": {
+                "summary": "Where your vehicle is parked",
+                "operationId": "getVehicle",
+                "security": auth,
+                "parameters": [_LOT, _VEHICLE],
+                "responses": {
+                    "200": _json(_ref("Parked"), "Its first slot."),
+                    "404": _error("No such lot, or no such vehicle of yours parked there."),
+                    **_READ,
+                },
+            },
+            "delete": {
+                "summary": "Free every slot of your vehicle at once",
+                "operationId": "unparkVehicle",
+                "security": auth,
+                "parameters": [_LOT, _VEHICLE],
+                "responses": {
+                    "200": _json(_ref("Parked"), "Where it was."),
+                    "404": _error("No such lot, or no such vehicle of yours parked there."),
+                    **_READ,
+                },
+            },
+        },
+        "/v1/match": {
+            "post": {
+                "summary": "Claim the first free candidate, in order of preference",
+                "description": "For dispatch: tries each candidate unit, a few rounds with "
+                "jittered backoff. The Idempotency-Key is required: a retry answers the "
+                "candidate the first try got.",
+                "operationId": "match",
+                "security": auth,
+                "parameters": [{**_KEY_HEADER, "required": True}],
+                "requestBody": _body(_ref("MatchRequest")),
+                "responses": {
+                    "201": _json(
+                        {
+                            "type": "object",
+                            "properties": {"candidate": _ref("Unit"), "claim": _ref("Claim")},
+                            "required": ["candidate", "claim"],
+                        },
+                        "The candidate claimed, and its claim (which also holds the "
+                        "dispatch's own unit).",
+                        **{"Idempotent-Replayed": "`true` when an earlier try answered."},
+                    ),
+                    "409": _error("`none_free`: every candidate was taken."),
+                    **_COMMON,
                 },
             }
         },

@@ -1,0 +1,195 @@
+"""``/v1/lots`` and ``/v1/match``: the lot and match patterns over HTTP.
+
+Both patterns name their holder themselves (a lot's vehicle ID is the holder
+of its claim; a match is keyed by a request ID), so the service namespaces
+those names by the caller's holder exactly as it does Idempotency-Keys: alice's
+``car-1`` and bob's ``car-1`` are two vehicles, and neither can see or move
+the other's. Every decision is still the store's group claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dibs._model import Unit
+from dibs.exceptions import InvalidInput
+from dibs.lot import AlreadyParked, Lot, NotParked
+from dibs.matching import match
+from dibs.service._api import Api
+from dibs.service._config import LotSpec
+from dibs.service._guard import ApiError, invalid, parse_idempotency_key
+from dibs.service._wire import check_name, claim_to_wire, parse_target, parse_ttl, request_id_for
+
+__all__ = ["Patterns"]
+
+
+class Patterns:
+    """The handlers of ``/v1/lots`` and ``/v1/match``."""
+
+    def __init__(self, api: Api, lots: tuple[LotSpec, ...]) -> None:
+        self.api = api
+        self.lots = {spec.name: Lot(api.store, spec.name, spec.size, fit=spec.fit) for spec in lots}
+
+    def _lot(self, request: Request) -> Lot:
+        lot = self.lots.get(request.path_params["lot"])
+        if lot is None:
+            raise ApiError(404, "not_found", "no such lot")
+        return lot
+
+    @staticmethod
+    def _vehicle(value: object) -> str:
+        try:
+            return check_name(value, "vehicle")
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+
+    async def list_lots(self, request: Request) -> Response:
+        """``GET /v1/lots``: the lots this service parks in."""
+        self.api.authorize(request)
+        return JSONResponse(
+            {"lots": [{"name": lot.name, "size": lot.size} for lot in self.lots.values()]}
+        )
+
+    async def lot(self, request: Request) -> Response:
+        """``GET /v1/lots/{lot}``: each slot free, yours or taken; a snapshot."""
+        key = self.api.authorize(request)
+        lot = self._lot(request)
+        occupancy = await self.api.call("lot_occupancy", lot.occupancy)
+        mine = request_id_for(key.holder, "")
+        slots: list[dict[str, Any]] = []
+        for vehicle in occupancy.slots:
+            if vehicle is None:
+                slots.append({"state": "free"})
+            elif vehicle.startswith(mine):
+                slots.append({"state": "yours", "vehicle": vehicle[len(mine) :]})
+            else:
+                slots.append({"state": "taken"})
+        return JSONResponse(
+            {
+                "snapshot": True,
+                "name": lot.name,
+                "size": lot.size,
+                "free": occupancy.free,
+                "largest_free_run": occupancy.largest_free_run,
+                "slots": slots,
+            }
+        )
+
+    async def park(self, request: Request) -> Response:
+        """``POST /v1/lots/{lot}/vehicles``: park in ``length`` adjacent slots the lot picks."""
+        key = self.api.authorize(request)
+        lot = self._lot(request)
+        body = await self.api.read_body(request)
+        self.api.fields(body, {"vehicle", "length"})
+        vehicle = self._vehicle(body.get("vehicle"))
+        length = body.get("length", 1)
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= lot.size:
+            raise ApiError(
+                400, "invalid", f"length must be an integer in 1..{lot.size}", {"field": "length"}
+            )
+        who = request_id_for(key.holder, vehicle)
+        try:
+            position = await self.api.call("park", lambda: lot.park(who, length))
+        except AlreadyParked as exc:
+            raise ApiError(
+                409,
+                "already_parked",
+                f"{vehicle!r} is parked here with another length",
+                {"position": exc.position, "length": exc.parked_length},
+            ) from None
+        if position is None:
+            raise ApiError(409, "full", f"no {length} adjacent free slots in {lot.name!r} now")
+        return JSONResponse(
+            {"lot": lot.name, "vehicle": vehicle, "position": position, "length": length},
+            status_code=201,
+        )
+
+    async def vehicle(self, request: Request) -> Response:
+        """``GET /v1/lots/{lot}/vehicles/{vehicle}``: where your vehicle is parked."""
+        key = self.api.authorize(request)
+        lot = self._lot(request)
+        vehicle = self._vehicle(request.path_params["vehicle"])
+        who = request_id_for(key.holder, vehicle)
+        position = await self.api.call("lot_position", lambda: lot.position_of(who))
+        if position is None:
+            raise ApiError(404, "not_found", f"you have no vehicle {vehicle!r} in this lot")
+        return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
+
+    async def unpark(self, request: Request) -> Response:
+        """``DELETE /v1/lots/{lot}/vehicles/{vehicle}``: free every slot of your vehicle."""
+        key = self.api.authorize(request)
+        lot = self._lot(request)
+        vehicle = self._vehicle(request.path_params["vehicle"])
+        who = request_id_for(key.holder, vehicle)
+        try:
+            position = await self.api.call("unpark", lambda: lot.remove(who))
+        except NotParked:
+            raise ApiError(
+                404, "not_found", f"you have no vehicle {vehicle!r} in this lot"
+            ) from None
+        return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
+
+    async def match(self, request: Request) -> Response:
+        """``POST /v1/match``: claim the first free candidate (Idempotency-Key required)."""
+        key = self.api.authorize(request)
+        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        if idempotency_key is None:
+            raise ApiError(
+                400,
+                "invalid",
+                "POST /v1/match needs an Idempotency-Key",
+                {"field": "Idempotency-Key"},
+            )
+        body = await self.api.read_body(request)
+        self.api.fields(body, {"candidates", "ttl"})
+        items = body.get("candidates")
+        limit = self.api.config.max_targets
+        if not isinstance(items, list) or not items or len(items) > limit:
+            raise ApiError(
+                400,
+                "invalid",
+                f"candidates must be a list of 1-{limit} units",
+                {"field": "candidates"},
+            )
+        try:
+            candidates = [parse_target(item, f"candidates[{i}]") for i, item in enumerate(items)]
+            ttl = parse_ttl(body, required=False)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        units = [c for c in candidates if isinstance(c, Unit)]
+        if len(units) != len(candidates):
+            raise ApiError(400, "invalid", "candidates are units", {"field": "candidates"})
+        holder = key.holder
+        request_id = request_id_for(holder, idempotency_key)
+        found = await self.api.call(
+            "match",
+            lambda: match(
+                self.api.store,
+                units,
+                holder=holder,
+                request_id=request_id,
+                ttl=ttl,
+                attempts=3,
+                backoff=0.02,
+                max_backoff=0.1,
+            ),
+        )
+        if not found:
+            return JSONResponse(
+                {"error": "none_free", "message": "every candidate is taken"}, status_code=409
+            )
+        assert found.claim is not None and found.candidate is not None
+        if not found.replayed:
+            self.api.changed(found.claim.targets)
+        headers = {"Idempotent-Replayed": "true"} if found.replayed else {}
+        return JSONResponse(
+            {
+                "candidate": {"resource": found.candidate.resource, "slot": found.candidate.slot},
+                "claim": claim_to_wire(found.claim),
+            },
+            status_code=201,
+            headers=headers,
+        )
