@@ -444,6 +444,11 @@ def test_duplicate_in_flight_key_waits_for_the_first_answer() -> None:
         store.gate.set()
         first.join(30)
         second.join(30)
+        with s.client() as c:
+            metrics = c.get("/metrics").text
+    assert 'dibs_claims_total{outcome="granted"} 1.0' in metrics
+    assert 'dibs_claims_total{outcome="replayed"} 1.0' in metrics
+    assert 'dibs_idempotency_waits_total{outcome="answered"} 1.0' in metrics
     assert [r.status_code for r in results] == [201, 201]
     assert results[0].json()["id"] == results[1].json()["id"]
     assert store.calls == 1

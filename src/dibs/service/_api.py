@@ -248,12 +248,13 @@ class Api:
             else:
                 answer = await self.flights.call(flight, claim)
             result, shared = answer.value, answer.shared
+        # A waiter that shared the first request's flight got a replay too.
         replayed = result.replayed or shared
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
-        if result.replayed:
+        if replayed:
             self.metrics.claims.labels("replayed").inc()
         if not result:
-            if not result.replayed:
+            if not replayed:
                 self.metrics.claims.labels("taken").inc()
             return JSONResponse(
                 {
@@ -265,7 +266,7 @@ class Api:
                 headers=headers,
             )
         assert result.claim is not None
-        if not result.replayed:
+        if not replayed:
             self.metrics.claims.labels("granted").inc()
             self._on_change(result.claim.targets)
         headers["Location"] = f"/v1/claims/{result.claim.id}"
