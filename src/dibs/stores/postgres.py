@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
@@ -276,7 +276,7 @@ class PostgresStore(Store):
                 "postgresql" if scheme in ("postgresql", "postgres") else scheme,
                 parts.netloc,
                 parts.path,
-                urlencode(rest),
+                urlencode(rest, quote_via=quote),
                 parts.fragment,
             )
         )
@@ -352,7 +352,11 @@ class PostgresStore(Store):
                         )
                     if version == 0:
                         self._ensure_extension(conn, create_extension)
-                        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+                        exists = conn.execute(
+                            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
+                        ).fetchone()
+                        if not exists:  # a schema made for us needs no CREATE on the database
+                            conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
                     for steps in MIGRATIONS[version:]:
                         for step in steps:
                             conn.execute(step.format(s=s.as_string(conn)).encode())
@@ -567,8 +571,14 @@ class PostgresStore(Store):
 
 
 def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)).fetchone()
-    if not row or not row[0]:
+    # An MVCC scan of the catalog, not to_regclass(): the latter goes through a
+    # cache that may still say "absent" just after another process created it.
+    row = conn.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'meta'",
+        (schema,),
+    ).fetchone()
+    if row is None:
         return 0
     found = conn.execute(
         sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(
