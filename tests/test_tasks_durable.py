@@ -28,7 +28,7 @@ GUARD = 60.0  # real seconds before a wait is declared hung
 WORKER = r"""
 import os, sqlite3, sys, time
 import dibs
-from dibs.tasks import TaskProcessor, current
+from dibs.tasks import Misfire, TaskProcessor, current
 
 db, ledger, schedule = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 effects = sqlite3.connect(ledger, timeout=30, isolation_level=None, check_same_thread=False)
@@ -56,7 +56,8 @@ def tick():
     effect("tick")
 
 if schedule:
-    processor.every(0.1, "tick", id="tick")
+    # "all": every occurrence runs, even one held back by max_running=1 or a late tick.
+    processor.every(0.1, "tick", id="tick", misfire=Misfire(coalesce="all"))
 print("ready", flush=True)
 sys.stdin.read()  # run until the test closes our stdin
 processor.shutdown(timeout=5)

@@ -11,10 +11,11 @@ fence; only a confirmed hold's proposal is ever settled into the row. A worker
 whose hold was taken over learns it from the failed confirm (``HoldLost``) and
 changes nothing.
 
-Recurring schedules run on every process that registers them: each occurrence
-becomes the job ``"{schedule_id}@{nominal time}"``, inserted with
-``INSERT OR IGNORE`` by whichever processes reach it, so there is one job per
-occurrence and, through the claims above, one completed run — with no leader.
+Cancelling a pending job ends it; a running one has ``cancel_requested`` set
+on its row, which its worker reads at its next heartbeat and passes on to the
+task's token. Recurring schedules are evaluated against a watermark in the job
+table (:mod:`._durable_schedules`): one job per occurrence and, through the
+claims above, one completed run — with no leader.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import Any
 from dibs._model import ClaimState, Unit
 from dibs.exceptions import ClaimNotFound, DibsError, HoldLost, InvalidInput
 from dibs.stores.base import Store
-from dibs.tasks._errors import CancelReason, UnknownTask
+from dibs.tasks._durable_schedules import DurableSchedule
+from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
 from dibs.tasks._handle import Backoff, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
 
@@ -69,7 +71,7 @@ class JobRecord:
     id: str
     name: str
     state: str
-    """``pending``, ``running``, ``done`` or ``failed``."""
+    """``pending``, ``running``, ``done``, ``failed`` or ``cancelled``."""
     attempt: int
     max_attempts: int
     run_at: datetime
@@ -113,6 +115,7 @@ class DurableRunner:
         self._rng = rng
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.tasks: dict[str, RegisteredTask] = {}
+        self.schedules: dict[str, DurableSchedule] = {}
         self._lock = threading.Lock()  # guards _running and _stopping
         self._wake = threading.Condition(self._lock)
         self._running: dict[str, _Running] = {}
@@ -124,6 +127,11 @@ class DurableRunner:
         ]
         for thread in self._threads:
             thread.start()
+        self._unlisten = self.jobs.listen(self._notify) if take_jobs else (lambda: None)
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
 
     # --- enqueueing -----------------------------------------------------------------------
 
@@ -135,26 +143,47 @@ class DurableRunner:
         *,
         job_id: str,
         run_at: float | None,
-        schedule_id: str | None = None,
-    ) -> bool:
-        """Insert a job row; False if a job with this ID already exists."""
+        key: str | None = None,
+    ) -> str:
+        """Add a job row; return its ID, or that of the live job holding ``key``."""
         try:
             payload = json.dumps([list(args), kwargs])
         except TypeError as exc:
             raise InvalidInput(
                 f"durable task arguments must be JSON: {exc}", field="args", value=args
             ) from None
-        now = self.store.now().timestamp()
-        job = Job(
-            id=job_id, name=task.name, args=payload, run_at=now if run_at is None else run_at,
-            attempt=1, max_attempts=task.retries + 1 + self.max_lost, state="pending",
-            schedule_id=schedule_id, retries=task.retries,
+        if run_at is None:
+            run_at = self.store.now().timestamp()
+        return self.jobs.add(self.new_job(task, payload, job_id, run_at, key=key))
+
+    def new_job(
+        self, task: RegisteredTask, payload: str, job_id: str, run_at: float, *,
+        key: str | None = None, schedule_id: str | None = None,
+    ) -> Job:  # fmt: skip
+        """A pending row for the first attempt of ``task``."""
+        return Job(
+            id=job_id, name=task.name, args=payload, run_at=run_at, attempt=1,
+            max_attempts=task.retries + 1 + self.max_lost, state="pending",
+            schedule_id=schedule_id, retries=task.retries, key=key,
         )  # fmt: skip
-        inserted = self.jobs.insert(job)
-        if inserted:
-            with self._wake:
-                self._wake.notify()
-        return inserted
+
+    def evaluate(self, schedule: DurableSchedule) -> int:
+        """Turn ``schedule``'s due occurrences into jobs, per its policy; return how many."""
+        now = self.store.now().timestamp()
+        added = self.jobs.advance(
+            schedule.id, lambda watermark, live: schedule.decide(now, watermark, live)
+        )
+        return len(added)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a pending job, or ask a running one to stop; False if it had finished."""
+        if not self.jobs.cancel(job_id, self.store.now().timestamp()):
+            return False
+        with self._lock:
+            running = self._running.get(job_id)
+        if running is not None and running.handle is not None:
+            running.handle.cancel()  # running here: no need to wait for a heartbeat
+        return True
 
     def record(self, job_id: str) -> JobRecord | None:
         job = self.jobs.get(job_id)
@@ -184,6 +213,7 @@ class DurableRunner:
             self._wake.notify_all()
         for thread in self._threads:
             thread.join()
+        self._unlisten()
         self.jobs.close()
 
     # --- taking jobs ----------------------------------------------------------------------
@@ -223,7 +253,11 @@ class DurableRunner:
                 and claim.state is ClaimState.CONFIRMED
                 and claim.fence == job.fence
             ):
-                self._settle(job, job.attempt, job.fence)  # its worker confirmed, then died
+                # Its worker confirmed (and maybe died before settling). Re-read: the
+                # proposal was written before the confirm we just saw, maybe after our read.
+                fresh = self.jobs.get(job.id)
+                if fresh is not None and fresh.state == "running" and fresh.fence == job.fence:
+                    self._settle(fresh, fresh.attempt, fresh.fence)
                 return False
             if (
                 claim is not None
@@ -231,13 +265,16 @@ class DurableRunner:
                 and (claim.expires_at is not None and claim.expires_at.timestamp() > now)
             ):
                 return False  # alive: its holder is heartbeating
+            if job.cancel_requested:  # cancelled while its worker was dying
+                self.jobs.settle(job.id, job.attempt, job.fence, "cancelled", None, now)
+                return False
             # The lease lapsed: that attempt is lost and counts.
             seen_fence, attempt = job.fence, job.attempt + 1
             if attempt > job.max_attempts:
                 log.error(
                     "job %s lost %d workers; failing it as a poison pill", job.id, self.max_lost
                 )
-                self.jobs.settle(job.id, job.attempt, job.fence, "failed", None)
+                self.jobs.settle(job.id, job.attempt, job.fence, "failed", None, now)
                 return False
         # Linearization point: the store's claim decides who runs this attempt.
         won = self.store.claim(Unit(job.id, str(attempt)), holder=self.holder, ttl=self.lease)
@@ -274,7 +311,10 @@ class DurableRunner:
                     # Our hold is gone, or this process is stopping: the attempt is
                     # left unrecorded, and the job is taken over once its lease lapses.
                     return
-                kind, outcome = "error", "".join(traceback.format_exception(exc))
+                if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
+                    kind, outcome = "cancelled", "".join(traceback.format_exception(exc))
+                else:
+                    kind, outcome = "error", "".join(traceback.format_exception(exc))
             finally:
                 current_job.reset(reset)
             self._complete(running, kind, outcome)
@@ -299,18 +339,24 @@ class DurableRunner:
         settled = self.jobs.get(job.id)
         if settled is not None:
             self._settle(settled, running.attempt, running.fence)
+        schedule = self.schedules.get(job.schedule_id or "")
+        if schedule is not None:
+            self.evaluate(schedule)  # a slot is free: occurrences held back may start
 
     def _settle(self, job: Job, attempt: int, fence: int | None) -> None:
         """Turn the confirmed attempt's proposal into the row's state (idempotent)."""
+        now = self.store.now().timestamp()
         if job.outcome_kind == "ok":
-            self.jobs.settle(job.id, attempt, fence, "done", None)
-        elif job.failures < job.retries and attempt < job.max_attempts:
+            self.jobs.settle(job.id, attempt, fence, "done", None, now)
+        elif job.outcome_kind == "cancelled":
+            self.jobs.settle(job.id, attempt, fence, "cancelled", None, now)
+        elif job.failures < job.retries and attempt < job.max_attempts and not job.cancel_requested:
             task = self.tasks.get(job.name)
             backoff = task.backoff if task is not None else Backoff()
-            run_at = self.store.now().timestamp() + backoff.delay(attempt, self._rng)
-            self.jobs.settle(job.id, attempt, fence, "pending", run_at)
+            run_at = now + backoff.delay(attempt, self._rng)
+            self.jobs.settle(job.id, attempt, fence, "pending", run_at, now)
         else:
-            self.jobs.settle(job.id, attempt, fence, "failed", None)
+            self.jobs.settle(job.id, attempt, fence, "failed", None, now)
 
     # --- heartbeats -----------------------------------------------------------------------
 
@@ -329,6 +375,14 @@ class DurableRunner:
                 except (HoldLost, ClaimNotFound):
                     item.lost = True
                     if item.handle is not None:
-                        item.handle._engine.cancel(item.handle, CancelReason.CANCELLED)
+                        item.handle.cancel()
                 except DibsError:
                     log.exception("heartbeat for job %s failed", item.job.id)
+            try:
+                flagged = self.jobs.cancel_requested([item.job.id for item in running])
+            except DibsError:
+                log.exception("reading cancellations failed")
+                continue
+            for item in running:
+                if item.job.id in flagged and item.handle is not None:
+                    item.handle.cancel()  # cooperative: the task sees its token set

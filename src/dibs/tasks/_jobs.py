@@ -1,4 +1,4 @@
-"""Job rows for durable mode: what to run, when, which attempt, and the recorded outcome.
+"""Job rows for durable mode: the interface, the memory:// table, and the choice by store kind.
 
 The store decides who runs an attempt (a hold on ``Unit(job_id, attempt)``)
 and who completed it (the fenced confirm of that hold). The job table only
@@ -8,24 +8,29 @@ nothing. A worker writes its outcome as a *proposal* before confirming; the
 proposal is official once the confirm succeeded, so a crash between confirm
 and the final row update is finished by the next worker that reads the row.
 
-SQLite keeps the table in the store's own file (``dibs_jobs``); memory://
-keeps it next to the store object in this process.
+The table lives next to the store: ``dibs_jobs`` in the SQLite file
+(:mod:`._jobs_sqlite`), ``jobs`` in the PostgreSQL store's schema
+(:mod:`._jobs_postgres`), a dict next to a memory:// store object (here).
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
 
-__all__ = ["Job", "JobTable", "job_table"]
+__all__ = ["Decide", "Job", "JobTable", "MemoryJobs", "job_table"]
 
 LIVE_STATES = ("pending", "running")
+FINISHED_STATES = ("done", "failed", "cancelled")
+
+Decide = Callable[[float | None, int], "tuple[float, list[Job]] | None"]
+"""Evaluates a schedule: (watermark or None, live jobs) → (new watermark, jobs) or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,192 +43,148 @@ class Job:
     run_at: float  # epoch seconds on the store's clock
     attempt: int  # the attempt running, or the next to run (1-based)
     max_attempts: int
-    state: str  # pending | running | done | failed
+    state: str  # pending | running | done | failed | cancelled
     fence: int | None = None  # fence of the hold that took the current attempt
     claim_id: str | None = None
-    outcome_kind: str | None = None  # "ok" | "error", proposed or final
+    outcome_kind: str | None = None  # "ok" | "error" | "cancelled", proposed or final
     outcome: str | None = None  # JSON result, or the error's text
     schedule_id: str | None = None
     retries: int = 0  # failed attempts that may be retried
     failures: int = 0  # failed attempts so far (lost ones count only toward max_attempts)
+    key: str | None = None  # unique among live jobs
+    cancel_requested: bool = False
+    finished_at: float | None = None
+
+
+COLUMNS = (
+    "id, name, args, run_at, attempt, max_attempts, state, fence, claim_id, outcome_kind, "
+    "outcome, schedule_id, retries, failures, key, cancel_requested, finished_at"
+)
+
+
+def row_values(job: Job) -> tuple[Any, ...]:
+    """The job's column values, in :data:`COLUMNS` order."""
+    return (
+        job.id, job.name, job.args, job.run_at, job.attempt, job.max_attempts, job.state,
+        job.fence, job.claim_id, job.outcome_kind, job.outcome, job.schedule_id, job.retries,
+        job.failures, job.key, job.cancel_requested, job.finished_at,
+    )  # fmt: skip
+
+
+def job_from_row(row: tuple[Any, ...]) -> Job:
+    """A :class:`Job` from a row read in :data:`COLUMNS` order."""
+    values = list(row)
+    values[15] = bool(values[15])
+    return Job(*values)
 
 
 class JobTable(Protocol):
-    """Conditional writes on job rows; each returns whether it changed the row."""
+    """The job rows of one store. Every method is atomic and may raise StoreUnavailable.
 
-    def insert(self, job: Job) -> bool: ...
-    def get(self, job_id: str) -> Job | None: ...
-    def due(self, now: float, limit: int) -> list[Job]: ...
-    def live_count(self, schedule_id: str) -> int: ...
-    def close(self) -> None: ...
-    def start(
-        self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
-        claim_id: str,
-    ) -> bool: ...  # fmt: skip
-    def propose(self, job_id: str, attempt: int, fence: int, kind: str, outcome: str) -> bool: ...
-    def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None
-    ) -> bool: ...
+    Writes to a taken job are conditional on the ``(attempt, fence)`` the
+    caller saw and return whether they changed the row.
+    """
 
-
-_COLUMNS = (
-    "id, name, args, run_at, attempt, max_attempts, state, fence, claim_id, "
-    "outcome_kind, outcome, schedule_id, retries, failures"
-)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dibs_jobs (
-    id           TEXT PRIMARY KEY,
-    name         TEXT NOT NULL,
-    args         TEXT NOT NULL,
-    run_at       REAL NOT NULL,
-    attempt      INTEGER NOT NULL,
-    max_attempts INTEGER NOT NULL,
-    state        TEXT NOT NULL,
-    fence        INTEGER,
-    claim_id     TEXT,
-    outcome_kind TEXT,
-    outcome      TEXT,
-    schedule_id  TEXT,
-    retries      INTEGER NOT NULL,
-    failures     INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dibs_jobs_due
-    ON dibs_jobs (run_at) WHERE state IN ('pending', 'running');
-"""
-
-
-class SQLiteJobs:
-    """``dibs_jobs`` in the SQLite store's file; one connection per thread."""
-
-    def __init__(self, path: str, busy_timeout: float) -> None:
-        self.path = path
-        self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()  # guards _all (connections to close)
-        self._conn().executescript(_SCHEMA)
-
-    def close(self) -> None:
-        with self._all_lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self.busy_timeout,
-                    isolation_level=None,
-                    check_same_thread=False,  # only so close() may close it from any thread
-                )
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"cannot open job table in {self.path!r}: {exc}") from exc
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
-
-    def _write(self, sql: str, params: tuple[Any, ...]) -> bool:
-        try:
-            return self._conn().execute(sql, params).rowcount == 1
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"job table in {self.path!r}: {exc}") from exc
-
-    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Job]:
-        try:
-            rows = self._conn().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"job table in {self.path!r}: {exc}") from exc
-        return [Job(*row) for row in rows]
-
-    def insert(self, job: Job) -> bool:
-        return self._write(
-            f"INSERT OR IGNORE INTO dibs_jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                job.id, job.name, job.args, job.run_at, job.attempt, job.max_attempts, job.state,
-                job.fence, job.claim_id, job.outcome_kind, job.outcome, job.schedule_id,
-                job.retries, job.failures,
-            ),
-        )  # fmt: skip
+    def add(self, job: Job) -> str:
+        """Insert ``job`` unless its ID exists or its key is live; return the ID standing."""
+        ...
 
     def get(self, job_id: str) -> Job | None:
-        rows = self._read(f"SELECT {_COLUMNS} FROM dibs_jobs WHERE id = ?", (job_id,))
-        return rows[0] if rows else None
+        """The row, or None."""
+        ...
 
     def due(self, now: float, limit: int) -> list[Job]:
-        return self._read(
-            f"SELECT {_COLUMNS} FROM dibs_jobs WHERE state IN ('pending', 'running') "
-            "AND run_at <= ? ORDER BY run_at LIMIT ?",
-            (now, limit),
-        )
-
-    def live_count(self, schedule_id: str) -> int:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT count(*) FROM dibs_jobs WHERE schedule_id = ? "
-                "AND state IN ('pending', 'running')",
-                (schedule_id,),
-            )
-            .fetchone()
-        )
-        return int(rows[0])
+        """Up to ``limit`` live jobs whose ``run_at`` has passed, earliest first."""
+        ...
 
     def start(
         self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
         claim_id: str,
     ) -> bool:  # fmt: skip
-        return self._write(
-            "UPDATE dibs_jobs SET state = 'running', attempt = ?, fence = ?, claim_id = ?, "
-            "outcome_kind = NULL, outcome = NULL WHERE id = ? AND attempt = ? AND fence IS ? "
-            "AND state IN ('pending', 'running')",
-            (attempt, fence, claim_id, job_id, seen_attempt, seen_fence),
-        )
+        """Record that the hold ``(claim_id, fence)`` took ``attempt`` of a live job."""
+        ...
 
     def propose(self, job_id: str, attempt: int, fence: int, kind: str, outcome: str) -> bool:
-        return self._write(
-            "UPDATE dibs_jobs SET outcome_kind = ?, outcome = ? "
-            "WHERE id = ? AND attempt = ? AND fence = ? AND state = 'running'",
-            (kind, outcome, job_id, attempt, fence),
-        )
+        """Write the running attempt's outcome as a proposal."""
+        ...
 
     def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None
-    ) -> bool:
-        if state == "pending":  # a retry: the next attempt, not yet taken
-            return self._write(
-                "UPDATE dibs_jobs SET state = 'pending', attempt = attempt + 1, run_at = ?, "
-                "failures = failures + 1, fence = NULL, claim_id = NULL "
-                "WHERE id = ? AND attempt = ? AND fence IS ? AND state = 'running'",
-                (run_at, job_id, attempt, fence),
-            )
-        return self._write(
-            "UPDATE dibs_jobs SET state = ? WHERE id = ? AND attempt = ? AND fence IS ? "
-            "AND state = 'running'",
-            (state, job_id, attempt, fence),
-        )
+        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None,
+        now: float,
+    ) -> bool:  # fmt: skip
+        """End a running attempt: a final state, or ``pending`` (a retry at ``run_at``)."""
+        ...
+
+    def cancel(self, job_id: str, now: float) -> bool:
+        """Cancel a pending job, or flag a running one; False if it is finished or absent."""
+        ...
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        """Which of these running jobs have been flagged by :meth:`cancel`."""
+        ...
+
+    def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
+        """Evaluate a schedule under its lock: read its watermark and live job count, call
+        ``decide``, store the new watermark and add its jobs, all in one transaction.
+
+        Returns the jobs added. Two processes evaluating one schedule are serialized.
+        """
+        ...
+
+    def purge(self, before: float) -> int:
+        """Delete finished jobs that finished before ``before``; return how many."""
+        ...
+
+    def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` when another process may have added a job; return a stopper."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
 
 
 class MemoryJobs:
-    """The same table as a dict, for memory:// stores (one process)."""
+    """The job table as dicts, for memory:// stores (one process)."""
 
     def __init__(self) -> None:
         self._rows: dict[str, Job] = {}
-        self._lock = threading.Lock()  # guards _rows
+        self._watermarks: dict[str, float] = {}
+        self._wakes: list[Callable[[], None]] = []
+        self._lock = threading.Lock()  # guards everything above
 
     def close(self) -> None:
         pass  # the rows live as long as the store object
 
-    def insert(self, job: Job) -> bool:
+    def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
-            if job.id in self._rows:
-                return False
-            self._rows[job.id] = job
-            return True
+            self._wakes.append(wake)
+
+        def stop() -> None:
+            with self._lock:
+                if wake in self._wakes:
+                    self._wakes.remove(wake)
+
+        return stop
+
+    def _insert(self, job: Job) -> str:
+        existing = self._rows.get(job.id)
+        if existing is not None:
+            return existing.id
+        if job.key is not None:
+            for row in self._rows.values():
+                if row.key == job.key and row.state in LIVE_STATES:
+                    return row.id
+        self._rows[job.id] = job
+        return job.id
+
+    def add(self, job: Job) -> str:
+        with self._lock:
+            standing = self._insert(job)
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake()
+        return standing
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:
@@ -234,15 +195,7 @@ class MemoryJobs:
             rows = [j for j in self._rows.values() if j.state in LIVE_STATES and j.run_at <= now]
         return sorted(rows, key=lambda j: j.run_at)[:limit]
 
-    def live_count(self, schedule_id: str) -> int:
-        with self._lock:
-            return sum(
-                1
-                for j in self._rows.values()
-                if j.schedule_id == schedule_id and j.state in LIVE_STATES
-            )
-
-    def _swap(self, job_id: str, ok: Any, **changes: Any) -> bool:
+    def _swap(self, job_id: str, ok: Callable[[Job], bool], **changes: Any) -> bool:
         with self._lock:
             job = self._rows.get(job_id)
             if job is None or not ok(job):
@@ -271,18 +224,68 @@ class MemoryJobs:
         )  # fmt: skip
 
     def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None
-    ) -> bool:
+        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None,
+        now: float,
+    ) -> bool:  # fmt: skip
         def ok(j: Job) -> bool:
             return j.attempt == attempt and j.fence == fence and j.state == "running"
 
         if state == "pending":
             assert run_at is not None
+            with self._lock:
+                failures = self._rows[job_id].failures + 1 if job_id in self._rows else 0
             return self._swap(
                 job_id, ok, state="pending", attempt=attempt + 1, run_at=run_at,
-                fence=None, claim_id=None, failures=self._rows[job_id].failures + 1,
+                fence=None, claim_id=None, failures=failures,
             )  # fmt: skip
-        return self._swap(job_id, ok, state=state)
+        return self._swap(job_id, ok, state=state, finished_at=now)
+
+    def cancel(self, job_id: str, now: float) -> bool:
+        with self._lock:
+            job = self._rows.get(job_id)
+            if job is None or job.state not in LIVE_STATES:
+                return False
+            if job.state == "pending":
+                self._rows[job_id] = replace(
+                    job, state="cancelled", outcome_kind="cancelled", finished_at=now
+                )
+            else:
+                self._rows[job_id] = replace(job, cancel_requested=True)
+            return True
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        with self._lock:
+            return {
+                i for i in job_ids if (j := self._rows.get(i)) is not None and j.cancel_requested
+            }
+
+    def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
+        with self._lock:
+            live = sum(
+                1
+                for j in self._rows.values()
+                if j.schedule_id == schedule_id and j.state in LIVE_STATES
+            )
+            decision = decide(self._watermarks.get(schedule_id), live)
+            if decision is None:
+                return []
+            self._watermarks[schedule_id], jobs = decision
+            added = [job for job in jobs if self._insert(job) == job.id]
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake()
+        return added
+
+    def purge(self, before: float) -> int:
+        with self._lock:
+            old = [
+                i
+                for i, j in self._rows.items()
+                if j.state in FINISHED_STATES and (j.finished_at or 0.0) < before
+            ]
+            for i in old:
+                del self._rows[i]
+            return len(old)
 
 
 _memory_tables: weakref.WeakKeyDictionary[Store, MemoryJobs] = weakref.WeakKeyDictionary()
@@ -292,11 +295,16 @@ _memory_lock = threading.Lock()  # guards _memory_tables
 def job_table(store: Store) -> JobTable:
     """The job table that lives next to ``store``.
 
-    Raises :class:`~dibs.InvalidInput` for a store kind that has none yet.
+    Raises :class:`~dibs.InvalidInput` for a store kind that has none.
     """
-    path = getattr(store, "path", None)
-    if store.scheme == "sqlite" and isinstance(path, str):
-        return SQLiteJobs(path, float(getattr(store, "busy_timeout", 60.0)))
+    if store.scheme == "sqlite":
+        from dibs.tasks._jobs_sqlite import SQLiteJobs  # noqa: PLC0415 - only with that store
+
+        return SQLiteJobs(store)
+    if store.scheme == "postgresql":
+        from dibs.tasks._jobs_postgres import PostgresJobs  # noqa: PLC0415 - needs psycopg
+
+        return PostgresJobs(store)
     if store.scheme == "memory":
         with _memory_lock:
             table = _memory_tables.get(store)
@@ -304,7 +312,7 @@ def job_table(store: Store) -> JobTable:
                 table = _memory_tables[store] = MemoryJobs()
             return table
     raise InvalidInput(
-        f"durable tasks have no job table for {store.scheme}:// stores yet",
+        f"durable tasks have no job table for {store.scheme}:// stores",
         field="store",
         value=store,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import secrets
 import threading
@@ -14,9 +15,11 @@ from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
 from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask
+from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._engine import Engine
 from dibs.tasks._errors import ProcessorClosed
-from dibs.tasks._handle import Backoff, TaskHandle, current
+from dibs.tasks._handle import Backoff, TaskHandle
+from dibs.tasks._jobs import Job
 from dibs.tasks._options import check_fn, check_id, task_options
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
@@ -28,6 +31,8 @@ R = TypeVar("R")
 DEFAULT_BACKOFF = Backoff()
 """Retry n waits up to min(300, 2**(n-1)) seconds, uniformly at random."""
 DEFAULT_MISFIRE = Misfire()
+SWEEP_TASK = "dibs.sweep"
+"""The built-in durable task (and schedule ID) that runs the store's sweeper."""
 """Catch up once: one run, for the latest missed occurrence, however late."""
 
 
@@ -43,7 +48,10 @@ class TaskProcessor:
     ``lease`` is the seconds a worker's hold on a job lasts between
     heartbeats (a crashed worker's job is taken over after at most that);
     ``poll`` is how often the job table is read for jobs other processes
-    added; ``take_jobs=False`` makes an enqueue-only client. Raises
+    added (on PostgreSQL a fallback: LISTEN/NOTIFY wakes workers at once);
+    ``take_jobs=False`` makes an enqueue-only client. A processor that takes
+    jobs also runs the store's sweeper as the durable schedule ``dibs.sweep``
+    every ``sweep_every`` seconds (None: not from this process). Raises
     :class:`~dibs.InvalidInput` for a bad argument.
     """
 
@@ -58,6 +66,7 @@ class TaskProcessor:
         lease: float = 30.0,
         poll: float = 0.5,
         take_jobs: bool = True,
+        sweep_every: float | None = 60.0,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidInput(
@@ -75,6 +84,8 @@ class TaskProcessor:
                 to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
                 take_jobs,
             )  # fmt: skip
+            if take_jobs and sweep_every is not None:
+                self._add_sweeper(to_seconds(sweep_every, "sweep_every"))
 
     @property
     def clock(self) -> Clock:
@@ -138,7 +149,7 @@ class TaskProcessor:
     def every(
         self,
         interval: object,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         /,
         *args: Any,
         start: object = None,
@@ -171,7 +182,7 @@ class TaskProcessor:
     def cron(
         self,
         expr: str,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         /,
         *args: Any,
         tz: object = "UTC",
@@ -233,9 +244,11 @@ class TaskProcessor:
     ) -> str:
         """Add a durable job for a registered task; return its job ID.
 
-        Arguments must be JSON-serializable. With ``key``, the key is the job
-        ID and a second enqueue with it adds nothing. Raises
-        :class:`~dibs.InvalidInput` for an unregistered task or bad arguments.
+        Arguments must be JSON-serializable. With ``key``, while a job with
+        that key is pending or running (on any process), enqueue adds nothing
+        and returns that job's ID; once it has finished the key is free again.
+        Raises :class:`~dibs.InvalidInput` for an unregistered task or bad
+        arguments.
         """
         durable = self._require_store()
         registered = self._registered(task)
@@ -246,11 +259,24 @@ class TaskProcessor:
             run_at = to_epoch(at, "at")
         elif delay is not None:
             run_at = durable.store.now().timestamp() + to_seconds(delay, "delay", allow_zero=True)
-        job_id = check_id(key, "key") if key is not None else f"j-{secrets.token_hex(8)}"
+        if key is not None:
+            check_id(key, "key")
         with self._engine.lock:
             self._check_open()
-        durable.enqueue(registered, args, kwargs, job_id=job_id, run_at=run_at)
-        return job_id
+        job_id = f"j-{secrets.token_hex(8)}"
+        return durable.enqueue(registered, args, kwargs, job_id=job_id, run_at=run_at, key=key)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel durable job ``job_id``: a pending one never runs; a running one is asked to stop.
+
+        A running job's worker learns it at its next heartbeat (at most
+        ``lease / 3`` seconds later; at once if it runs in this process) and
+        sets the task's token; a job that stops by raising
+        :class:`TaskCancelled` is recorded ``cancelled``, one that finishes
+        anyway is recorded ``done``. Returns False if the job had finished or
+        does not exist. Raises :class:`~dibs.InvalidInput` without a store.
+        """
+        return self._require_store().cancel(check_id(job_id, "job_id"))
 
     def job(self, job_id: str) -> JobRecord | None:
         """A snapshot of durable job ``job_id``, or None if there is none."""
@@ -270,15 +296,24 @@ class TaskProcessor:
                 return registered
         raise InvalidInput(f"{task!r} is not a registered durable task", field="task", value=task)
 
-    def _occurrence(self, registered: RegisteredTask, *args: Any, **kwargs: Any) -> None:
-        """A durable schedule's local run: turn this occurrence into its one job row."""
-        context = current()
-        assert self._durable is not None and context.nominal_time is not None
-        job_id = f"{context.schedule_id}@{context.nominal_time.isoformat()}"
-        self._durable.enqueue(
-            registered, args, kwargs, job_id=job_id,
-            run_at=context.nominal_time.timestamp(), schedule_id=context.schedule_id,
-        )  # fmt: skip
+    def _add_sweeper(self, interval: float) -> None:
+        """Register the store's sweeper as a durable task, run once per ``interval`` fleet-wide."""
+        durable = self._require_store()
+
+        def sweep() -> dict[str, int]:
+            swept = durable.store.sweep()
+            purged = durable.jobs.purge(
+                durable.store.now().timestamp() - durable.store.request_retention
+            )
+            return {
+                "expired": swept.expired,
+                "purged_requests": swept.purged_requests,
+                "purged_claims": swept.purged_claims,
+                "purged_jobs": purged,
+            }
+
+        self.task(SWEEP_TASK)(sweep)
+        self.every(interval, SWEEP_TASK, id=SWEEP_TASK)
 
     def schedules(self) -> list[Schedule]:
         """Snapshots of the live schedules, in the order they were added."""
@@ -346,7 +381,7 @@ class TaskProcessor:
     def _add_schedule(
         self,
         trigger: Trigger,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         schedule_id: str | None,
@@ -356,15 +391,18 @@ class TaskProcessor:
         backoff: Backoff | float,
         timeout: float | None,
     ) -> Schedule:
+        durable: DurableSchedule | None = None
         if self._durable is not None and (
             isinstance(fn, str) or any(fn is t.fn for t in self._durable.tasks.values())
         ):
-            # Durable: every process runs the trigger; each occurrence becomes one job.
-            registered = self._registered(fn)
-            fn, args = self._occurrence, (registered, *args)
-            if schedule_id is None:
-                schedule_id = f"{registered.name}:{trigger.describe()}"
+            durable = self._durable_schedule(
+                trigger, fn, args, kwargs, schedule_id, misfire, max_running
+            )
+            # Every process runs the trigger locally; each tick evaluates the schedule.
+            fn, args, kwargs, schedule_id = self._durable.evaluate, (durable,), {}, durable.id
+            retries, timeout = 0, None
         check_fn(fn)
+        assert not isinstance(fn, str)  # check_fn refused it: a str is not callable
         retries, backoff, timeout = task_options(retries, backoff, timeout)
         if not isinstance(misfire, Misfire):
             raise InvalidInput(
@@ -395,4 +433,34 @@ class TaskProcessor:
                 max_running=max_running, retries=retries, backoff=backoff, timeout=timeout,
             )  # fmt: skip
             engine.add_schedule(state)
-            return state.snapshot()
+            snapshot = state.snapshot()
+        if durable is not None:
+            assert self._durable is not None
+            self._durable.schedules[durable.id] = durable
+            # Catch up at once on what the whole fleet missed, per the misfire policy.
+            self.submit(self._durable.evaluate, durable)
+        return snapshot
+
+    def _durable_schedule(
+        self, trigger: Trigger, fn: object, args: tuple[Any, ...], kwargs: dict[str, Any],
+        schedule_id: str | None, misfire: Misfire, max_running: int,
+    ) -> DurableSchedule:  # fmt: skip
+        durable = self._require_store()
+        registered = self._registered(fn)
+        try:
+            payload = json.dumps([list(args), kwargs])
+        except TypeError as exc:
+            raise InvalidInput(
+                f"durable task arguments must be JSON: {exc}", field="args", value=args
+            ) from None
+        if not isinstance(misfire, Misfire):
+            raise InvalidInput(
+                f"misfire must be a Misfire, got {misfire!r}", field="misfire", value=misfire
+            )
+        if schedule_id is None:
+            schedule_id = f"{registered.name}:{trigger.describe()}"
+
+        def make_job(job_id: str, nominal: float) -> Job:
+            return durable.new_job(registered, payload, job_id, nominal, schedule_id=schedule_id)
+
+        return DurableSchedule(check_id(schedule_id, "id"), trigger, misfire, max_running, make_job)

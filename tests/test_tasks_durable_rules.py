@@ -1,0 +1,217 @@
+"""Durable mode's rules on every store (memory, SQLite, PostgreSQL), in one process.
+
+Schedules' catch-up from the watermark, ``max_running``, cancellation, keys
+and the built-in sweeper. Time is a ManualClock shared by the store and the
+processors; real-time waits only guard against hangs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from conftest import StoreMaker
+from dibs import Store, Unit
+from dibs.tasks import ManualClock, Misfire, TaskProcessor, current
+from dibs.tasks._durable_schedules import DurableSchedule
+from dibs.tasks._jobs import Job
+from dibs.tasks._triggers import EveryTrigger
+
+T0 = 1_800_000_000.0
+GUARD = 30.0
+
+
+def wait_for(condition: Callable[[], object]) -> None:
+    deadline = time.monotonic() + GUARD
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+class Fleet:
+    """Processors started and stopped on one store, like hosts of a fleet."""
+
+    def __init__(self, store: Store, clock: ManualClock) -> None:
+        self.store = store
+        self.clock = clock
+        self.runs: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.up: list[TaskProcessor] = []
+
+    def host(self, **options: Any) -> TaskProcessor:
+        options = {"workers": 2, "lease": 5, "poll": 0.01, "sweep_every": None, **options}
+        processor = TaskProcessor(store=self.store, clock=self.clock, **options)
+
+        @processor.task("tick")
+        def tick() -> None:
+            self.runs.append(current().job_id or "")
+            self.gate.wait(GUARD)
+
+        @processor.task("loop")
+        def loop() -> str:
+            token = current().token
+            while not token.sleep(0.01):
+                pass
+            current().raise_if_cancelled()
+            return "ignored"
+
+        self.up.append(processor)
+        return processor
+
+    def down(self) -> None:
+        for processor in self.up:
+            processor.shutdown(timeout=GUARD)
+        self.up.clear()
+
+
+@pytest.fixture
+def fleet(make_store: StoreMaker, clock: ManualClock) -> Iterator[Fleet]:
+    f = Fleet(make_store(clock), clock)
+    yield f
+    f.gate.set()
+    f.down()
+
+
+def ran(fleet: Fleet, schedule: str) -> list[float]:
+    """Nominal times (seconds after T0) of the schedule's runs so far."""
+    from datetime import datetime
+
+    stamps = [datetime.fromisoformat(r.split("@", 1)[1]).timestamp() for r in fleet.runs]
+    return sorted(s - T0 for s, r in zip(stamps, fleet.runs, strict=True) if r.startswith(schedule))
+
+
+def settle(fleet: Fleet, processor: TaskProcessor, count: int) -> None:
+    wait_for(lambda: len(fleet.runs) >= count)
+    assert processor.join(GUARD)
+
+
+@pytest.mark.parametrize(
+    ("misfire", "expected"),
+    [
+        (Misfire(), [60]),  # catch up once, for the latest missed occurrence
+        (Misfire(coalesce="earliest"), [20]),
+        (Misfire(coalesce="all"), [20, 30, 40, 50, 60]),
+        (Misfire(window=25, coalesce="all"), [50, 60]),
+        (Misfire(window=5), []),  # the latest missed one is 5.5 s late: skipped
+    ],
+)
+def test_the_first_host_back_catches_up_from_the_watermark(
+    fleet: Fleet, clock: ManualClock, misfire: Misfire, expected: list[int]
+) -> None:
+    first = fleet.host()
+    first.every(10, "tick", id="s", start=T0, misfire=misfire, max_running=10)
+    settle(fleet, first, 1)  # the occurrence at T0, before time moves on
+    clock.advance(10)
+    settle(fleet, first, 2)
+    assert ran(fleet, "s") == [0, 10]
+    fleet.down()  # the whole fleet is down from T0 + 10 to T0 + 65.5
+    clock.advance(55.5)
+    back = fleet.host()
+    back.every(10, "tick", id="s", start=T0, misfire=misfire, max_running=10)
+    settle(fleet, back, 2 + len(expected))
+    assert ran(fleet, "s") == [0, 10, *expected]
+    other = fleet.host()  # a second host back later evaluates nothing twice
+    other.every(10, "tick", id="s", start=T0, misfire=misfire, max_running=10)
+    assert other.join(GUARD) and back.join(GUARD)
+    assert ran(fleet, "s") == [0, 10, *expected]
+
+
+def test_max_running_holds_across_hosts(fleet: Fleet, clock: ManualClock) -> None:
+    hosts = [fleet.host(lease=1000), fleet.host(lease=1000)]  # fake time jumps past short leases
+    for host in hosts:
+        host.every(10, "tick", id="s", start=T0, misfire=Misfire(coalesce="all"))
+    fleet.gate.clear()  # runs block until the gate opens
+    wait_for(lambda: len(fleet.runs) >= 1)
+    for _ in range(4):
+        clock.advance(10)
+        for host in hosts:
+            host.join(0.05)  # let each host's tick evaluate (it must start nothing)
+    assert ran(fleet, "s") == [0]  # one at a time: the rest wait their turn
+    fleet.gate.set()
+    wait_for(lambda: len(fleet.runs) >= 5)
+    assert all(host.join(GUARD) for host in hosts)
+    assert ran(fleet, "s") == [0, 10, 20, 30, 40]
+
+
+def test_decide_keeps_the_watermark_while_max_running_is_reached() -> None:
+    made: list[float] = []
+
+    def make(job_id: str, nominal: float) -> Job:
+        made.append(nominal)
+        return Job(job_id, "t", "[[], {}]", nominal, 1, 1, "pending")
+
+    schedule = DurableSchedule("s", EveryTrigger(1.0, 0.0), Misfire(coalesce="all"), 2, make)
+    # First evaluation: the watermark starts at now; earlier occurrences are not run.
+    assert schedule.decide(10.5, None, 0) == (math.nextafter(10.5, -math.inf), [])
+    assert schedule.decide(12.5, 10.0, 2) is None  # full: nothing evaluated
+    mark, jobs = schedule.decide(13.5, 10.0, 1) or (0.0, [])
+    assert (mark, [j.run_at for j in jobs]) == (11.0, [11.0])  # one slot, the rest wait
+    mark, jobs = schedule.decide(13.5, 11.0, 0) or (0.0, [])
+    assert (mark, [j.run_at for j in jobs]) == (13.0, [12.0, 13.0])
+
+
+def test_cancel_a_pending_job_it_never_runs(fleet: Fleet, clock: ManualClock) -> None:
+    host = fleet.host()
+    job = host.enqueue("tick", delay=5)
+    assert host.cancel(job)
+    assert not host.cancel(job)  # finished: nothing to cancel
+    clock.advance(10)
+    assert host.join(GUARD)
+    time.sleep(0.05)  # a few polls: the job is not due any more, being cancelled
+    record = host.job(job)
+    assert record is not None and record.state == "cancelled"
+    assert fleet.runs == []
+
+
+def test_cancel_a_running_job_from_another_host(fleet: Fleet) -> None:
+    runner = fleet.host(lease=0.3)
+    client = fleet.host(take_jobs=False)
+    job = client.enqueue("loop")
+    wait_for(lambda: (r := client.job(job)) is not None and r.state == "running")
+    assert client.cancel(job)  # the runner learns it at its next heartbeat
+    wait_for(lambda: (r := client.job(job)) is not None and r.state == "cancelled")
+    assert runner.join(GUARD)
+
+
+def test_a_key_deduplicates_while_its_job_is_live(fleet: Fleet, clock: ManualClock) -> None:
+    host = fleet.host()
+    first = host.enqueue("tick", key="k", delay=5)
+    assert host.enqueue("tick", key="k") == first
+    clock.advance(5)
+    wait_for(lambda: (r := host.job(first)) is not None and r.state == "done")
+    second = host.enqueue("tick", key="k")
+    assert second != first  # finished: the key is free again
+    wait_for(lambda: (r := host.job(second)) is not None and r.state == "done")
+
+
+def test_the_sweeper_is_a_durable_schedule(fleet: Fleet, clock: ManualClock) -> None:
+    assert T0 % 30 == 0  # occurrences are anchored at the epoch: T0 is one
+    hosts = [fleet.host(sweep_every=30), fleet.host(sweep_every=30)]
+    wait_for(
+        lambda: (r := hosts[0].job(f"dibs.sweep@{_iso(T0)}")) is not None and r.state == "done"
+    )
+    dead = fleet.store.claim(Unit("seat", "1"), holder="gone", ttl=1)
+    assert dead.claim is not None
+    clock.advance(30)
+    occurrence = f"dibs.sweep@{_iso(T0 + 30)}"
+    wait_for(lambda: (r := hosts[0].job(occurrence)) is not None and r.state == "done")
+    record = hosts[1].job(occurrence)
+    assert record is not None and record.result["expired"] == 1  # swept once, not twice
+    assert fleet.store.get(dead.claim.id).state.value == "expired"  # type: ignore[union-attr]
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat()
