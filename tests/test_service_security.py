@@ -176,3 +176,17 @@ def test_keys_command_creates_lists_and_revokes(tmp_path: Path) -> None:
     assert KeyRing(keys).authenticate(doc["key"]) is None
     assert run("revoke", doc["id"]).returncode == 2
     assert run("create", "--holder", " bad ").returncode == 2
+
+
+def test_the_dibs_command_has_serve_and_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dibs.cli import main
+
+    keys = tmp_path / "keys.json"
+    assert main(["keys", "--keys", str(keys), "create", "--holder", "dora", "--json"]) == 0
+    token = json.loads(capsys.readouterr().out)["key"]
+    assert KeyRing(keys).authenticate(token) is not None
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--showing" in capsys.readouterr().out
