@@ -188,10 +188,12 @@ class PostgresStore(Store):
             open=False,
         )
         s = sql.Identifier(schema)
-        self._sql_claim = sql.SQL(
-            "SELECT * FROM {}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
-            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
-        ).format(s)
+        self._sql_claim = _render(
+            sql.SQL(
+                "SELECT * FROM {}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
+                "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
+            ).format(s)
+        )
         # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
         # the unit insert is the check; the fence is drawn by the claims insert,
         # which reads the unit insert's row, so only after the unit is held.
@@ -207,36 +209,47 @@ class PostgresStore(Store):
             "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, t.now, t.now FROM u, t "
             "RETURNING id, fence, expires_at, created_at"
         )
-        self._sql_claim_free_unit = sql.SQL(free_unit).format(
-            s=s,
-            now=sql.SQL("%s::timestamptz" if self._test_clock else "clock_timestamp()"),
+        self._sql_claim_free_unit = _render(
+            sql.SQL(free_unit).format(
+                s=s,
+                now=sql.SQL("%s::timestamptz" if self._test_clock else "clock_timestamp()"),
+            )
         )
-        self._sql_transition = sql.SQL(
-            "SELECT * FROM {}.transition(%s, %s, %s, %s, %s, %s)"
-        ).format(s)
-        self._sql_sweep = sql.SQL("SELECT * FROM {}.sweep(%s, %s, %s)").format(s)
-        self._sql_get = sql.SQL(
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, coalesce(%s, clock_timestamp()) FROM {}.claims WHERE id = %s"
-        ).format(s)
-        self._sql_claims_of = sql.SQL(
-            "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, t.now FROM {}.claims c, t WHERE c.holder = %s "
-            "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
-            "ORDER BY c.fence"
-        ).format(s)
-        self._sql_holder_of_unit = sql.SQL(
-            "SELECT c.holder FROM {0}.units u JOIN {0}.claims c ON c.id = u.claim_id "
-            "WHERE u.resource = %s AND u.slot = %s "
-            "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
-        ).format(s)
-        self._sql_holder_of_span = sql.SQL(
-            "SELECT c.holder FROM {0}.spans x JOIN {0}.claims c ON c.id = x.claim_id "
-            "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
-            "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
-            "LIMIT 1"
-        ).format(s)
+        self._sql_transition = _render(
+            sql.SQL("SELECT * FROM {}.transition(%s, %s, %s, %s, %s, %s)").format(s)
+        )
+        self._sql_sweep = _render(sql.SQL("SELECT * FROM {}.sweep(%s, %s, %s)").format(s))
+        self._sql_get = _render(
+            sql.SQL(
+                "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+                "created_at, updated_at, coalesce(%s, clock_timestamp()) "
+                "FROM {}.claims WHERE id = %s"
+            ).format(s)
+        )
+        self._sql_claims_of = _render(
+            sql.SQL(
+                "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
+                "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+                "created_at, updated_at, t.now FROM {}.claims c, t WHERE c.holder = %s "
+                "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
+                "ORDER BY c.fence"
+            ).format(s)
+        )
+        self._sql_holder_of_unit = _render(
+            sql.SQL(
+                "SELECT c.holder FROM {0}.units u JOIN {0}.claims c ON c.id = u.claim_id "
+                "WHERE u.resource = %s AND u.slot = %s "
+                "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
+            ).format(s)
+        )
+        self._sql_holder_of_span = _render(
+            sql.SQL(
+                "SELECT c.holder FROM {0}.spans x JOIN {0}.claims c ON c.id = x.claim_id "
+                "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
+                "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
+                "LIMIT 1"
+            ).format(s)
+        )
         try:
             self._pool.open(wait=False)
             self._create_schema(create_extension)
@@ -286,8 +299,8 @@ class PostgresStore(Store):
 
     def _call(
         self,
-        query: sql.Composed,
-        params: Sequence[Any] | dict[str, Any],
+        query: bytes,
+        params: Sequence[Any],
         fetch: Literal["one", "all"] = "one",
     ) -> Any:
         """Run one statement on a pooled connection, translating the driver's errors.
@@ -323,7 +336,7 @@ class PostgresStore(Store):
     def _now(self) -> float:
         if self._test_clock:
             return self.clock.now()
-        (now,) = self._call(sql.SQL("SELECT clock_timestamp()").format(), ())
+        (now,) = self._call(b"SELECT clock_timestamp()", ())
         return float(now.timestamp())
 
     # --- schema -----------------------------------------------------------------------------------
@@ -568,6 +581,11 @@ class PostgresStore(Store):
 
     def _close(self) -> None:
         self._pool.close()
+
+
+def _render(query: sql.Composable) -> bytes:
+    """Render a statement once: psycopg would re-render a Composed on every call."""
+    return query.as_bytes(None)
 
 
 def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
