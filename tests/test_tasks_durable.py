@@ -1,4 +1,5 @@
-"""Durable tasks on a store: one process with memory://, and 3 worker processes on one SQLite file.
+"""Durable tasks: one process with memory://, and 3 worker processes on one SQLite file or one
+PostgreSQL schema.
 
 Worker processes run the script below; each run of a job writes an *effect*
 row (job, pid, what) to a separate ledger file, so the test can count runs.
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import dibs
+from conftest import StoreMaker
 from dibs.tasks import TaskProcessor, current
 
 GUARD = 60.0  # real seconds before a wait is declared hung
@@ -30,13 +32,13 @@ import os, sqlite3, sys, time
 import dibs
 from dibs.tasks import Misfire, TaskProcessor, current
 
-db, ledger, schedule = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+url, ledger, schedule = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 effects = sqlite3.connect(ledger, timeout=30, isolation_level=None, check_same_thread=False)
 
 def effect(what):
     effects.execute("INSERT INTO effects VALUES (?, ?, ?)", (current().job_id, os.getpid(), what))
 
-store = dibs.open(f"sqlite:///{db}")
+store = dibs.open(url)
 processor = TaskProcessor(store=store, workers=2, lease=1.5, poll=0.02)
 
 @processor.task("quick")
@@ -66,17 +68,17 @@ store.close()
 
 
 class Cluster:
-    """Three worker processes on one SQLite file, plus the test's own view of it."""
+    """Three worker processes on one store, plus the test's own view of it."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.db = tmp_path / "dibs.db"
+    def __init__(self, tmp_path: Path, url: str) -> None:
+        self.url = url
         self.ledger = tmp_path / "ledger.db"
         self.script = tmp_path / "worker.py"
         self.script.write_text(WORKER)
         with sqlite3.connect(self.ledger) as conn:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("CREATE TABLE effects (job TEXT, pid INTEGER, what TEXT)")
-        self.store = dibs.open(f"sqlite:///{self.db}")
+        self.store = dibs.open(url)
         self.client = TaskProcessor(store=self.store, workers=1, take_jobs=False)
         for name in ("quick", "slow", "tick"):
             self.client.task(name)(lambda *a: None)  # names only: this process runs nothing
@@ -85,7 +87,7 @@ class Cluster:
     def start(self, count: int = 3, schedule: bool = False) -> None:
         for _ in range(count):
             proc = subprocess.Popen(
-                [sys.executable, str(self.script), str(self.db), str(self.ledger),
+                [sys.executable, str(self.script), self.url, str(self.ledger),
                  "1" if schedule else "0"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
@@ -131,11 +133,14 @@ def wait_for(condition: Callable[[], object]) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    pg = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    place = StoreMaker(request.param, tmp_path, pg)  # a file, or a fresh schema
+    c = Cluster(tmp_path, place.url)
     yield c
     c.stop()
+    place.close()
 
 
 def test_thousand_jobs_each_complete_exactly_once(cluster: Cluster) -> None:

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +216,19 @@ def _iso(t: float) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+def test_postgresql_wakes_workers_by_notify(
+    pg_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    place = StoreMaker("postgresql", tmp_path, pg_url)
+    fleet = Fleet(place(clock), clock)
+    worker = fleet.host(poll=3600)  # only a notification can wake it within the guard
+    client = fleet.host(take_jobs=False)
+    try:
+        assert worker.join(GUARD)
+        job = client.enqueue("tick")
+        wait_for(lambda: (r := client.job(job)) is not None and r.state == "done")
+    finally:
+        fleet.down()
+        place.close()

@@ -131,7 +131,7 @@ class DurableRunner:
 
     def _notify(self) -> None:
         with self._wake:
-            self._wake.notify()
+            self._wake.notify_all()  # the poller and the heartbeat both wait on it
 
     # --- enqueueing -----------------------------------------------------------------------
 
@@ -322,7 +322,7 @@ class DurableRunner:
             with self._lock:
                 self._running.pop(job.id, None)
             with self._wake:
-                self._wake.notify()
+                self._wake.notify_all()  # the poller and the heartbeat both wait on it
 
     def _complete(self, running: _Running, kind: str, outcome: str) -> None:
         job = running.job
