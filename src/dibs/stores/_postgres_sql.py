@@ -17,7 +17,9 @@ with the same request ID ever waits on it, and that one holds nothing yet.
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+from psycopg import sql
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Statements"]
 
 _V1_TABLES = """
 CREATE TABLE {s}.meta (
@@ -444,3 +446,65 @@ MIGRATIONS: list[list[str]] = [
 
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes and understands."""
+
+
+class Statements:
+    """The statements a store sends, rendered once for its schema.
+
+    With ``test_clock`` every statement takes the test clock's time as a
+    parameter; otherwise the hot path reads ``clock_timestamp()`` and the
+    others pass NULL for it. (Rendered to bytes up front: psycopg would
+    re-render a ``sql.Composed`` on every call.)
+    """
+
+    def __init__(self, schema: str, *, test_clock: bool) -> None:
+        s = sql.Identifier(schema)
+
+        def render(text: str) -> bytes:
+            return sql.SQL(text).format(s=s).as_bytes(None)
+
+        self.claim = render(
+            "SELECT * FROM {s}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
+        )
+        # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
+        # the unit insert is the check; the fence is drawn by the claims insert,
+        # which reads the unit insert's row, so only after the unit is held.
+        # No row back means the unit was occupied: the full function decides.
+        now = "%s::timestamptz" if test_clock else "clock_timestamp()"
+        self.claim_free_unit = render(
+            f"WITH t AS (SELECT {now} AS now), "
+            "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
+            "SELECT %s, %s, nextval('{s}.claim_ids'), t.now + make_interval(secs => %s::float8) "
+            "FROM t ON CONFLICT DO NOTHING RETURNING claim_id, expires_at) "
+            "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
+            "created_at, updated_at) "
+            "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
+            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, t.now, t.now FROM u, t "
+            "RETURNING id, fence, expires_at, created_at"
+        )
+        self.transition = render("SELECT * FROM {s}.transition(%s, %s, %s, %s, %s, %s)")
+        self.sweep = render("SELECT * FROM {s}.sweep(%s, %s, %s)")
+        self.get = render(
+            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at, coalesce(%s, clock_timestamp()) "
+            "FROM {s}.claims WHERE id = %s"
+        )
+        self.claims_of = render(
+            "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
+            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at, t.now FROM {s}.claims c, t WHERE c.holder = %s "
+            "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
+            "ORDER BY c.fence"
+        )
+        self.holder_of_unit = render(
+            "SELECT c.holder FROM {s}.units u JOIN {s}.claims c ON c.id = u.claim_id "
+            "WHERE u.resource = %s AND u.slot = %s "
+            "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
+        )
+        self.holder_of_span = render(
+            "SELECT c.holder FROM {s}.spans x JOIN {s}.claims c ON c.id = x.claim_id "
+            "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
+            "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
+            "LIMIT 1"
+        )

@@ -1,8 +1,9 @@
 """``postgresql://``: the arbiter for many application hosts sharing one PostgreSQL.
 
-Each operation is one call of a server-side function (see
-:mod:`dibs.stores._postgres_sql`), so it is one round trip and one
-transaction in autocommit mode:
+Each operation is one statement — a call of a server-side function (see
+:mod:`dibs.stores._postgres_sql`), or for a free single unit one plain
+``INSERT`` CTE — so it is one round trip and one transaction in autocommit
+mode:
 
 * a unit is claimed by ``INSERT … ON CONFLICT DO NOTHING`` against the primary
   key ``(resource, slot)`` of the ``units`` table — the insert is the check;
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -63,7 +64,7 @@ from dibs.exceptions import (
     SpanKindMismatch,
     StoreUnavailable,
 )
-from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION
+from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -74,7 +75,6 @@ from dibs.stores.base import (
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
-_T = TypeVar("_T")
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_ID = 2**63 - 1
 _SWEEP_BATCH = 1000
@@ -121,7 +121,8 @@ class PostgresStore(Store):
     ``clock`` is for tests only: when given, the store judges expiry by that
     clock (passing its time to every statement) instead of the database's
     ``clock_timestamp()``, so a :class:`~dibs.FakeClock` can move time. Never
-    give one clock-skewed hosts a ``clock`` in production.
+    pass one in production: application hosts' clocks disagree, the
+    database's is the one clock they share.
 
     Raises :class:`~dibs.StoreUnavailable` when the database cannot be reached,
     :class:`~dibs.SchemaError` when its schema is newer than this code or
@@ -187,69 +188,7 @@ class PostgresStore(Store):
             name=f"dibs-{schema}",
             open=False,
         )
-        s = sql.Identifier(schema)
-        self._sql_claim = _render(
-            sql.SQL(
-                "SELECT * FROM {}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
-                "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
-            ).format(s)
-        )
-        # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
-        # the unit insert is the check; the fence is drawn by the claims insert,
-        # which reads the unit insert's row, so only after the unit is held.
-        # No row back means the unit was occupied: the full function decides.
-        free_unit = (
-            "WITH t AS (SELECT {now} AS now), "
-            "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
-            "SELECT %s, %s, nextval('{s}.claim_ids'), t.now + make_interval(secs => %s::float8) "
-            "FROM t ON CONFLICT DO NOTHING RETURNING claim_id, expires_at) "
-            "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
-            "created_at, updated_at) "
-            "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
-            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, t.now, t.now FROM u, t "
-            "RETURNING id, fence, expires_at, created_at"
-        )
-        self._sql_claim_free_unit = _render(
-            sql.SQL(free_unit).format(
-                s=s,
-                now=sql.SQL("%s::timestamptz" if self._test_clock else "clock_timestamp()"),
-            )
-        )
-        self._sql_transition = _render(
-            sql.SQL("SELECT * FROM {}.transition(%s, %s, %s, %s, %s, %s)").format(s)
-        )
-        self._sql_sweep = _render(sql.SQL("SELECT * FROM {}.sweep(%s, %s, %s)").format(s))
-        self._sql_get = _render(
-            sql.SQL(
-                "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-                "created_at, updated_at, coalesce(%s, clock_timestamp()) "
-                "FROM {}.claims WHERE id = %s"
-            ).format(s)
-        )
-        self._sql_claims_of = _render(
-            sql.SQL(
-                "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
-                "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-                "created_at, updated_at, t.now FROM {}.claims c, t WHERE c.holder = %s "
-                "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
-                "ORDER BY c.fence"
-            ).format(s)
-        )
-        self._sql_holder_of_unit = _render(
-            sql.SQL(
-                "SELECT c.holder FROM {0}.units u JOIN {0}.claims c ON c.id = u.claim_id "
-                "WHERE u.resource = %s AND u.slot = %s "
-                "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
-            ).format(s)
-        )
-        self._sql_holder_of_span = _render(
-            sql.SQL(
-                "SELECT c.holder FROM {0}.spans x JOIN {0}.claims c ON c.id = x.claim_id "
-                "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
-                "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
-                "LIMIT 1"
-            ).format(s)
-        )
+        self._sql = Statements(schema, test_clock=self._test_clock)
         try:
             self._pool.open(wait=False)
             self._create_schema(create_extension)
@@ -436,7 +375,7 @@ class PostgresStore(Store):
             [_bound(x.end) for x in spans] if spans else None,
         )
         try:
-            row = self._call(self._sql_claim, params)
+            row = self._call(self._sql.claim, params)
         except psycopg.Error as exc:
             raise self._claim_error(exc, targets, request_id) from exc
         outcome, taken = row[0], row[1]
@@ -455,7 +394,7 @@ class PostgresStore(Store):
         params: tuple[Any, ...] = (unit.resource, unit.slot, ttl, holder, text)
         if self._test_clock:
             params = (self._now_param(), *params)
-        row = self._call(self._sql_claim_free_unit, params)
+        row = self._call(self._sql.claim_free_unit, params)
         if row is None:
             return None
         id_, fence, expires_at, created = row
@@ -501,7 +440,7 @@ class PostgresStore(Store):
         number = _parse_id(claim_id)
         if number is None:
             raise claim_not_found(claim_id)
-        row = self._call(self._sql_transition, (op, number, holder, fence, ttl, self._now_param()))
+        row = self._call(self._sql.transition, (op, number, holder, fence, ttl, self._now_param()))
         status = row[0]
         if status == "not_found":
             raise claim_not_found(claim_id)
@@ -535,17 +474,17 @@ class PostgresStore(Store):
         number = _parse_id(claim_id)
         if number is None:
             return None
-        row = self._call(self._sql_get, (self._now_param(), number))
+        row = self._call(self._sql.get, (self._now_param(), number))
         return None if row is None else _claim_from_row(row[:10], row[10])
 
     def _holder_of(self, target: Unit | Span) -> str | None:
         if isinstance(target, Unit):
             row = self._call(
-                self._sql_holder_of_unit, (target.resource, target.slot, self._now_param())
+                self._sql.holder_of_unit, (target.resource, target.slot, self._now_param())
             )
         else:
             row = self._call(
-                self._sql_holder_of_span,
+                self._sql.holder_of_span,
                 (
                     target.resource,
                     target.kind,
@@ -557,7 +496,7 @@ class PostgresStore(Store):
         return None if row is None else str(row[0])
 
     def _claims_of(self, holder: str) -> list[Claim]:
-        rows = self._call(self._sql_claims_of, (self._now_param(), holder), fetch="all")
+        rows = self._call(self._sql.claims_of, (self._now_param(), holder), fetch="all")
         return [_claim_from_row(row[:10], row[10]) for row in rows]
 
     # --- housekeeping ---------------------------------------------------------------------------
@@ -567,7 +506,7 @@ class PostgresStore(Store):
         while True:
             # Batches in short transactions, so a big sweep never holds many locks.
             e, c, r = self._call(
-                self._sql_sweep, (self._now_param(), self.request_retention, _SWEEP_BATCH)
+                self._sql.sweep, (self._now_param(), self.request_retention, _SWEEP_BATCH)
             )
             expired, purged_claims, purged_requests = (
                 expired + e,
@@ -581,11 +520,6 @@ class PostgresStore(Store):
 
     def _close(self) -> None:
         self._pool.close()
-
-
-def _render(query: sql.Composable) -> bytes:
-    """Render a statement once: psycopg would re-render a Composed on every call."""
-    return query.as_bytes(None)
 
 
 def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
