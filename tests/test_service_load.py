@@ -6,6 +6,7 @@ file, as deployed; the verdicts are read back from the store itself.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -162,3 +163,20 @@ def test_schemathesis_finds_no_server_errors(served: tuple[Running, str], tmp_pa
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "Server error" not in result.stdout
+
+
+def test_dibs_serve_logs_json_lines_with_request_ids(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    with serve_in_process(url, tmp_path / "keys.json", log_level="info") as s, s.client("ed") as c:
+        r = c.post(
+            "/v1/claims",
+            json={"targets": [{"resource": "seat-A1", "slot": "show-1"}]},
+            headers={"X-Request-ID": "req-77"},
+        )
+        assert r.status_code == 201 and r.headers["x-request-id"] == "req-77"
+    assert s.log is not None
+    lines = [json.loads(line) for line in s.log.read_text().splitlines() if line.strip()]
+    (access,) = [x for x in lines if x.get("request_id") == "req-77"]
+    assert access["logger"] == "dibs.service.access" and access["status"] == 201
+    assert access["route"] == "/v1/claims" and access["holder"] == "ed" and access["ms"] > 0
+    assert any(x["message"] == "serving" for x in lines)

@@ -44,6 +44,7 @@ class Running:
     keys: KeyRing
     service: Service | None = None
     tokens: dict[str, str] = field(default_factory=dict)
+    log: Path | None = None
 
     def token(self, holder: str) -> str:
         if holder not in self.tokens:
@@ -82,13 +83,18 @@ def serve_in_thread(
 
 
 @contextlib.contextmanager
-def serve_in_process(store_url: str, keys_file: Path, *args: str) -> Iterator[Running]:
-    """Run ``python -m dibs.service serve`` as a subprocess until the block ends."""
+def serve_in_process(
+    store_url: str, keys_file: Path, *args: str, log_level: str = "warning"
+) -> Iterator[Running]:
+    """Run ``python -m dibs.service serve`` as a subprocess until the block ends.
+
+    Its stdout and stderr go to ``Running.log``.
+    """
     port = free_port()
     log = open(keys_file.with_suffix(f".{port}.log"), "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "dibs.service", "serve", "--store", store_url,
-         "--keys", str(keys_file), "--port", str(port), "--log-level", "warning", *args],
+         "--keys", str(keys_file), "--port", str(port), "--log-level", log_level, *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -102,7 +108,7 @@ def serve_in_process(store_url: str, keys_file: Path, *args: str) -> Iterator[Ru
                 if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
                     break
             time.sleep(0.05)
-        yield Running(url, KeyRing(keys_file))
+        yield Running(url, KeyRing(keys_file), log=Path(log.name))
     finally:
         proc.terminate()
         try:
