@@ -8,7 +8,11 @@ arguments on a fresh store of the same kind in this process. Prints claims/s,
 p50/p99 latency and the service's overhead ratio (in-process rate / HTTP rate).
 The client shares the machine's cores with the server, as a sidecar's caller would.
 
-    python benchmarks/bench_service.py [--store sqlite|memory] [--claims 4000] [--clients 8]
+    python benchmarks/bench_service.py [--store sqlite|memory|postgresql] [--claims 4000]
+                                       [--clients 8] [--url postgresql://...]
+
+``--store postgresql`` starts a private server (fsync off) unless ``--url``
+names one; each side gets a fresh schema in it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import argparse
 import http.client
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from statistics import quantiles
 
@@ -143,16 +149,28 @@ def _ms(latencies: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", choices=["sqlite", "memory"], default="sqlite")
+    parser.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
+    parser.add_argument("--url", help="a PostgreSQL URL to use instead of a private server")
     parser.add_argument("--claims", type=int, default=4000, help="claims per side")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients per side")
     args = parser.parse_args()
     per_client = max(1, args.claims // args.clients)
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
+        pg = args.url
+        if args.store == "postgresql" and pg is None:
+            from dibs.testing.pgserver import PostgresServer
+
+            server = stack.enter_context(PostgresServer(settings={"max_connections": "100"}))
+            pg = server.create_database("dibs_bench")
 
         def url(name: str) -> str:
-            return "memory://" if args.store == "memory" else f"sqlite:///{tmp / name}"
+            if args.store == "memory":
+                return "memory://"
+            if args.store == "postgresql":
+                schema = "b_" + name.removesuffix(".db") + "_" + secrets.token_hex(3)
+                return f"{pg}{'&' if '?' in pg else '?'}schema={schema}&pool_max={args.clients}"
+            return f"sqlite:///{tmp / name}"
 
         # Warm both paths (imports, connections, page cache), then measure.
         in_process(url("warm.db"), args.clients, 20)
