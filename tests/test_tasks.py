@@ -1,6 +1,6 @@
 """The in-process task processor: ordering, timing, cancellation, retries, timeouts, shutdown.
 
-Time-dependent tests run on a ManualClock and move time by hand; nothing here
+Time-dependent tests run on a FakeClock and move time by hand; nothing here
 asserts on elapsed real time. Real-time waits (``join``, ``result``) carry a
 generous timeout only so that a bug fails the test instead of hanging it.
 """
@@ -17,10 +17,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import dibs
+from dibs import FakeClock
 from dibs.tasks import (
     Backoff,
     CancelReason,
-    ManualClock,
     NotInTask,
     ProcessorClosed,
     TaskCancelled,
@@ -37,12 +37,12 @@ WAIT = 10.0  # real seconds; only a hang guard
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(T0)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def tasks(clock: ManualClock) -> Iterator[TaskProcessor]:
+def tasks(clock: FakeClock) -> Iterator[TaskProcessor]:
     processor = TaskProcessor(workers=2, clock=clock, rng=random.Random(7))
     yield processor
     processor.shutdown(wait=True, timeout=0)
@@ -94,7 +94,7 @@ def test_default_processor_runs_on_the_system_clock() -> None:
 # --- timing and heap order ------------------------------------------------------------------
 
 
-def test_due_tasks_run_in_due_order_then_submission_order(clock: ManualClock) -> None:
+def test_due_tasks_run_in_due_order_then_submission_order(clock: FakeClock) -> None:
     order: list[int] = []
     dues = [random.Random(1).choice([5, 1, 3, 3, 9, 1]) for _ in range(60)]
     with TaskProcessor(workers=1, clock=clock) as processor:
@@ -108,7 +108,7 @@ def test_due_tasks_run_in_due_order_then_submission_order(clock: ManualClock) ->
     assert order == expected
 
 
-def test_at_and_delay_wait_for_their_time(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_at_and_delay_wait_for_their_time(tasks: TaskProcessor, clock: FakeClock) -> None:
     by_datetime = tasks.submit(str, "dt", at=datetime.fromtimestamp(T0 + 10, UTC))
     by_epoch = tasks.submit(str, "epoch", at=T0 + 10)
     by_delay = tasks.submit(str, "delay", delay=timedelta(seconds=10))
@@ -137,7 +137,7 @@ def test_an_earlier_task_wakes_a_scheduler_sleeping_toward_a_later_one() -> None
 # --- cancellation ---------------------------------------------------------------------------
 
 
-def test_cancelled_scheduled_task_never_runs(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_cancelled_scheduled_task_never_runs(tasks: TaskProcessor, clock: FakeClock) -> None:
     ran: list[str] = []
     handle = tasks.submit(ran.append, "x", delay=5)
     assert handle.cancel() is True
@@ -152,7 +152,7 @@ def test_cancelled_scheduled_task_never_runs(tasks: TaskProcessor, clock: Manual
     assert info.value.task_id == handle.id
 
 
-def test_cancelled_queued_task_never_runs(clock: ManualClock) -> None:
+def test_cancelled_queued_task_never_runs(clock: FakeClock) -> None:
     ran: list[str] = []
     release = threading.Event()
     with TaskProcessor(workers=1, clock=clock) as processor:
@@ -251,7 +251,7 @@ def test_failed_record_keeps_exception_and_traceback(tasks: TaskProcessor) -> No
     assert "KeyError: 'missing'" in handle.traceback
 
 
-def test_retries_back_off_then_succeed(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_retries_back_off_then_succeed(tasks: TaskProcessor, clock: FakeClock) -> None:
     calls: list[int] = []
 
     def flaky() -> str:
@@ -274,7 +274,7 @@ def test_retries_back_off_then_succeed(tasks: TaskProcessor, clock: ManualClock)
     assert handle.attempts == 3
 
 
-def test_retries_run_out_into_a_failed_record(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_retries_run_out_into_a_failed_record(tasks: TaskProcessor, clock: FakeClock) -> None:
     def always() -> None:
         raise ValueError(f"attempt {current().attempt}")
 
@@ -303,7 +303,7 @@ def test_backoff_is_full_jitter_within_exponential_bounds() -> None:
     assert Backoff(base=2, jitter=False).delay(3, rng) == 8
 
 
-def test_timeout_fails_the_attempt(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_timeout_fails_the_attempt(tasks: TaskProcessor, clock: FakeClock) -> None:
     started = threading.Event()
 
     def job() -> str:
@@ -323,7 +323,7 @@ def test_timeout_fails_the_attempt(tasks: TaskProcessor, clock: ManualClock) -> 
 
 
 def test_timeout_is_retried_without_overlapping_attempts(
-    tasks: TaskProcessor, clock: ManualClock
+    tasks: TaskProcessor, clock: FakeClock
 ) -> None:
     started = threading.Semaphore(0)
     running = [0]
@@ -349,7 +349,7 @@ def test_timeout_is_retried_without_overlapping_attempts(
     assert overlap == [1, 1]
 
 
-def test_coroutine_timeout_cancels_it(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_coroutine_timeout_cancels_it(tasks: TaskProcessor, clock: FakeClock) -> None:
     started = threading.Event()
 
     async def job() -> None:
@@ -362,7 +362,7 @@ def test_coroutine_timeout_cancels_it(tasks: TaskProcessor, clock: ManualClock) 
     assert isinstance(handle.exception(timeout=WAIT), TaskTimeout)
 
 
-def test_a_failing_task_never_kills_a_worker(clock: ManualClock) -> None:
+def test_a_failing_task_never_kills_a_worker(clock: FakeClock) -> None:
     def raises(kind: type[BaseException]) -> None:
         raise kind("boom")
 
@@ -384,7 +384,7 @@ def test_result_wait_timeout_is_typed(tasks: TaskProcessor) -> None:
 # --- keys ------------------------------------------------------------------------------------
 
 
-def test_key_returns_the_live_task(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_key_returns_the_live_task(tasks: TaskProcessor, clock: FakeClock) -> None:
     first = tasks.submit(str, "first", key="report", delay=5)
     second = tasks.submit(str, "second", key="report")
     assert second is first
@@ -418,7 +418,7 @@ def test_shutdown_drains_submitted_work() -> None:
     assert processor.join(timeout=WAIT)
 
 
-def test_shutdown_drains_timed_tasks_and_retries_until_the_deadline(clock: ManualClock) -> None:
+def test_shutdown_drains_timed_tasks_and_retries_until_the_deadline(clock: FakeClock) -> None:
     processor = TaskProcessor(workers=1, clock=clock)
     soon = processor.submit(str, "soon", delay=5)
     late = processor.submit(str, "late", delay=50)
@@ -435,7 +435,7 @@ def test_shutdown_drains_timed_tasks_and_retries_until_the_deadline(clock: Manua
     assert info.value.reason is CancelReason.SHUTDOWN
 
 
-def test_shutdown_deadline_cancels_running_and_queued(clock: ManualClock) -> None:
+def test_shutdown_deadline_cancels_running_and_queued(clock: FakeClock) -> None:
     started = threading.Event()
 
     def job() -> str:
@@ -470,7 +470,7 @@ def test_shutdown_inside_a_task_does_not_wait_for_itself() -> None:
 # --- heap hygiene and stress ------------------------------------------------------------------
 
 
-def test_cancelled_entries_are_compacted_away(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_cancelled_entries_are_compacted_away(tasks: TaskProcessor, clock: FakeClock) -> None:
     handles = [tasks.submit(str, i, delay=1000 + i) for i in range(2000)]
     for handle in handles[:1900]:
         handle.cancel()
@@ -552,9 +552,30 @@ def test_bad_processor_arguments() -> None:
     with pytest.raises(dibs.InvalidInput) as info:
         TaskProcessor(workers=0)
     assert info.value.field == "workers"
-    with pytest.raises(dibs.InvalidInput) as info:
-        TaskProcessor(clock=dibs.FakeClock())
-    assert info.value.field == "clock"
+
+
+def test_fake_clock_calls_subscribers_after_every_advance() -> None:
+    clock = FakeClock(T0)
+    seen: list[float] = []
+    lock = threading.Lock()
+
+    def heard() -> None:
+        with lock:
+            seen.append(clock.now())
+
+    unsubscribe = clock.subscribe(heard)
+    threads = [
+        threading.Thread(target=lambda: [clock.advance(1) for _ in range(100)]) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert clock.now() == T0 + 400 and len(seen) == 400  # one call per advance, none lost
+    assert all(t > T0 for t in seen)  # called after the move, never before
+    unsubscribe()
+    clock.advance(1)
+    assert len(seen) == 400
 
 
 def test_task_errors_pickle_with_their_facts() -> None:

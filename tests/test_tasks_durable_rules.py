@@ -1,7 +1,7 @@
 """Durable mode's rules on every store (memory, SQLite, PostgreSQL), in one process.
 
 Schedules' catch-up from the watermark, ``max_running``, cancellation, keys
-and the built-in sweeper. Time is a ManualClock shared by the store and the
+and the built-in sweeper. Time is a FakeClock shared by the store and the
 processors; real-time waits only guard against hangs.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from conftest import StoreMaker
-from dibs import Store, Unit
-from dibs.tasks import ManualClock, Misfire, TaskProcessor, current
+from dibs import FakeClock, Store, Unit
+from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._jobs import Job
 from dibs.tasks._triggers import EveryTrigger
@@ -35,14 +35,14 @@ def wait_for(condition: Callable[[], object]) -> None:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(T0)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 class Fleet:
     """Processors started and stopped on one store, like hosts of a fleet."""
 
-    def __init__(self, store: Store, clock: ManualClock) -> None:
+    def __init__(self, store: Store, clock: FakeClock) -> None:
         self.store = store
         self.clock = clock
         self.runs: list[str] = []
@@ -77,7 +77,7 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(make_store: StoreMaker, clock: ManualClock) -> Iterator[Fleet]:
+def fleet(make_store: StoreMaker, clock: FakeClock) -> Iterator[Fleet]:
     f = Fleet(make_store(clock), clock)
     yield f
     f.gate.set()
@@ -108,7 +108,7 @@ def settle(fleet: Fleet, processor: TaskProcessor, count: int) -> None:
     ],
 )
 def test_the_first_host_back_catches_up_from_the_watermark(
-    fleet: Fleet, clock: ManualClock, misfire: Misfire, expected: list[int]
+    fleet: Fleet, clock: FakeClock, misfire: Misfire, expected: list[int]
 ) -> None:
     first = fleet.host()
     first.every(10, "tick", id="s", start=T0, misfire=misfire, max_running=10)
@@ -128,7 +128,7 @@ def test_the_first_host_back_catches_up_from_the_watermark(
     assert ran(fleet, "s") == [0, 10, *expected]
 
 
-def test_max_running_holds_across_hosts(fleet: Fleet, clock: ManualClock) -> None:
+def test_max_running_holds_across_hosts(fleet: Fleet, clock: FakeClock) -> None:
     hosts = [fleet.host(lease=1000), fleet.host(lease=1000)]  # fake time jumps past short leases
     for host in hosts:
         host.every(10, "tick", id="s", start=T0, misfire=Misfire(coalesce="all"))
@@ -162,7 +162,7 @@ def test_decide_keeps_the_watermark_while_max_running_is_reached() -> None:
     assert (mark, [j.run_at for j in jobs]) == (13.0, [12.0, 13.0])
 
 
-def test_cancel_a_pending_job_it_never_runs(fleet: Fleet, clock: ManualClock) -> None:
+def test_cancel_a_pending_job_it_never_runs(fleet: Fleet, clock: FakeClock) -> None:
     host = fleet.host()
     job = host.enqueue("tick", delay=5)
     assert host.cancel(job)
@@ -185,7 +185,7 @@ def test_cancel_a_running_job_from_another_host(fleet: Fleet) -> None:
     assert runner.join(GUARD)
 
 
-def test_a_key_deduplicates_while_its_job_is_live(fleet: Fleet, clock: ManualClock) -> None:
+def test_a_key_deduplicates_while_its_job_is_live(fleet: Fleet, clock: FakeClock) -> None:
     host = fleet.host()
     first = host.enqueue("tick", key="k", delay=5)
     assert host.enqueue("tick", key="k") == first
@@ -196,7 +196,7 @@ def test_a_key_deduplicates_while_its_job_is_live(fleet: Fleet, clock: ManualClo
     wait_for(lambda: (r := host.job(second)) is not None and r.state == "done")
 
 
-def test_the_sweeper_is_a_durable_schedule(fleet: Fleet, clock: ManualClock) -> None:
+def test_the_sweeper_is_a_durable_schedule(fleet: Fleet, clock: FakeClock) -> None:
     assert T0 % 30 == 0  # occurrences are anchored at the epoch: T0 is one
     hosts = [fleet.host(sweep_every=30), fleet.host(sweep_every=30)]
     wait_for(
@@ -218,9 +218,7 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
 
 
-def test_postgresql_wakes_workers_by_notify(
-    pg_url: str, tmp_path: Path, clock: ManualClock
-) -> None:
+def test_postgresql_wakes_workers_by_notify(pg_url: str, tmp_path: Path, clock: FakeClock) -> None:
     place = StoreMaker("postgresql", tmp_path, pg_url)
     fleet = Fleet(place(clock), clock)
     worker = fleet.host(poll=3600)  # only a notification can wake it within the guard

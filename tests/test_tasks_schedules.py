@@ -1,6 +1,6 @@
 """Recurring schedules: interval anchoring, cron with DST in several zones, misfires, overlap.
 
-All on a ManualClock. A *barrier* (a one-off task due at the same instant,
+All on a FakeClock. A *barrier* (a one-off task due at the same instant,
 queued behind the schedule's heap entry) proves the scheduler has processed a
 moment before the test looks at what did not happen.
 """
@@ -15,7 +15,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import dibs
-from dibs.tasks import Coalesce, ManualClock, Misfire, TaskProcessor, current
+from dibs import FakeClock
+from dibs.tasks import Coalesce, Misfire, TaskProcessor, current
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, zone
 
 T0 = 1_800_000_000.0
@@ -25,7 +26,7 @@ WAIT = 10.0
 class Runs:
     """Records each run's nominal time (epoch) and the clock when it started."""
 
-    def __init__(self, clock: ManualClock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.nominal: list[float] = []
         self.started: list[float] = []
@@ -40,24 +41,24 @@ class Runs:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(T0)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def tasks(clock: ManualClock) -> Iterator[TaskProcessor]:
+def tasks(clock: FakeClock) -> Iterator[TaskProcessor]:
     processor = TaskProcessor(workers=2, clock=clock)
     yield processor
     processor.shutdown(wait=True, timeout=0)
 
 
-def advance(tasks: TaskProcessor, clock: ManualClock, seconds: float) -> None:
+def advance(tasks: TaskProcessor, clock: FakeClock, seconds: float) -> None:
     """Move time and wait until the scheduler and workers are done with it."""
     clock.advance(seconds)
     assert tasks.join(timeout=WAIT)
 
 
-def barrier(tasks: TaskProcessor, clock: ManualClock, seconds: float) -> None:
+def barrier(tasks: TaskProcessor, clock: FakeClock, seconds: float) -> None:
     """Move time; wait until the scheduler has dispatched everything due (workers may be busy)."""
     marker = tasks.submit(str, "barrier", at=clock.now() + seconds)
     clock.advance(seconds)
@@ -71,7 +72,7 @@ def local(ts: list[float], tz: str) -> list[str]:
 # --- intervals ------------------------------------------------------------------------------
 
 
-def test_every_is_anchored_and_does_not_drift(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_every_is_anchored_and_does_not_drift(tasks: TaskProcessor, clock: FakeClock) -> None:
     runs = Runs(clock)
     start = T0 + 0.1
     tasks.every(7.3, runs, start=start)
@@ -100,7 +101,7 @@ def test_every_trigger_computes_each_occurrence_from_the_anchor() -> None:
     assert drifted != 5.0 + k * 0.1  # what repeated addition would have done
 
 
-def test_every_defaults_to_one_interval_from_now(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_every_defaults_to_one_interval_from_now(tasks: TaskProcessor, clock: FakeClock) -> None:
     runs = Runs(clock)
     schedule = tasks.every(timedelta(minutes=1), runs)
     assert schedule.next_run is not None and schedule.next_run.timestamp() == T0 + 60
@@ -110,7 +111,7 @@ def test_every_defaults_to_one_interval_from_now(tasks: TaskProcessor, clock: Ma
     assert runs.nominal == [T0 + 60]
 
 
-def test_every_with_a_past_start_keeps_its_phase(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_every_with_a_past_start_keeps_its_phase(tasks: TaskProcessor, clock: FakeClock) -> None:
     runs = Runs(clock)
     tasks.every(10, runs, start=T0 - 1003)  # occurrences at T0 - 3 + 10k
     for _ in range(30):
@@ -118,9 +119,7 @@ def test_every_with_a_past_start_keeps_its_phase(tasks: TaskProcessor, clock: Ma
     assert runs.nominal == [T0 + 7, T0 + 17, T0 + 27]
 
 
-def test_run_context_names_schedule_and_occurrence(
-    tasks: TaskProcessor, clock: ManualClock
-) -> None:
+def test_run_context_names_schedule_and_occurrence(tasks: TaskProcessor, clock: FakeClock) -> None:
     seen: list[tuple[str | None, float | None]] = []
 
     def job() -> None:
@@ -228,7 +227,7 @@ def test_cron_last_at_or_before_inside_the_repeated_hour() -> None:
     ],
 )  # fmt: skip
 def test_cron_runs_once_per_day_across_dst(tz: str, start: str, expected: list[str]) -> None:
-    clock = ManualClock(datetime.fromisoformat(start).timestamp())
+    clock = FakeClock(datetime.fromisoformat(start).timestamp())
     runs = Runs(clock)
     with TaskProcessor(workers=1, clock=clock) as processor:
         processor.cron("30 2 * * *", runs, tz=tz)
@@ -252,7 +251,7 @@ def test_cron_runs_once_per_day_across_dst(tz: str, start: str, expected: list[s
     ],
 )
 def test_misfire_policy(
-    tasks: TaskProcessor, clock: ManualClock, misfire: Misfire, expected: list[int]
+    tasks: TaskProcessor, clock: FakeClock, misfire: Misfire, expected: list[int]
 ) -> None:
     runs = Runs(clock)
     tasks.every(10, runs, start=T0 + 10, misfire=misfire)
@@ -264,7 +263,7 @@ def test_misfire_policy(
 
 
 def test_max_running_blocks_overlap_then_catches_up_once(
-    tasks: TaskProcessor, clock: ManualClock
+    tasks: TaskProcessor, clock: FakeClock
 ) -> None:
     release = threading.Event()
     started = threading.Semaphore(0)
@@ -298,7 +297,7 @@ def test_max_running_blocks_overlap_then_catches_up_once(
     assert peak[0] == 1
 
 
-def test_max_running_two_allows_two_at_once(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_max_running_two_allows_two_at_once(tasks: TaskProcessor, clock: FakeClock) -> None:
     release = threading.Event()
     started = threading.Semaphore(0)
 
@@ -318,7 +317,7 @@ def test_max_running_two_allows_two_at_once(tasks: TaskProcessor, clock: ManualC
 # --- listing and removing -----------------------------------------------------------------------
 
 
-def test_schedules_and_unschedule(tasks: TaskProcessor, clock: ManualClock) -> None:
+def test_schedules_and_unschedule(tasks: TaskProcessor, clock: FakeClock) -> None:
     runs = Runs(clock)
     a = tasks.every(10, runs, id="a", start=T0 + 10)
     b = tasks.cron("7 * * * *", runs, tz="Europe/Berlin")

@@ -22,7 +22,7 @@ from dibs.tasks._errors import (
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, TaskStatus, current
 from dibs.tasks._processor import TaskProcessor
 from dibs.tasks._schedules import Coalesce, Misfire, Schedule
-from dibs.tasks._time import ManualClock, WakingClock
+from dibs.tasks._time import WakingClock
 
 __all__ = [
     "Backoff",
@@ -30,7 +30,6 @@ __all__ = [
     "CancelToken",
     "Coalesce",
     "JobRecord",
-    "ManualClock",
     "Misfire",
     "NotInTask",
     "ProcessorClosed",

@@ -41,7 +41,7 @@ class TaskProcessor:
 
     Use it as a context manager: leaving the block shuts it down and waits for
     the work already submitted. ``clock`` is for tests (a
-    :class:`~dibs.tasks.ManualClock`); ``rng`` drives backoff jitter.
+    :class:`~dibs.FakeClock`, whose ``advance`` wakes the scheduler); ``rng`` drives backoff jitter.
 
     Durable mode: with ``store``, registered tasks (:meth:`task`) can be
     enqueued as job rows that any process with the same registrations runs.

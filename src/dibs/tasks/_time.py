@@ -3,8 +3,8 @@
 The scheduler keeps every due time as epoch seconds on its clock and sleeps on
 a condition variable until the earliest one. With the system clock that is a
 timed wait; with a clock that jumps by hand (tests) a timed wait would never
-notice the jump, so such a clock must say when it moves: :class:`ManualClock`
-does, and :class:`Alarm` subscribes to it.
+notice the jump, so such a clock must say when it moves: :class:`dibs.FakeClock`
+does (``subscribe``), and :class:`Alarm` subscribes to it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from dibs._clock import Clock, FakeClock, SystemClock
+from dibs._clock import Clock, SystemClock
 from dibs.exceptions import InvalidInput
 
-__all__ = ["Alarm", "ManualClock", "WakingClock", "to_epoch", "to_seconds"]
+__all__ = ["Alarm", "WakingClock", "to_epoch", "to_seconds"]
 
 MAX_REAL_WAIT = 30.0
 """Longest single timed wait on a real clock.
@@ -42,62 +42,12 @@ class WakingClock(Protocol):
         ...
 
 
-class ManualClock(FakeClock):
-    """A :class:`dibs.FakeClock` that wakes the schedulers waiting on it when it advances.
-
-    Pass it as ``TaskProcessor(clock=ManualClock())`` and move time with
-    :meth:`advance`; due tasks are then dispatched at once. Raises like
-    :class:`~dibs.FakeClock`.
-    """
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        super().__init__(start)
-        self._subscribers: dict[int, Callable[[], None]] = {}
-        self._next_token = 0
-        self._subscribers_lock = threading.Lock()  # guards _subscribers and _next_token
-
-    def advance(self, seconds: float) -> float:
-        """Move time forward by ``seconds``, wake every subscriber, return the new time."""
-        now = super().advance(seconds)
-        with self._subscribers_lock:
-            callbacks = list(self._subscribers.values())
-        # Called outside our lock: a callback takes its scheduler's lock, and a
-        # scheduler never calls into the clock while holding ours.
-        for callback in callbacks:
-            callback()
-        return now
-
-    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback()`` after every :meth:`advance`; return an unsubscribe function."""
-        with self._subscribers_lock:
-            token = self._next_token
-            self._next_token += 1
-            self._subscribers[token] = callback
-
-        def unsubscribe() -> None:
-            with self._subscribers_lock:
-                self._subscribers.pop(token, None)
-
-        return unsubscribe
-
-
 class Alarm:
-    """Waits on a condition variable until notified or until a due time on a clock.
-
-    Raises :class:`~dibs.InvalidInput` for a plain :class:`~dibs.FakeClock`,
-    which cannot tell a waiting scheduler that it moved.
-    """
+    """Waits on a condition variable until notified or until a due time on a clock."""
 
     def __init__(self, clock: Clock | None, condition: threading.Condition) -> None:
         if clock is None:
             clock = SystemClock()
-        if isinstance(clock, FakeClock) and not isinstance(clock, WakingClock):
-            raise InvalidInput(
-                "a FakeClock cannot wake a waiting scheduler when it advances; "
-                "use dibs.tasks.ManualClock instead",
-                field="clock",
-                value=clock,
-            )
         self.clock = clock
         self._condition = condition
         self._unsubscribe: Callable[[], None] | None = None
