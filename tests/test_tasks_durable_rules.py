@@ -162,6 +162,21 @@ def test_decide_keeps_the_watermark_while_max_running_is_reached() -> None:
     assert (mark, [j.run_at for j in jobs]) == (13.0, [12.0, 13.0])
 
 
+def test_a_job_that_keeps_losing_its_worker_is_failed(fleet: Fleet, clock: FakeClock) -> None:
+    host = fleet.host(lease=1)
+    job = host.enqueue("loop")  # no retries: 1 attempt + MAX_LOST (3) takeovers
+    for attempt in range(1, 5):
+        wait_for(
+            lambda a=attempt: (
+                (r := host.job(job)) is not None and (r.state, r.attempt) == ("running", a)
+            )
+        )
+        clock.advance(2)  # the lease lapses, as if the worker had stopped
+    wait_for(lambda: (r := host.job(job)) is not None and r.state == "failed")
+    record = host.job(job)
+    assert record is not None and record.attempt == 4  # a poison pill, not retried forever
+
+
 def test_cancel_a_pending_job_it_never_runs(fleet: Fleet, clock: FakeClock) -> None:
     host = fleet.host()
     job = host.enqueue("tick", delay=5)
