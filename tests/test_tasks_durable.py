@@ -190,16 +190,16 @@ def test_stopped_worker_cannot_record_its_stale_result(cluster: Cluster) -> None
     wait_for(lambda: cluster.effects("started"))
     ((_, sleeper, _),) = cluster.effects("started")
     os.kill(sleeper, signal.SIGSTOP)
-    wait_for(lambda: done(cluster, job))
-    winner = cluster.client.job(job)
-    assert winner is not None and winner.result != sleeper
+    wait_for(lambda: len(cluster.effects("started")) >= 2)  # taken over
+    owner = next(pid for _, pid, _ in cluster.effects("started") if pid != sleeper)
+    # Wake the stale worker while the new owner is mid-job: its run ends at once
+    # (its sleep is long over) and races to record first. The fenced writes and
+    # the confirm must drop its result.
     os.kill(sleeper, signal.SIGCONT)
-    # Give the woken worker every chance to write: its heartbeat or its finish
-    # must fail on the fence, leaving the record as the new owner wrote it.
-    wait_for(lambda: len(cluster.effects("started")) >= 2)
-    time.sleep(2.5)
-    after = cluster.client.job(job)
-    assert after == winner
+    wait_for(lambda: done(cluster, job))
+    wait_for(lambda: len(cluster.effects("finished")) >= 2)  # both runs ended
+    winner = cluster.client.job(job)
+    assert winner is not None and (winner.result, winner.attempt) == (owner, 2)
 
 
 # --- one process, memory:// -------------------------------------------------------------------

@@ -321,7 +321,13 @@ class TaskProcessor:
             return [state.snapshot() for state in self._engine.schedules.values()]
 
     def unschedule(self, schedule_id: str) -> bool:
-        """Stop a schedule (runs already started go on); return False if there was none."""
+        """Stop a schedule (runs already started go on); return False if there was none.
+
+        For a durable schedule this stops this process's evaluations only: the
+        processes that still declare it go on running its occurrences.
+        """
+        if self._durable is not None:
+            self._durable.schedules.pop(schedule_id, None)
         with self._engine.lock:
             return self._engine.remove_schedule(schedule_id)
 
