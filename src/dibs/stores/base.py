@@ -40,6 +40,8 @@ from dibs.exceptions import (
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
 
+_INF = float("inf")
+
 DEFAULT_REQUEST_RETENTION = 24 * 3600.0
 """Seconds a request-ID record (and an ended claim) is kept before sweep() purges it."""
 
@@ -84,13 +86,19 @@ class Store(abc.ABC):
         different input, :class:`~dibs.StoreUnavailable` when the store could
         not be reached (retry with the same request ID to learn the outcome).
         """
-        self._check_open()
-        return self._claim(
-            normalize_targets(targets),
-            check_holder(holder),
-            check_request_id(request_id),
-            check_ttl(ttl),
-        )
+        if self._closed:
+            self._check_open()
+        # Fast paths for the common well-formed call; the checkers raise otherwise.
+        normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)
+        if type(holder) is not str or not holder:
+            check_holder(holder)
+        if request_id is not None and (type(request_id) is not str or not request_id):
+            check_request_id(request_id)
+        if ttl is not None and type(ttl) is not float:
+            ttl = check_ttl(ttl)
+        elif ttl is not None and not (0 < ttl < _INF):
+            check_ttl(ttl)
+        return self._claim(normalized, holder, request_id, ttl)
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim (idempotent on a confirmed one).
