@@ -1,0 +1,56 @@
+"""Entry point of one client process: ``python -m dibs.verify._client CONFIG INDEX INC COUNT PATH``.
+
+Kept apart from the runner so that the runner is never imported as ``__main__``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from dibs.verify._planted import open_planted
+from dibs.verify._workload import Client, Workload, client_skew, open_events
+
+__all__ = ["client_process"]
+
+
+def client_process(
+    config: dict[str, Any], index: int, incarnation: int, count: int, path: str
+) -> None:
+    """Body of one client process (``python -m dibs.verify._client CONFIG INDEX ...``)."""
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        # Die with the runner: a client left behind would keep writing to the store.
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    config["faults"] = tuple(config["faults"])
+    workload = Workload(**config)
+    skew = client_skew(workload, index)
+    store = open_planted(workload.store, workload.plant, skew=skew)
+    fd = open_events(path)
+    try:
+        Client(
+            workload,
+            index,
+            incarnation,
+            store,
+            fd,
+            skew=skew if "skew" in workload.faults else 0.0,
+        ).run(count)
+    finally:
+        os.close(fd)
+        store.close()
+
+
+if __name__ == "__main__":
+    client_process(
+        json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    )

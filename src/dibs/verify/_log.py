@@ -1,0 +1,351 @@
+"""The store's durable log, dumped and replayed in fence order: an O(n) second opinion.
+
+The linearizability search judges what clients saw; this judges what the
+store kept. One pass over the claim rows in fence order, with the history's
+acknowledged operations indexed by claim ID, checks that:
+
+* every acknowledged grant, confirm, extend and release is in the log
+  (0 lost acknowledged confirmations);
+* fences are unique, and on each unit (and each span resource) a higher
+  fence never started earlier on the store's clock;
+* no claim was granted while an earlier claim on a conflicting target was
+  still live (held before its expiry, or confirmed and not yet released);
+* a confirmed claim was confirmed by its holder before its hold expired and
+  was never taken over.
+
+A claim's live interval is read from its final row: from ``created_at`` to
+``expires_at`` for holds that expired (or still wait), to ``updated_at`` for
+released claims, and without end for confirmed ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dibs._model import target_to_json, targets_from_text
+from dibs.stores.base import Store
+from dibs.stores.memory import MemoryStore
+from dibs.stores.sqlite import SQLiteStore
+from dibs.verify._history import OK, UNKNOWN, LogRow, Op
+
+__all__ = ["LogAnomaly", "dump_log", "micros", "replay_log"]
+
+_SPAN_HORIZON = 60 * 1_000_000
+"""µs: span claims that ended this long before a new one are no longer compared."""
+
+
+@dataclass
+class LogAnomaly:
+    """One broken promise found in the log, with the rows and ops that show it."""
+
+    kind: str
+    message: str
+    rows: list[LogRow] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+
+
+def _us(value: float | datetime | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return micros(value)
+    return round(value * 1_000_000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def micros(value: datetime) -> int:
+    """An aware datetime as whole µs since the epoch, exactly (no float rounding)."""
+    return (value - _EPOCH) // _MICRO
+
+
+def dump_log(store: Store) -> list[LogRow]:
+    """Read every claim the store keeps, ordered by fence.
+
+    Memory stores are read in process; SQLite and PostgreSQL through their
+    claims tables. Raises :class:`TypeError` for a store it cannot read.
+    """
+    rows: list[LogRow] = []
+    if isinstance(store, MemoryStore):
+        for rec in list(store._claims.values()):
+            rows.append(
+                LogRow(
+                    id=rec.id,
+                    fence=rec.fence,
+                    holder=rec.holder,
+                    targets=tuple(tuple(target_to_json(t)) for t in rec.targets),
+                    state=str(rec.state.value),
+                    created_at=_us(rec.created_at) or 0,
+                    expires_at=_us(rec.expires_at),
+                    updated_at=_us(rec.updated_at) or 0,
+                    taken_over=rec.taken_over,
+                )
+            )
+    elif isinstance(store, SQLiteStore):
+        conn = store._connection()
+        query = (
+            "SELECT fence, holder, targets, state, created_at, expires_at, updated_at, "
+            "taken_over FROM dibs_claims ORDER BY fence"
+        )
+        for fence, holder, targets, state, created, expires, updated, taken in conn.execute(query):
+            rows.append(
+                LogRow(
+                    id=str(fence),
+                    fence=fence,
+                    holder=holder,
+                    targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
+                    state=state,
+                    created_at=created,
+                    expires_at=expires,
+                    updated_at=updated,
+                    taken_over=bool(taken),
+                )
+            )
+    else:
+        rows = _dump_postgres(store)
+    rows.sort(key=lambda r: r.fence)
+    return rows
+
+
+def _dump_postgres(store: Store) -> list[LogRow]:
+    dump: Any = getattr(store, "dump_claims", None)
+    if dump is None:
+        raise TypeError(f"cannot read the durable log of a {type(store).__name__}")
+    rows: list[LogRow] = []
+    for claim in dump():
+        rows.append(
+            LogRow(
+                id=claim.id,
+                fence=claim.fence,
+                holder=claim.holder,
+                targets=tuple(tuple(target_to_json(t)) for t in claim.targets),
+                state=str(claim.state.value),
+                created_at=_us(claim.created_at) or 0,
+                expires_at=_us(claim.expires_at),
+                updated_at=_us(claim.updated_at) or 0,
+                taken_over=claim.taken_over,
+            )
+        )
+    return rows
+
+
+def _live_end(row: LogRow) -> float:
+    if row.state == "confirmed":
+        return math.inf
+    if row.state == "released":
+        return row.updated_at
+    return row.expires_at if row.expires_at is not None else row.updated_at
+
+
+def _keys(row: LogRow) -> list[tuple[Any, ...]]:
+    return [("u", t[1], t[2]) if t[0] == "u" else ("s", t[1]) for t in row.targets]
+
+
+def _overlap(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return bool(a[2] < b[3] and b[2] < a[3])
+
+
+def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
+    """Replay the log in fence order against the history; return what broke."""
+    anomalies: list[LogAnomaly] = []
+    by_id = {row.id: row for row in rows}
+    on_claim: dict[str, list[Op]] = {}
+    for op in ops:
+        cid = op.args.get("claim_id") or op.value.get("claim_id")
+        if cid is not None:
+            on_claim.setdefault(str(cid), []).append(op)
+
+    # 1. Every acknowledged operation is in the log.
+    for op in ops:
+        if op.status != OK:
+            continue
+        v = op.value
+        if op.fn == "claim" and v.get("granted"):
+            row = by_id.get(str(v["claim_id"]))
+            if row is None:
+                anomalies.append(
+                    LogAnomaly(
+                        "lost-grant",
+                        f"acknowledged grant {v['claim_id']} is not in the log",
+                        [],
+                        [op],
+                    )
+                )
+            elif row.fence != v["fence"] or row.holder != op.args["holder"]:
+                anomalies.append(
+                    LogAnomaly(
+                        "grant-mismatch",
+                        f"claim {row.id} in the log differs from its acknowledgement",
+                        [row],
+                        [op],
+                    )
+                )
+        elif op.fn in ("confirm", "release", "extend"):
+            cid = str(op.args["claim_id"])
+            row = by_id.get(cid)
+            later = on_claim.get(cid, [])
+            if row is None:
+                anomalies.append(
+                    LogAnomaly("lost-claim", f"claim {cid} is not in the log", [], [op])
+                )
+                continue
+            if op.fn == "confirm" and row.state not in ("confirmed", "released"):
+                anomalies.append(
+                    LogAnomaly(
+                        "lost-confirmation",
+                        f"acknowledged confirmation of claim {cid} is lost: "
+                        f"the log says {row.state}",
+                        [row],
+                        later,
+                    )
+                )
+            elif (
+                op.fn == "confirm"
+                and row.state == "released"
+                and not any(
+                    o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
+                    for o in later
+                )
+            ):
+                anomalies.append(
+                    LogAnomaly(
+                        "lost-confirmation",
+                        f"confirmed claim {cid} was released by nobody",
+                        [row],
+                        later,
+                    )
+                )
+            elif op.fn == "release" and v.get("released") and row.state != "released":
+                anomalies.append(
+                    LogAnomaly(
+                        "lost-release", f"acknowledged release of claim {cid} is lost", [row], later
+                    )
+                )
+            elif (
+                op.fn == "extend"
+                and v.get("state") == "held"
+                and row.state in ("held", "expired")
+                and (row.expires_at or 0) < v["expires_at"]
+                and not any(o.fn == "extend" and o.status == UNKNOWN for o in later)
+            ):
+                anomalies.append(
+                    LogAnomaly(
+                        "lost-extend",
+                        f"acknowledged extension of claim {cid} is lost",
+                        [row],
+                        later,
+                    )
+                )
+
+    # 2-4. One pass in fence order.
+    seen_fences: dict[int, LogRow] = {}
+    last_on_unit: dict[tuple[Any, ...], LogRow] = {}
+    spans_on: dict[str, list[tuple[tuple[Any, ...], LogRow]]] = {}
+    for row in rows:
+        twin = seen_fences.get(row.fence)
+        if twin is not None:
+            anomalies.append(
+                LogAnomaly("fence-reused", f"fence {row.fence} given twice", [twin, row])
+            )
+        seen_fences[row.fence] = row
+        for target in row.targets:
+            if target[0] == "u":
+                key = ("u", target[1], target[2])
+                prev = last_on_unit.get(key)
+                if prev is not None:
+                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim)
+                last_on_unit[key] = row
+            else:
+                entries = spans_on.setdefault(target[1], [])
+                entries[:] = [
+                    e for e in entries if _live_end(e[1]) + _SPAN_HORIZON > row.created_at
+                ]
+                for span, prev in entries:
+                    if prev.id != row.id and _overlap(span, target):
+                        _compare(prev, row, f"span {target[1]}", anomalies, on_claim)
+                entries.append((target, row))
+        if row.state == "confirmed" and row.taken_over:
+            anomalies.append(
+                LogAnomaly(
+                    "confirm-after-takeover",
+                    f"claim {row.id} is confirmed although it was taken over",
+                    [row],
+                    on_claim.get(row.id, []),
+                )
+            )
+        if row.state == "confirmed":
+            _check_confirm_time(row, on_claim.get(row.id, []), anomalies)
+    return anomalies
+
+
+def _compare(
+    prev: LogRow,
+    row: LogRow,
+    where: str,
+    anomalies: list[LogAnomaly],
+    on_claim: dict[str, list[Op]],
+) -> None:
+    context = on_claim.get(prev.id, []) + on_claim.get(row.id, [])
+    if row.created_at < prev.created_at:
+        anomalies.append(
+            LogAnomaly(
+                "fence-order",
+                f"on {where}, fence {row.fence} started before the lower fence {prev.fence}",
+                [prev, row],
+                context,
+            )
+        )
+    if row.created_at < _live_end(prev):
+        anomalies.append(
+            LogAnomaly(
+                "grant-over-live-claim",
+                f"on {where}, claim {row.id} (fence {row.fence}) was granted while claim "
+                f"{prev.id} (fence {prev.fence}) was live",
+                [prev, row],
+                context,
+            )
+        )
+
+
+def _check_confirm_time(row: LogRow, on_claim: list[Op], anomalies: list[LogAnomaly]) -> None:
+    """A confirmed row's ``updated_at`` is when it was confirmed: it must precede the expiry."""
+    if any(o.fn == "extend" and o.status == UNKNOWN for o in on_claim):
+        return  # an unacknowledged extension may have moved the expiry: no bound
+    expiries = [
+        o.value["expires_at"]
+        for o in on_claim
+        if o.status == OK and o.value.get("expires_at") is not None and o.fn in ("claim", "extend")
+    ]
+    if not expiries:
+        return
+    if row.updated_at >= max(expiries):
+        anomalies.append(
+            LogAnomaly(
+                "confirm-after-expiry",
+                f"claim {row.id} was confirmed after its hold expired",
+                [row],
+                on_claim,
+            )
+        )
+
+
+def describe_row(row: LogRow, origin_us: int) -> str:
+    """A log row as one readable line, store times in ms from ``origin_us``."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{(v - origin_us) / 1000:.3f}"
+
+    targets = "+".join(
+        f"{t[1]}/{t[2]}" if t[0] == "u" else f"{t[1]}[{t[2]},{t[3]})" for t in row.targets
+    )
+    return (
+        f"  claim {row.id} fence={row.fence} holder={row.holder} {targets} state={row.state}"
+        f" created={ms(row.created_at)} expires={ms(row.expires_at)} updated={ms(row.updated_at)}"
+        f"{' taken_over' if row.taken_over else ''}"
+    )

@@ -1,0 +1,424 @@
+"""A pure model of the claim rules on one resource, with time as bounds.
+
+The linearizability search (:mod:`dibs.verify._linear`) asks one question of
+this module: given the model state and an operation with what the client saw,
+which successor states are possible? The answer is a list; an empty list means
+the operation cannot take effect here with that outcome.
+
+Time. The store decides expiry on its own clock, which the history does not
+read directly. Each operation carries a window ``[lo, hi]`` of store times
+(microseconds) in which its linearization point must lie, narrowed to a
+point (± :data:`TOLERANCE`) when the store returned the time it used (a
+grant's ``created_at``, an extend's new ``expires_at``). The store reads its
+clock inside the step that serializes operations on a unit, so along the
+linearization order the store time of one unit never goes back: the state
+keeps that floor per target key (``tau``). A hold's expiry is an interval
+``[elo, ehi]`` — exact when the store returned it, wide when the grant or
+extend was never acknowledged. Inside that interval a later operation may
+judge the hold live or dead (each judgement independently: a deliberate
+over-approximation, so an anomaly report never rests on a guess).
+
+Within a window, outcomes change only where some expiry bound lies, so the
+search tries the earliest possible time in each such region: an earlier time
+leaves a lower floor for what follows and the same state otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from dibs.verify._history import FAIL, OK, UNKNOWN, Op
+
+__all__ = ["TOLERANCE", "State", "successors"]
+
+TOLERANCE = 2
+"""µs of slack around a store-reported time: the stores round to whole µs."""
+
+TargetKey = tuple[Any, ...]
+Target = tuple[Any, ...]
+
+_HELD, _CONFIRMED, _RELEASED, _EXPIRED = "held", "confirmed", "released", "expired"
+_MAX_AMBIGUOUS = 4
+
+
+class Rec(NamedTuple):
+    """A claim in the model; ``elo``/``ehi`` bound a hold's expiry (µs)."""
+
+    holder: str
+    targets: tuple[Target, ...]
+    state: str
+    fence: int | None
+    elo: float
+    ehi: float
+    taken_over: bool
+
+
+class Request(NamedTuple):
+    """A remembered request ID: its input and its outcome."""
+
+    fingerprint: tuple[Any, ...]
+    claim_id: str | None
+    taken: frozenset[Target]
+
+
+class State:
+    """The model state of one resource; never mutated once built."""
+
+    __slots__ = ("_key", "claims", "fences", "requests", "tau")
+
+    def __init__(
+        self,
+        claims: dict[str, Rec],
+        requests: dict[str, Request],
+        tau: dict[TargetKey, float],
+        fences: dict[TargetKey, int],
+    ) -> None:
+        self.claims = claims
+        self.requests = requests
+        self.tau = tau
+        self.fences = fences
+        self._key: tuple[Any, ...] | None = None
+
+    @classmethod
+    def empty(cls) -> State:
+        """The state before any operation."""
+        return cls({}, {}, {}, {})
+
+    def key(self) -> tuple[Any, ...]:
+        """A hashable value equal for equal states (for the search's memo)."""
+        if self._key is None:
+            self._key = (
+                frozenset(self.claims.items()),
+                frozenset(self.requests.items()),
+                frozenset(self.tau.items()),
+                frozenset(self.fences.items()),
+            )
+        return self._key
+
+    def copy(self) -> State:
+        """A shallow copy to build a successor from."""
+        return State(dict(self.claims), dict(self.requests), dict(self.tau), dict(self.fences))
+
+    def drop(self, claim_ids: list[str], request_ids: list[str]) -> State:
+        """This state without claims and requests that can no longer matter."""
+        if not claim_ids and not request_ids:
+            return self
+        new = self.copy()
+        for cid in claim_ids:
+            del new.claims[cid]
+        for rid in request_ids:
+            del new.requests[rid]
+        return new
+
+
+def target_key(target: Target) -> TargetKey:
+    """The serialization key of a target: a unit, or the whole span resource."""
+    return ("u", target[2]) if target[0] == "u" else ("s",)
+
+
+def conflicts(a: Target, b: Target) -> bool:
+    """Whether two targets of one resource exclude each other."""
+    if a[0] == "u" or b[0] == "u":
+        return a == b
+    return bool(a[2] < b[3] and b[2] < a[3])
+
+
+def op_targets(op: Op) -> tuple[Target, ...]:
+    """The targets an operation touches (a claim-ID op: its claim's targets)."""
+    a = op.args
+    if op.fn == "holder_of":
+        return (tuple(a["target"]),)
+    return tuple(tuple(t) for t in a["targets"])
+
+
+def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
+    """Every state the model can reach by linearizing ``op`` now, given what the client saw.
+
+    ``lo``/``hi`` bound the store time of the op's linearization point (µs).
+    """
+    targets = op_targets(op)
+    keys = {target_key(t) for t in targets}
+    floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
+    a, b = max(floor, lo), hi
+    exact = _exact_time(op)
+    if exact is not None:
+        # The store said when it decided: judge at that instant, if it fits the window.
+        if not (max(floor, lo) - TOLERANCE <= exact <= hi + TOLERANCE):
+            return []
+        a = b = exact
+    if a > b:
+        return []
+    bounds = set()
+    for rec in state.claims.values():
+        if rec.state == _HELD:
+            bounds.add(rec.elo)
+            bounds.add(rec.ehi)
+    candidates = [a, *sorted(x for x in bounds if a < x <= b)]
+    seen: set[tuple[Any, ...]] = set()
+    out: list[State] = []
+    for now in candidates:
+        for new in _apply(state, op, targets, now, b):
+            k = new.key()
+            if k in seen:
+                continue
+            seen.add(k)
+            for key in keys:
+                new.tau[key] = now
+            new._key = None
+            out.append(new)
+    return out
+
+
+def _exact_time(op: Op) -> int | None:
+    """The store time the result pins the op to, if it returned one."""
+    v = op.value
+    if op.status != OK:
+        return None
+    if op.fn == "claim" and v.get("granted") and not v.get("replayed"):
+        return int(v["created_at"])
+    if op.fn == "extend" and v.get("state") == _HELD and v.get("expires_at") is not None:
+        return int(v["expires_at"]) - round(float(op.args["ttl"]) * 1_000_000)
+    return None
+
+
+# --- liveness with uncertain expiry ---------------------------------------------------------------
+
+
+def _judgements(state: State, relevant: list[str], now: float) -> Iterator[dict[str, bool]]:
+    """Yield each consistent assignment of live/dead to the relevant claims at ``now``."""
+    fixed: dict[str, bool] = {}
+    open_: list[str] = []
+    for cid in relevant:
+        rec = state.claims[cid]
+        if rec.state == _CONFIRMED:
+            fixed[cid] = True
+        elif rec.state != _HELD or now >= rec.ehi:
+            fixed[cid] = False
+        elif now < rec.elo:
+            fixed[cid] = True
+        else:
+            open_.append(cid)
+    if len(open_) > _MAX_AMBIGUOUS:
+        open_ = open_[:_MAX_AMBIGUOUS]  # the rest judged live: still only an over-approximation
+        for cid in relevant:
+            if cid not in fixed and cid not in open_:
+                fixed[cid] = True
+    for combo in itertools.product((True, False), repeat=len(open_)):
+        yield {**fixed, **dict(zip(open_, combo, strict=True))}
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+def _apply(
+    state: State, op: Op, targets: tuple[Target, ...], now: float, hi: float
+) -> Iterator[State]:
+    # ``hi`` bounds when an unacknowledged grant or extend could have set its expiry.
+    if op.fn == "claim":
+        yield from _claim(state, op, targets, now, hi)
+    elif op.fn == "holder_of":
+        yield from _holder_of(state, op, targets[0], now)
+    elif op.fn in ("confirm", "extend", "release"):
+        yield from _transition(state, op, now, hi)
+    else:
+        raise ValueError(f"unknown operation {op.fn!r} in the history")
+
+
+def _claim(
+    state: State, op: Op, targets: tuple[Target, ...], now: float, hi: float
+) -> Iterator[State]:
+    a, v, status = op.args, op.value, op.status
+    holder, rid, ttl = a["holder"], a.get("rid"), a.get("ttl")
+    fp = (holder, targets, ttl)
+    if rid is not None and rid in state.requests:
+        prior = state.requests[rid]
+        if prior.fingerprint != fp:
+            if status == UNKNOWN or (status == FAIL and v.get("error") == "RequestConflict"):
+                yield state.copy()
+            return
+        # A replay: the first outcome again, no new claim.
+        if status == UNKNOWN:
+            yield state.copy()
+        elif status == OK and v.get("replayed"):
+            if prior.claim_id is None:
+                if not v.get("granted") and frozenset(map(tuple, v["taken"])) == prior.taken:
+                    yield state.copy()
+            elif v.get("granted"):
+                bound = _bind(state, prior.claim_id, v)
+                if bound is not None:
+                    yield bound
+        return
+    if status == FAIL:
+        return  # no definite failure is possible for a fresh claim in this workload
+    relevant = [
+        cid
+        for cid, rec in state.claims.items()
+        if rec.state in (_HELD, _CONFIRMED)
+        and any(conflicts(t, u) for t in targets for u in rec.targets)
+    ]
+    for live in _judgements(state, relevant, now):
+        blockers = [cid for cid in relevant if live[cid]]
+        if blockers:
+            taken = frozenset(
+                t
+                for t in targets
+                for cid in blockers
+                if any(conflicts(t, u) for u in state.claims[cid].targets)
+            )
+            if len(blockers) == 1:
+                mine = state.claims[blockers[0]]
+                if mine.holder == holder and mine.targets == targets:
+                    # Natural key: the holder re-claiming exactly what it holds.
+                    if status == UNKNOWN:
+                        yield _remember(state.copy(), rid, fp, blockers[0], frozenset())
+                    elif status == OK and v.get("granted") and v.get("replayed"):
+                        # An unacknowledged grant is named here for the first time.
+                        bound = _bind(state, blockers[0], v)
+                        if bound is not None:
+                            yield _remember(bound, rid, fp, str(v["claim_id"]), frozenset())
+                    continue
+            if status == UNKNOWN or (
+                status == OK
+                and not v.get("granted")
+                and not v.get("replayed")
+                and frozenset(map(tuple, v["taken"])) == taken
+            ):
+                yield _remember(state.copy(), rid, fp, None, taken)
+            continue
+        # Granted: dead holds on these targets are taken over.
+        new = state.copy()
+        for cid in relevant:
+            rec = new.claims[cid]
+            if rec.state == _HELD:
+                new.claims[cid] = rec._replace(state=_EXPIRED, taken_over=True)
+        keys = {target_key(t) for t in targets}
+        if status == UNKNOWN:
+            # A recorded ID is kept when shrinking forgets an outcome; a real
+            # unknown grant has none, and a replay of its request may name it.
+            hinted = v.get("claim_id") if not v.get("replayed") else None
+            cid = f"?{op.id}" if hinted is None else str(hinted)
+            if cid in new.claims:
+                continue
+            exp = math.inf if ttl is None else now + ttl * 1_000_000
+            new.claims[cid] = Rec(
+                holder,
+                targets,
+                _CONFIRMED if ttl is None else _HELD,
+                None if hinted is None else int(v["fence"]),
+                exp,
+                math.inf if ttl is None else hi + ttl * 1_000_000,
+                False,
+            )
+            yield _remember(new, rid, fp, cid, frozenset())
+            continue
+        if not (status == OK and v.get("granted") and not v.get("replayed")):
+            continue
+        cid, fence = str(v["claim_id"]), int(v["fence"])
+        if cid in new.claims or any(new.fences.get(k, 0) >= fence for k in keys):
+            continue  # an ID given twice, or a fence that did not increase
+        for k in keys:
+            new.fences[k] = fence
+        exp = math.inf if v.get("expires_at") is None else int(v["expires_at"])
+        if (ttl is None) != (v.get("expires_at") is None):
+            continue
+        new.claims[cid] = Rec(
+            holder, targets, _CONFIRMED if ttl is None else _HELD, fence, exp, exp, False
+        )
+        yield _remember(new, rid, fp, cid, frozenset())
+
+
+def _remember(
+    state: State, rid: str | None, fp: tuple[Any, ...], cid: str | None, taken: frozenset[Target]
+) -> State:
+    if rid is not None:
+        state.requests[rid] = Request(fp, cid, taken)
+    return state
+
+
+def _bind(state: State, cid: str, v: dict[str, Any]) -> State | None:
+    """A replay names the claim its first request got; learn an unacknowledged one's ID."""
+    seen = str(v["claim_id"])
+    if cid == seen:
+        return state.copy()
+    if not cid.startswith("?") or seen in state.claims:
+        return None
+    new = state.copy()
+    rec = new.claims.pop(cid)
+    new.claims[seen] = rec._replace(fence=int(v["fence"]))
+    for rid, req in list(new.requests.items()):
+        if req.claim_id == cid:
+            new.requests[rid] = req._replace(claim_id=seen)
+    return new
+
+
+def _holder_of(state: State, op: Op, target: Target, now: float) -> Iterator[State]:
+    relevant = [
+        cid
+        for cid, rec in state.claims.items()
+        if rec.state in (_HELD, _CONFIRMED) and any(conflicts(target, u) for u in rec.targets)
+    ]
+    for live in _judgements(state, relevant, now):
+        holders = [state.claims[cid].holder for cid in relevant if live[cid]]
+        allowed: list[str | None] = [*holders] if holders else [None]
+        if op.status == UNKNOWN or (op.status == OK and op.value.get("holder") in allowed):
+            yield state.copy()
+
+
+def _transition(state: State, op: Op, now: float, hi: float) -> Iterator[State]:
+    a, v, status = op.args, op.value, op.status
+    cid = str(a["claim_id"])
+    rec = state.claims.get(cid)
+    if rec is None:
+        # Not a claim this model granted on this resource: only "not found" fits.
+        if status == UNKNOWN or (status == FAIL and v.get("error") == "ClaimNotFound"):
+            yield state.copy()
+        return
+    if rec.holder != a["holder"]:
+        if status == UNKNOWN or (status == FAIL and v.get("error") == "NotHolder"):
+            yield state.copy()
+        return
+    if rec.fence is not None and rec.fence != a["fence"]:
+        if status == UNKNOWN or (
+            status == FAIL and v.get("error") == "HoldLost" and v.get("reason") == "fence"
+        ):
+            yield state.copy()
+        return
+    for live in _judgements(state, [cid], now):
+        if not live[cid]:
+            if rec.state == _RELEASED:
+                reason = "released"
+            elif rec.taken_over:
+                reason = "taken_over"
+            else:
+                reason = "expired"
+            if op.fn == "release":
+                if status == UNKNOWN or (status == OK and v.get("released") is False):
+                    yield state.copy()
+            elif status == UNKNOWN or (
+                status == FAIL and v.get("error") == "HoldLost" and v.get("reason") == reason
+            ):
+                yield state.copy()
+            continue
+        new = state.copy()
+        if op.fn == "confirm":
+            if status == UNKNOWN or (status == OK and v.get("state") == _CONFIRMED):
+                new.claims[cid] = rec._replace(state=_CONFIRMED, elo=math.inf, ehi=math.inf)
+                yield new
+        elif op.fn == "extend":
+            if rec.state == _CONFIRMED:
+                if status == UNKNOWN or (status == OK and v.get("state") == _CONFIRMED):
+                    yield new
+            elif status == UNKNOWN:
+                ttl_us = op.args["ttl"] * 1_000_000
+                new.claims[cid] = rec._replace(elo=now + ttl_us, ehi=hi + ttl_us)
+                yield new
+            elif status == OK and v.get("state") == _HELD:
+                exp = int(v["expires_at"])
+                new.claims[cid] = rec._replace(elo=exp, ehi=exp)
+                yield new
+        elif status == UNKNOWN or (status == OK and v.get("released") is True):  # release
+            new.claims[cid] = rec._replace(state=_RELEASED, elo=math.inf, ehi=math.inf)
+            yield new

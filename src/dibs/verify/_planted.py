@@ -1,0 +1,154 @@
+"""Deliberately broken stores: the checker's negative controls.
+
+Each plant subclasses a real store and breaks one promise the way a plausible
+bug would. ``dibs verify --plant NAME`` runs the workload on one, and must
+report anomalies every time; a checker that passes a plant is broken.
+
+* ``check-then-act`` — the claim reads "is it free?" first and then writes
+  blindly, so two callers can both win (principle 1);
+* ``confirm-unfenced`` — confirm turns a hold into a confirmed claim without
+  checking its fence, its state or its expiry (principle 4);
+* ``client-clock`` — expiry judged on each client's clock, skewed by ± the
+  skew, instead of on the store's one clock (principle 4).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dibs
+from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit
+from dibs.exceptions import ClaimNotFound, InvalidInput, NotHolder
+from dibs.stores.base import Store
+from dibs.stores.memory import MemoryStore
+from dibs.stores.sqlite import SQLiteStore
+
+__all__ = ["PLANTS", "SkewedClock", "open_planted"]
+
+PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
+
+_RACE_WINDOW = 0.0005
+"""Seconds between the check and the act: real code does work here (a log line, an RPC)."""
+
+
+class _CheckThenActMemory(MemoryStore):
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        if all(isinstance(t, Unit) for t in targets) and all(
+            self._holder_of(t) is None for t in targets
+        ):
+            time.sleep(_RACE_WINDOW)
+            for t in targets:  # BUG: act on a stale check, dropping whoever came in between
+                if isinstance(t, Unit):
+                    self._units.pop(t, None)
+        return super()._claim(targets, holder, request_id, ttl)
+
+
+class _CheckThenActSQLite(SQLiteStore):
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        units = [t for t in targets if isinstance(t, Unit)]
+        if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
+            time.sleep(_RACE_WINDOW)
+
+            def clear() -> None:
+                with self._immediate() as conn:
+                    for u in units:  # BUG: act on a stale check
+                        conn.execute(
+                            "DELETE FROM dibs_units WHERE resource = ? AND slot = ?",
+                            (u.resource, u.slot),
+                        )
+
+            self._retrying(clear)
+        return super()._claim(targets, holder, request_id, ttl)
+
+
+class _UnfencedMemory(MemoryStore):
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        record = self._owned(claim_id, holder)
+        with self._locked(record.stripes):
+            now = self._now()
+            # BUG: no fence, state or expiry condition.
+            record.state = ClaimState.CONFIRMED
+            record.expires_at = None
+            record.updated_at = now
+            return record.snapshot(now)
+
+
+class _UnfencedSQLite(SQLiteStore):
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        def attempt() -> Claim:
+            with self._immediate() as conn:
+                now = int(self._now() * 1_000_000)
+                key = int(claim_id) if claim_id.isdigit() else -1
+                row = conn.execute(
+                    "SELECT holder FROM dibs_claims WHERE fence = ?", (key,)
+                ).fetchone()
+                if row is None:
+                    raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+                if row[0] != holder:
+                    raise NotHolder("not yours", claim_id=claim_id, holder=holder)
+                # BUG: no fence, state or expiry condition.
+                conn.execute(
+                    "UPDATE dibs_claims SET state = 'confirmed', expires_at = NULL, "
+                    "updated_at = ? WHERE fence = ?",
+                    (now, key),
+                )
+                return self._read(conn, key, now)
+
+        return self._retrying(attempt)
+
+
+class SkewedClock:
+    """The machine clock plus a per-thread offset: a client's clock, for ``client-clock``."""
+
+    def __init__(self, skew: float = 0.0) -> None:
+        self.skew = skew
+        self._local = threading.local()
+
+    def set_thread_skew(self, skew: float) -> None:
+        """Give the calling thread its own offset (memory:// clients are threads)."""
+        self._local.skew = skew
+
+    def now(self) -> float:
+        """``time.time()`` plus this thread's (or the clock's) offset."""
+        return time.time() + getattr(self._local, "skew", self.skew)
+
+
+_CLASSES: dict[tuple[str, str], type[Store]] = {
+    ("check-then-act", "memory"): _CheckThenActMemory,
+    ("check-then-act", "sqlite"): _CheckThenActSQLite,
+    ("confirm-unfenced", "memory"): _UnfencedMemory,
+    ("confirm-unfenced", "sqlite"): _UnfencedSQLite,
+    ("client-clock", "memory"): MemoryStore,
+    ("client-clock", "sqlite"): SQLiteStore,
+}
+
+
+def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: Any) -> Store:
+    """Open ``url`` as the real store, or with the planted bug ``plant``.
+
+    ``skew`` is the client clock offset the ``client-clock`` plant judges
+    expiry by. Raises :class:`~dibs.InvalidInput` for an unknown plant or a
+    store it has no broken twin for.
+    """
+    if plant is None:
+        return dibs.open(url, **options)
+    scheme = url.split("://", 1)[0].lower()
+    cls = _CLASSES.get((plant, scheme))
+    if cls is None:
+        raise InvalidInput(
+            f"no planted bug {plant!r} for {scheme}:// (plants: {', '.join(PLANTS)}; "
+            "stores: memory, sqlite)",
+            field="plant",
+            value=plant,
+        )
+    if plant == "client-clock":
+        options["clock"] = SkewedClock(skew)
+    opener: Callable[..., Store] = cls.from_url  # type: ignore[attr-defined]
+    return opener(url, **options)

@@ -1,0 +1,360 @@
+"""Run a workload: N clients x M ops against a store URL, with a nemesis, into one history.
+
+memory:// clients are threads of this process sharing one store; every
+other store gets one OS process per client (started with ``spawn``), each
+with its own connection, writing its own event file. The nemesis runs here:
+
+* ``kill`` — ``kill -9`` a random client process (memory://: the client
+  thread dies in the middle of an op), record its op in flight as unknown,
+  and restart it (a new incarnation, same holder name, no memory of its
+  claims) with the ops it has left;
+* ``pause`` — ``SIGSTOP`` a random client for three hold TTLs, then
+  ``SIGCONT`` (memory://: the thread stalls between invoking an op and
+  reaching the store);
+* ``skew`` — every client's own clock is off by ± ``skew`` seconds: it then
+  believes holds live that are dead, and the reverse; the store must not care;
+* ``integrity`` (SQLite) — after each kill, ``PRAGMA integrity_check``.
+
+Afterwards the store's claims are dumped into the history for the log replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dibs.exceptions import InvalidInput
+from dibs.stores.base import Store
+from dibs.verify._history import iter_events, write_events
+from dibs.verify._log import dump_log
+from dibs.verify._planted import PLANTS, SkewedClock, open_planted
+from dibs.verify._workload import Client, Workload, client_skew, open_events
+
+__all__ = ["FAULTS", "run_workload"]
+
+FAULTS = ("kill", "pause", "skew", "integrity")
+
+Progress = Callable[[int, int], None]
+
+
+def _check(workload: Workload) -> str:
+    scheme = workload.store.split("://", 1)[0].lower()
+    unknown = set(workload.faults) - set(FAULTS)
+    if unknown:
+        raise InvalidInput(
+            f"unknown fault(s) {sorted(unknown)}; faults: {', '.join(FAULTS)}",
+            field="faults",
+            value=workload.faults,
+        )
+    if workload.plant is not None and workload.plant not in PLANTS:
+        raise InvalidInput(
+            f"unknown plant {workload.plant!r}; plants: {', '.join(PLANTS)}",
+            field="plant",
+            value=workload.plant,
+        )
+    if workload.clients < 1 or workload.ops < 1:
+        raise InvalidInput("clients and ops must be at least 1", field="clients", value=workload)
+    if workload.slots > 10:
+        raise InvalidInput("at most 10 slots per resource", field="slots", value=workload.slots)
+    return scheme
+
+
+def run_workload(
+    workload: Workload, history: str | Path, *, progress: Progress | None = None
+) -> Path:
+    """Run the workload and write its history (JSON lines) to ``history``; return the path.
+
+    Raises :class:`~dibs.InvalidInput` for bad settings, and
+    :class:`RuntimeError` if a client process failed for a reason other than
+    the nemesis (a harness failure, not a verdict).
+    """
+    scheme = _check(workload)
+    history = Path(history)
+    scratch = history.with_name(history.name + ".clients")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    nemesis: list[dict[str, Any]] = []
+    try:
+        if scheme == "memory":
+            store = open_planted(workload.store, workload.plant)
+            try:
+                _run_threads(workload, store, scratch, nemesis, progress)
+                log = dump_log(store)
+            finally:
+                store.close()
+        else:
+            # The schema is created once here, before the clients race to open it.
+            with open_planted(workload.store, None) as store:
+                _run_processes(workload, store, scratch, nemesis, progress)
+                log = dump_log(store)
+        _merge(workload, scratch, nemesis, log, history)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return history
+
+
+def _merge(
+    workload: Workload,
+    scratch: Path,
+    nemesis: list[dict[str, Any]],
+    log: list[Any],
+    history: Path,
+) -> None:
+    with open(history, "w", encoding="utf-8") as out:
+        write_events(out, [{"e": "run", **workload.to_json()}])
+        for path in sorted(scratch.glob("*.jsonl")):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.endswith("\n"):  # a torn last line: the client died writing it
+                        out.write(line)
+        write_events(out, nemesis)
+        write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
+
+
+def _stamp(event: dict[str, Any]) -> dict[str, Any]:
+    event["t"] = time.monotonic()
+    event["w"] = time.time()
+    return event
+
+
+# --- memory://: threads --------------------------------------------------------------------------
+
+
+def _run_threads(
+    workload: Workload,
+    store: Store,
+    scratch: Path,
+    nemesis: list[dict[str, Any]],
+    progress: Progress | None,
+) -> None:
+    crashes = [threading.Event() for _ in range(workload.clients)]
+    pauses = [threading.Event() for _ in range(workload.clients)]
+    done = [0] * workload.clients
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        fd = open_events(str(scratch / f"c{index}.jsonl"))
+        if isinstance(store.clock, SkewedClock):
+            store.clock.set_thread_skew(client_skew(workload, index))
+        skew = client_skew(workload, index) if "skew" in workload.faults else 0.0
+        incarnation = 0
+        try:
+            while done[index] < workload.ops:
+                c = Client(
+                    workload,
+                    index,
+                    incarnation,
+                    store,
+                    fd,
+                    skew=skew,
+                    crash=crashes[index],
+                    pause=pauses[index],
+                )
+                while done[index] < workload.ops:
+                    alive = c.step()
+                    done[index] += 1
+                    if not alive:
+                        break
+                incarnation += 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            os.close(fd)
+
+    threads = [
+        threading.Thread(target=client, args=(i,), daemon=True) for i in range(workload.clients)
+    ]
+    for t in threads:
+        t.start()
+    rng = random.Random(workload.seed)
+    next_fault = time.monotonic() + workload.fault_interval
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+        if progress is not None:
+            progress(sum(done), workload.clients * workload.ops)
+        if time.monotonic() < next_fault:
+            continue
+        next_fault += workload.fault_interval
+        victim = rng.randrange(workload.clients)
+        if "kill" in workload.faults:
+            crashes[victim].set()
+            nemesis.append(_stamp({"e": "nemesis", "f": "kill", "c": f"c{victim}"}))
+        if "pause" in workload.faults:
+            other = rng.randrange(workload.clients)
+            pauses[other].set()
+            nemesis.append(_stamp({"e": "nemesis", "f": "pause", "c": f"c{other}"}))
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"a client thread failed: {errors[0]!r}") from errors[0]
+
+
+# --- other stores: processes ---------------------------------------------------------------------
+
+
+class _Slot:
+    """One client across its incarnations: the live process and its event files."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.incarnation = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.files: list[Path] = []
+        self.started = 0.0
+
+    def ripe(self) -> bool:
+        """Alive and past its start-up: faults on a client still importing would starve it."""
+        if self.process is None or self.process.poll() is not None or not self.files:
+            return False
+        path = self.files[-1]
+        return path.exists() and path.stat().st_size > 0
+
+    def invoked(self) -> int:
+        return sum(
+            1 for path in self.files if path.exists() for e in iter_events(path) if e["e"] == "i"
+        )
+
+
+def _run_processes(
+    workload: Workload,
+    store: Store,
+    scratch: Path,
+    nemesis: list[dict[str, Any]],
+    progress: Progress | None,
+) -> None:
+    config = json.dumps(asdict(workload))
+    slots = [_Slot(i) for i in range(workload.clients)]
+
+    def start(slot: _Slot, count: int) -> None:
+        path = scratch / f"c{slot.index}.{slot.incarnation}.jsonl"
+        slot.files.append(path)
+        slot.started = time.monotonic()
+        # A fresh interpreter per client: no state inherited, and kill -9 kills only it.
+        slot.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dibs.verify._client",
+                config,
+                str(slot.index),
+                str(slot.incarnation),
+                str(count),
+                str(path),
+            ]
+        )
+
+    for slot in slots:
+        start(slot, workload.ops)
+    rng = random.Random(workload.seed)
+    next_fault = time.monotonic() + workload.fault_interval
+    db_path = getattr(store, "path", None)
+    try:
+        while True:
+            for s in slots:
+                p = s.process
+                if p is not None and p.poll() not in (0, None):
+                    raise RuntimeError(f"client c{s.index} exited with {p.returncode}")
+            alive = [s for s in slots if s.process is not None and s.process.poll() is None]
+            if not alive:
+                break
+            time.sleep(0.02)
+            if progress is not None:
+                progress(-1, workload.clients * workload.ops)
+            if time.monotonic() < next_fault:
+                continue
+            next_fault += workload.fault_interval
+            ripe = [s for s in alive if s.ripe()]
+            if "kill" in workload.faults and ripe:
+                _kill(rng.choice(ripe), workload, nemesis, db_path, start)
+            ripe = [s for s in slots if s.ripe()]
+            if "pause" in workload.faults and ripe:
+                _pause(rng.choice(ripe), workload, nemesis)
+    finally:
+        for s in slots:
+            if s.process is not None and s.process.poll() is None:
+                s.process.send_signal(signal.SIGCONT)
+                s.process.kill()
+                s.process.wait()
+
+
+def _kill(
+    slot: _Slot,
+    workload: Workload,
+    nemesis: list[dict[str, Any]],
+    db_path: str | None,
+    start: Callable[[_Slot, int], None],
+) -> None:
+    process = slot.process
+    assert process is not None
+    process.kill()  # SIGKILL
+    process.wait()
+    killed = _stamp({"e": "nemesis", "f": "kill", "c": f"c{slot.index}"})
+    nemesis.append(killed)
+    # The op in flight (invoked, never completed) is unknown from the moment of death.
+    path = slot.files[-1]
+    if path.exists():
+        _close_in_flight(path, killed)
+    if db_path is not None and "integrity" in workload.faults:
+        with sqlite3.connect(db_path, timeout=60) as conn:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+        conn.close()
+        result = "ok" if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows)
+        nemesis.append(_stamp({"e": "nemesis", "f": "integrity_check", "result": result}))
+    slot.process = None
+    left = workload.ops - slot.invoked()
+    if left > 0:
+        slot.incarnation += 1
+        start(slot, left)
+
+
+def _close_in_flight(path: Path, killed: dict[str, Any]) -> None:
+    open_ids: dict[str, None] = {}
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text and not text.endswith("\n"):
+        # Drop the torn line so the file stays valid JSON lines.
+        text = text[: text.rfind("\n") + 1]
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event["e"] == "i":
+            open_ids[event["id"]] = None
+        else:
+            open_ids.pop(event["id"], None)
+    with open(path, "a", encoding="utf-8") as f:
+        write_events(
+            f,
+            [
+                {
+                    "e": "unknown",
+                    "id": op_id,
+                    "v": {"error": "killed"},
+                    "t": killed["t"],
+                    "w": killed["w"],
+                }
+                for op_id in open_ids
+            ],
+        )
+
+
+def _pause(slot: _Slot, workload: Workload, nemesis: list[dict[str, Any]]) -> None:
+    process = slot.process
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    nemesis.append(_stamp({"e": "nemesis", "f": "stop", "c": f"c{slot.index}"}))
+    time.sleep(workload.ttl * 3)  # longer than any hold's TTL
+    process.send_signal(signal.SIGCONT)
+    nemesis.append(_stamp({"e": "nemesis", "f": "cont", "c": f"c{slot.index}"}))

@@ -1,0 +1,299 @@
+"""One client of the workload: random claims, confirms, extends, releases, retries and reads.
+
+A client is sequential (one op at a time), like a request handler. It records
+every op's invocation before calling the store and its completion after, as
+JSON lines on a file descriptor it owns, so a ``kill -9`` loses at most the
+completion of the op in flight (which the runner then records as unknown).
+
+The client's own clock, used only for its decisions (which of its holds it
+believes still live), may be skewed; the store never sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dibs._model import Claim, ClaimResult, Span, Target, Unit, target_from_json, target_to_json
+from dibs.exceptions import (
+    ClaimNotFound,
+    HoldLost,
+    InvalidInput,
+    NotHolder,
+    RequestConflict,
+    SpanKindMismatch,
+)
+from dibs.stores.base import Store
+from dibs.verify._history import write_events
+from dibs.verify._log import micros
+
+__all__ = ["Client", "Workload", "client_skew", "open_events"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the clients do: how many, how much, on what, with which faults."""
+
+    store: str
+    clients: int = 4
+    ops: int = 1000
+    """Operations per client, across its restarts."""
+    resources: int = 6
+    span_resources: int = 2
+    slots: int = 4
+    ttl: float = 0.2
+    seed: int = 0
+    faults: tuple[str, ...] = ()
+    plant: str | None = None
+    skew: float = 5.0
+    fault_interval: float = 0.5
+    """Seconds between faults of each kind."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as a JSON-able dict (the history header)."""
+        return {
+            "store": self.store,
+            "clients": self.clients,
+            "ops": self.ops,
+            "resources": self.resources,
+            "span_resources": self.span_resources,
+            "slots": self.slots,
+            "ttl": self.ttl,
+            "seed": self.seed,
+            "faults": list(self.faults),
+            "plant": self.plant,
+            "skew": self.skew,
+            "fault_interval": self.fault_interval,
+        }
+
+
+@dataclass
+class _Held:
+    """A claim this client believes it has."""
+
+    id: str
+    fence: int
+    targets: list[list[Any]]
+    res: str
+    expires_at: int | None  # µs, store clock; None once confirmed
+
+
+@dataclass
+class Client:
+    """A sequential client: generates ops, calls the store, records both ends."""
+
+    workload: Workload
+    index: int
+    incarnation: int
+    store: Store
+    out: int
+    """File descriptor the events go to."""
+    skew: float = 0.0
+    crash: threading.Event | None = None
+    """memory:// only: set by the nemesis to make this client thread die mid-op."""
+    pause: threading.Event | None = None
+    """memory:// only: set by the nemesis to stall this client mid-op past the TTL."""
+    rng: random.Random = field(init=False)
+    name: str = field(init=False)
+    mine: list[_Held] = field(default_factory=list)
+    requests: list[tuple[str | None, list[list[Any]], float | None, str]] = field(
+        default_factory=list
+    )
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        w = self.workload
+        self.rng = random.Random(f"{w.seed}-{self.index}-{self.incarnation}")
+        self.name = f"c{self.index}"
+
+    # --- op generation ---------------------------------------------------------------------------
+
+    def _units(self) -> tuple[str, list[Unit]]:
+        w, rng = self.workload, self.rng
+        res = f"u{rng.randrange(w.resources)}"
+        count = 1 if rng.random() < 0.75 else rng.choice((2, 3))
+        first = rng.randrange(max(1, w.slots - count + 1))
+        return res, [Unit(res, str(first + i)) for i in range(min(count, w.slots))]
+
+    def _span(self) -> tuple[str, list[Span]]:
+        res = f"s{self.rng.randrange(max(1, self.workload.span_resources))}"
+        lo = self.rng.randrange(12)
+        return res, [Span(res, lo, lo + self.rng.randrange(1, 4))]
+
+    def _ttl(self) -> float | None:
+        r, ttl = self.rng.random(), self.workload.ttl
+        if r < 0.08:
+            return None
+        return self.rng.choice((ttl * 0.02, ttl * 0.1, ttl * 0.5, ttl))
+
+    def next_op(self) -> tuple[str, dict[str, Any], Callable[[], Any]]:
+        """Choose the next op: its name, its recorded arguments, and the call."""
+        rng, store = self.rng, self.store
+        if len(self.mine) > 6:
+            return self._transition("release", self.mine[0])
+        r = rng.random()
+        if r < 0.06 and self.requests:
+            old_rid, old_targets, ttl, old_res = rng.choice(self.requests[-20:])
+            if rng.random() < 0.2:  # misuse: the same request ID with other input
+                ttl = 7.0 if ttl != 7.0 else 8.0
+            return self._claim(old_rid, old_targets, ttl, old_res)
+        if r < 0.50 or not self.mine:
+            res, items = self._span() if rng.random() < 0.2 else self._units()
+            ordered: list[Target] = sorted(items, key=_sort_key)
+            rid = f"{self.name}.{self.incarnation}.r{self.seq}" if rng.random() < 0.8 else None
+            return self._claim(rid, [target_to_json(t) for t in ordered], self._ttl(), res)
+        if r < 0.9:
+            now_us = (time.time() + self.skew) * 1_000_000
+            believed = [h for h in self.mine if h.expires_at is None or h.expires_at > now_us]
+            pool = believed if believed and rng.random() < 0.85 else self.mine
+            held = rng.choice(pool)
+            fn = rng.choices(("confirm", "extend", "release"), (5, 2, 3))[0]
+            return self._transition(fn, held)
+        res, items = self._span() if rng.random() < 0.2 else self._units()
+        target = items[0]
+        return (
+            "holder_of",
+            {"res": res, "target": target_to_json(target)},
+            lambda: store.holder_of(target),
+        )
+
+    def _claim(
+        self, rid: str | None, targets: list[list[Any]], ttl: float | None, res: str
+    ) -> tuple[str, dict[str, Any], Callable[[], Any]]:
+        objs = [target_from_json(t) for t in targets]
+        if rid is not None:
+            self.requests.append((rid, targets, ttl, res))
+        args = {"res": res, "targets": targets, "holder": self.name, "rid": rid, "ttl": ttl}
+        return (
+            "claim",
+            args,
+            lambda: self.store.claim(objs, holder=self.name, request_id=rid, ttl=ttl),
+        )
+
+    def _transition(self, fn: str, held: _Held) -> tuple[str, dict[str, Any], Callable[[], Any]]:
+        fence = held.fence + 1 if self.rng.random() < 0.03 else held.fence  # misuse: a wrong fence
+        args: dict[str, Any] = {
+            "res": held.res,
+            "targets": held.targets,
+            "holder": self.name,
+            "claim_id": held.id,
+            "fence": fence,
+        }
+        store = self.store
+        if fn == "confirm":
+            return fn, args, lambda: store.confirm(held.id, holder=self.name, fence=fence)
+        if fn == "extend":
+            ttl = self.workload.ttl
+            args["ttl"] = ttl
+            return fn, args, lambda: store.extend(held.id, holder=self.name, fence=fence, ttl=ttl)
+        return fn, args, lambda: store.release(held.id, holder=self.name, fence=fence)
+
+    # --- running ---------------------------------------------------------------------------------
+
+    def run(self, count: int) -> None:
+        """Do ``count`` ops, recording each; returns early if the nemesis crashes this client."""
+        for _ in range(count):
+            if not self.step():
+                return
+
+    def step(self) -> bool:
+        """Do one op; False if this client "died" in it (memory:// crash fault)."""
+        fn, args, call = self.next_op()
+        op_id = f"{self.name}.{self.incarnation}.{self.seq}"
+        self.seq += 1
+        self._emit({"e": "i", "id": op_id, "c": self.name, "f": fn, "a": args})
+        if self.pause is not None and self.pause.is_set():
+            self.pause.clear()
+            time.sleep(self.workload.ttl * 3)  # stalled after invoking, before the store call
+        try:
+            result = call()
+        except HoldLost as exc:
+            status, value = "fail", {"error": "HoldLost", "reason": str(exc.reason.value)}
+            if value["reason"] != "fence":
+                self.mine = [h for h in self.mine if h.id != args["claim_id"]]
+        except (ClaimNotFound, NotHolder, RequestConflict, SpanKindMismatch, InvalidInput) as exc:
+            status, value = "fail", {"error": type(exc).__name__}
+        except Exception as exc:  # the outcome was not learned: unknown
+            status, value = "unknown", {"error": type(exc).__name__, "message": str(exc)[:200]}
+        else:
+            status, value = "ok", self._learn(fn, args, result)
+        if self.crash is not None and self.crash.is_set():
+            self.crash.clear()
+            self._emit({"e": "unknown", "id": op_id, "v": {"error": "killed"}})
+            return False
+        self._emit({"e": status, "id": op_id, "v": value})
+        return True
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        event["t"] = time.monotonic()
+        event["w"] = time.time()
+        write_events(self.out, [event])
+
+    def _learn(self, fn: str, args: dict[str, Any], result: Any) -> dict[str, Any]:
+        """Encode the result for the history and update what this client believes it holds."""
+        if fn == "claim":
+            assert isinstance(result, ClaimResult)
+            value: dict[str, Any] = {
+                "granted": result.granted,
+                "replayed": result.replayed,
+                "taken": [target_to_json(t) for t in result.taken],
+            }
+            claim = result.claim
+            if claim is not None:
+                value.update(_claim_json(claim))
+                value["claim_id"] = claim.id
+                if not any(h.id == claim.id for h in self.mine) and claim.state.value in (
+                    "held",
+                    "confirmed",
+                ):
+                    self.mine.append(
+                        _Held(
+                            claim.id, claim.fence, args["targets"], args["res"], value["expires_at"]
+                        )
+                    )
+            return value
+        if fn in ("confirm", "extend"):
+            assert isinstance(result, Claim)
+            for h in self.mine:
+                if h.id == result.id:
+                    h.expires_at = None if fn == "confirm" else _us_or_none(result)
+            return _claim_json(result)
+        if fn == "release":
+            self.mine = [h for h in self.mine if h.id != args["claim_id"]]
+            return {"released": bool(result)}
+        return {"holder": result}
+
+
+def client_skew(workload: Workload, index: int) -> float:
+    """The offset of client ``index``'s own clock under the skew fault: ± ``workload.skew``."""
+    return workload.skew if index % 2 == 0 else -workload.skew
+
+
+def _us_or_none(claim: Claim) -> int | None:
+    return None if claim.expires_at is None else micros(claim.expires_at)
+
+
+def _claim_json(claim: Claim) -> dict[str, Any]:
+    return {
+        "fence": claim.fence,
+        "state": claim.state.value,
+        "created_at": micros(claim.created_at),
+        "updated_at": micros(claim.updated_at),
+        "expires_at": _us_or_none(claim),
+    }
+
+
+def _sort_key(t: Target) -> tuple[str, str, float]:
+    if isinstance(t, Unit):
+        return (t.resource, t.slot, 0.0)
+    return (t.resource, "", float(t.start))  # type: ignore[arg-type]
+
+
+def open_events(path: str) -> int:
+    """Open a client's event file for appending (one ``write`` per event)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
