@@ -270,3 +270,31 @@ def test_the_demo_audit_passes_on_postgres(pg_url: str) -> None:
         assert "Audit passed" in done.stdout
     finally:
         drop_schema(pg_url, schema)
+
+
+def test_pg_ensure_finds_or_installs_a_server() -> None:
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "pg-ensure.sh")
+    done = subprocess.run([script], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    bindir = done.stdout.strip().splitlines()[-1]
+    assert os.access(os.path.join(bindir, "initdb"), os.X_OK)
+
+
+def test_a_private_server_leaves_nothing_behind() -> None:
+    with PostgresServer() as server:
+        root, pid = server.root, server.pid()
+        assert pid is not None and root.is_dir()
+        with psycopg.connect(server.admin_url) as conn:
+            row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'listen_addresses'")
+            assert row.fetchone() == ("127.0.0.1",)
+    assert not root.exists()
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie awaiting its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
