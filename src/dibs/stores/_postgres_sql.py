@@ -360,9 +360,12 @@ BEGIN
         v_status := CASE WHEN v_claim.taken_over THEN 'taken_over' ELSE 'expired' END;
     ELSIF p_op = 'release' THEN
         -- Linearization point (release, confirm, extend): the conditional
-        -- write below, under the locks taken above.
+        -- write below, under the locks taken above (so its conditions, checked
+        -- once more in its WHERE, cannot have changed since they were read).
         UPDATE {s}.claims c SET state = 'released', expires_at = NULL, updated_at = v_now
-         WHERE c.id = p_id RETURNING * INTO v_claim;
+         WHERE c.id = p_id AND c.holder = p_holder AND c.fence = p_fence
+           AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > v_now))
+        RETURNING * INTO v_claim;
         DELETE FROM {s}.units u WHERE u.claim_id = p_id;
         DELETE FROM {s}.spans s WHERE s.claim_id = p_id;
     ELSIF v_claim.state = 'held' THEN
@@ -370,7 +373,9 @@ BEGIN
         UPDATE {s}.claims c
            SET state = CASE WHEN p_op = 'confirm' THEN 'confirmed' ELSE 'held' END,
                expires_at = v_expires, updated_at = v_now
-         WHERE c.id = p_id RETURNING * INTO v_claim;
+         WHERE c.id = p_id AND c.holder = p_holder AND c.fence = p_fence
+           AND c.state = 'held' AND c.expires_at > v_now
+        RETURNING * INTO v_claim;
         UPDATE {s}.units u SET expires_at = v_expires WHERE u.claim_id = p_id;
         UPDATE {s}.spans s SET expires_at = v_expires WHERE s.claim_id = p_id;
     END IF;
