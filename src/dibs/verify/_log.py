@@ -114,24 +114,35 @@ def dump_log(store: Store) -> list[LogRow]:
 
 
 def _dump_postgres(store: Store) -> list[LogRow]:
-    dump: Any = getattr(store, "dump_claims", None)
-    if dump is None:
+    pool: Any = getattr(store, "_pool", None)
+    schema: Any = getattr(store, "schema", None)
+    if pool is None or not isinstance(schema, str):
         raise TypeError(f"cannot read the durable log of a {type(store).__name__}")
+    # Local import: psycopg is an optional extra.
+    from psycopg import sql  # noqa: PLC0415
+
+    query = sql.SQL(
+        "SELECT id, fence, holder, targets, state, created_at, expires_at, updated_at, "
+        "taken_over FROM {}.claims ORDER BY fence"
+    ).format(sql.Identifier(schema))
     rows: list[LogRow] = []
-    for claim in dump():
-        rows.append(
-            LogRow(
-                id=claim.id,
-                fence=claim.fence,
-                holder=claim.holder,
-                targets=tuple(tuple(target_to_json(t)) for t in claim.targets),
-                state=str(claim.state.value),
-                created_at=_us(claim.created_at) or 0,
-                expires_at=_us(claim.expires_at),
-                updated_at=_us(claim.updated_at) or 0,
-                taken_over=claim.taken_over,
+    with pool.connection() as conn:
+        for cid, fence, holder, targets, state, created, expires, updated, taken in conn.execute(
+            query
+        ):
+            rows.append(
+                LogRow(
+                    id=str(cid),
+                    fence=int(fence),
+                    holder=holder,
+                    targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
+                    state=state,
+                    created_at=micros(created),
+                    expires_at=None if expires is None else micros(expires),
+                    updated_at=micros(updated),
+                    taken_over=bool(taken),
+                )
             )
-        )
     return rows
 
 

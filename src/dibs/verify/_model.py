@@ -7,15 +7,16 @@ the operation cannot take effect here with that outcome.
 
 Time. The store decides expiry on its own clock, which the history does not
 read directly. Each operation carries a window ``[lo, hi]`` of store times
-(microseconds) in which its linearization point must lie, narrowed to a
-point (± :data:`TOLERANCE`) when the store returned the time it used (a
-grant's ``created_at``, an extend's new ``expires_at``). The store reads its
-clock inside the step that serializes operations on a unit, so along the
-linearization order the store time of one unit never goes back: the state
-keeps that floor per target key (``tau``). A hold's expiry is an interval
-``[elo, ehi]`` — exact when the store returned it, wide when the grant or
-extend was never acknowledged. Inside that interval a later operation may
-judge the hold live or dead (each judgement independently: a deliberate
+(microseconds) in which its linearization point must lie, narrowed to a point
+(± :data:`TOLERANCE`) when the store returned the time it used (a grant's
+``created_at``, an extend's new ``expires_at``). The store reads its clock
+inside the step that serializes operations on a unit, so along the
+linearization order the store time of one unit never goes back: the state keeps
+that floor per target key (``tau``). Reads (``holder_of``) take no lock, so
+they are judged in their own window and leave the floor alone. A hold's expiry
+is an interval ``[elo, ehi]`` — exact when the store returned it, wide when the
+grant or extend was never acknowledged. Inside that interval a later operation
+may judge the hold live or dead (each judgement independently: a deliberate
 over-approximation, so an anomaly report never rests on a guess).
 
 Within a window, outcomes change only where some expiry bound lies, so the
@@ -140,7 +141,10 @@ def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
     ``lo``/``hi`` bound the store time of the op's linearization point (µs).
     """
     targets = op_targets(op)
-    keys = {target_key(t) for t in targets}
+    # A read takes no lock: its snapshot may predate a write that read the
+    # clock earlier, or follow one that read it later. Reads neither obey nor
+    # move the floor; they are judged inside their own window.
+    keys = set() if op.fn == "holder_of" else {target_key(t) for t in targets}
     floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
     a, b = max(floor, lo), hi
     exact = _exact_time(op)

@@ -13,7 +13,11 @@ with its own connection, writing its own event file. The nemesis runs here:
   reaching the store);
 * ``skew`` — every client's own clock is off by ± ``skew`` seconds: it then
   believes holds live that are dead, and the reverse; the store must not care;
-* ``integrity`` (SQLite) — after each kill, ``PRAGMA integrity_check``.
+* ``integrity`` (SQLite) — after each kill, ``PRAGMA integrity_check``;
+* ``terminate`` (PostgreSQL) — ``pg_terminate_backend`` every connection of
+  the store's database but the runner's (needs ``admin_url``);
+* ``restart`` (PostgreSQL) — restart the server, through a callable the
+  caller passes (the runner cannot restart a server it does not run).
 
 Afterwards the store's claims are dumped into the history for the log replay.
 """
@@ -44,7 +48,7 @@ from dibs.verify._workload import Client, Workload, client_skew, open_events
 
 __all__ = ["FAULTS", "run_workload"]
 
-FAULTS = ("kill", "pause", "skew", "integrity")
+FAULTS = ("kill", "pause", "skew", "integrity", "terminate", "restart")
 
 Progress = Callable[[int, int], None]
 
@@ -72,10 +76,15 @@ def _check(workload: Workload) -> str:
 
 
 def run_workload(
-    workload: Workload, history: str | Path, *, progress: Progress | None = None
+    workload: Workload,
+    history: str | Path,
+    *,
+    progress: Progress | None = None,
+    restart: Callable[[], None] | None = None,
 ) -> Path:
     """Run the workload and write its history (JSON lines) to ``history``; return the path.
 
+    ``restart`` restarts the store's server, for the ``restart`` fault.
     Raises :class:`~dibs.InvalidInput` for bad settings, and
     :class:`RuntimeError` if a client process failed for a reason other than
     the nemesis (a harness failure, not a verdict).
@@ -97,7 +106,7 @@ def run_workload(
         else:
             # The schema is created once here, before the clients race to open it.
             with open_planted(workload.store, None) as store:
-                _run_processes(workload, store, scratch, nemesis, progress)
+                _run_processes(workload, store, scratch, nemesis, progress, restart)
                 log = dump_log(store)
         _merge(workload, scratch, nemesis, log, history)
     finally:
@@ -233,8 +242,9 @@ def _run_processes(
     scratch: Path,
     nemesis: list[dict[str, Any]],
     progress: Progress | None,
+    restart: Callable[[], None] | None,
 ) -> None:
-    config = json.dumps(asdict(workload))
+    config = json.dumps({**asdict(workload), "admin_url": None})
     slots = [_Slot(i) for i in range(workload.clients)]
 
     def start(slot: _Slot, count: int) -> None:
@@ -260,6 +270,7 @@ def _run_processes(
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
     db_path = getattr(store, "path", None)
+    rounds = 0
     try:
         while True:
             for s in slots:
@@ -281,6 +292,12 @@ def _run_processes(
             ripe = [s for s in slots if s.ripe()]
             if "pause" in workload.faults and ripe:
                 _pause(rng.choice(ripe), workload, nemesis)
+            if "terminate" in workload.faults and workload.admin_url:
+                _terminate(workload.admin_url, store, nemesis)
+            rounds += 1
+            if "restart" in workload.faults and restart is not None and rounds % 4 == 0:
+                restart()
+                nemesis.append(_stamp({"e": "nemesis", "f": "restart"}))
     finally:
         for s in slots:
             if s.process is not None and s.process.poll() is None:
@@ -358,3 +375,19 @@ def _pause(slot: _Slot, workload: Workload, nemesis: list[dict[str, Any]]) -> No
     time.sleep(workload.ttl * 3)  # longer than any hold's TTL
     process.send_signal(signal.SIGCONT)
     nemesis.append(_stamp({"e": "nemesis", "f": "cont", "c": f"c{slot.index}"}))
+
+
+def _terminate(admin_url: str, store: Store, nemesis: list[dict[str, Any]]) -> None:
+    """Cut every client connection to the store's database (PostgreSQL)."""
+    import psycopg  # noqa: PLC0415 (an optional extra)
+
+    dbname = None
+    with getattr(store, "_pool").connection() as conn:  # noqa: B009
+        dbname = conn.execute("SELECT current_database()").fetchone()[0]
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            (dbname,),
+        ).fetchall()
+    nemesis.append(_stamp({"e": "nemesis", "f": "terminate", "connections": len(rows)}))

@@ -53,6 +53,8 @@ class Workload:
     skew: float = 5.0
     fault_interval: float = 0.5
     """Seconds between faults of each kind."""
+    admin_url: str | None = None
+    """PostgreSQL: a role allowed to ``pg_terminate_backend`` the clients' connections."""
 
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON-able dict (the history header)."""
@@ -69,7 +71,7 @@ class Workload:
             "plant": self.plant,
             "skew": self.skew,
             "fault_interval": self.fault_interval,
-        }
+        }  # admin_url stays out of the history: it may carry a password
 
 
 @dataclass
