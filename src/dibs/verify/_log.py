@@ -21,6 +21,7 @@ released claims, and without end for confirmed ones.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -119,30 +120,39 @@ def _dump_postgres(store: Store) -> list[LogRow]:
     if pool is None or not isinstance(schema, str):
         raise TypeError(f"cannot read the durable log of a {type(store).__name__}")
     # Local import: psycopg is an optional extra.
+    import psycopg  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
     query = sql.SQL(
         "SELECT id, fence, holder, targets, state, created_at, expires_at, updated_at, "
         "taken_over FROM {}.claims ORDER BY fence"
     ).format(sql.Identifier(schema))
+    for attempt in range(5):
+        # After a restart or pg_terminate_backend the pool may hand out a dead
+        # connection first; it discards it on error, so try again.
+        try:
+            with pool.connection() as conn:
+                records = conn.execute(query).fetchall()
+            break
+        except psycopg.OperationalError:
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
     rows: list[LogRow] = []
-    with pool.connection() as conn:
-        for cid, fence, holder, targets, state, created, expires, updated, taken in conn.execute(
-            query
-        ):
-            rows.append(
-                LogRow(
-                    id=str(cid),
-                    fence=int(fence),
-                    holder=holder,
-                    targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
-                    state=state,
-                    created_at=micros(created),
-                    expires_at=None if expires is None else micros(expires),
-                    updated_at=micros(updated),
-                    taken_over=bool(taken),
-                )
+    for cid, fence, holder, targets, state, created, expires, updated, taken in records:
+        rows.append(
+            LogRow(
+                id=str(cid),
+                fence=int(fence),
+                holder=holder,
+                targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
+                state=state,
+                created_at=micros(created),
+                expires_at=None if expires is None else micros(expires),
+                updated_at=micros(updated),
+                taken_over=bool(taken),
             )
+        )
     return rows
 
 

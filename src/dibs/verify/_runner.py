@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
@@ -293,7 +294,7 @@ def _run_processes(
             if "pause" in workload.faults and ripe:
                 _pause(rng.choice(ripe), workload, nemesis)
             if "terminate" in workload.faults and workload.admin_url:
-                _terminate(workload.admin_url, store, nemesis)
+                _terminate(workload.admin_url, workload.store, nemesis)
             rounds += 1
             if "restart" in workload.faults and restart is not None and rounds % 4 == 0:
                 restart()
@@ -377,13 +378,11 @@ def _pause(slot: _Slot, workload: Workload, nemesis: list[dict[str, Any]]) -> No
     nemesis.append(_stamp({"e": "nemesis", "f": "cont", "c": f"c{slot.index}"}))
 
 
-def _terminate(admin_url: str, store: Store, nemesis: list[dict[str, Any]]) -> None:
+def _terminate(admin_url: str, store_url: str, nemesis: list[dict[str, Any]]) -> None:
     """Cut every client connection to the store's database (PostgreSQL)."""
     import psycopg  # noqa: PLC0415 (an optional extra)
 
-    dbname = None
-    with getattr(store, "_pool").connection() as conn:  # noqa: B009
-        dbname = conn.execute("SELECT current_database()").fetchone()[0]
+    dbname = unquote(urlsplit(store_url).path.lstrip("/"))
     with psycopg.connect(admin_url, autocommit=True) as admin:
         rows = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
