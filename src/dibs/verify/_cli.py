@@ -55,6 +55,11 @@ def add_verify_command(
     p.add_argument("--seed", type=int, default=0, help="seed for the clients' choices")
     p.add_argument("--history", metavar="FILE", help="keep the history here (JSON lines)")
     p.add_argument("--plant", choices=PLANTS, help="run on a deliberately broken store")
+    p.add_argument(
+        "--admin-url",
+        metavar="URL",
+        help="PostgreSQL role allowed to pg_terminate_backend, for the terminate fault",
+    )
     _check_options(p)
     p.set_defaults(run=_run_verify)
     sub = p.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
@@ -95,6 +100,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         seed=args.seed,
         faults=tuple(f for f in args.faults.split(",") if f),
         plant=args.plant,
+        admin_url=args.admin_url,
     )
     began = time.monotonic()
     if args.history:
