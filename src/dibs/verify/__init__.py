@@ -18,6 +18,7 @@ from dibs.verify._check import Report, check_history
 from dibs.verify._history import History, LogRow, Op, read_history
 from dibs.verify._planted import PLANTS, open_planted
 from dibs.verify._runner import FAULTS, run_workload
+from dibs.verify._tasks import TaskReport, verify_tasks
 from dibs.verify._workload import Workload
 
 __all__ = [
@@ -27,9 +28,11 @@ __all__ = [
     "LogRow",
     "Op",
     "Report",
+    "TaskReport",
     "Workload",
     "check_history",
     "open_planted",
     "read_history",
     "run_workload",
+    "verify_tasks",
 ]

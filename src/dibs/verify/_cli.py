@@ -18,6 +18,7 @@ from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
 from dibs.verify._planted import PLANTS
 from dibs.verify._runner import FAULTS, run_workload
+from dibs.verify._tasks import verify_tasks
 from dibs.verify._workload import Workload
 
 __all__ = ["add_verify_command"]
@@ -71,6 +72,21 @@ def add_verify_command(
     c.add_argument("history", metavar="FILE", help="history (JSON lines)")
     _check_options(c)
     c.set_defaults(run=_run_check)
+    t = sub.add_parser(
+        "tasks",
+        help="durable task processor: every job and occurrence done once under kills",
+        description=(
+            "Run durable-task workers on a fresh SQLite file while killing (kill -9) and "
+            "stopping (SIGSTOP past the lease) them; then check that every one-off job is "
+            "done once and every occurrence of a 100 ms schedule ran once."
+        ),
+    )
+    t.add_argument("path", metavar="FILE", help="SQLite file to create (must not exist)")
+    t.add_argument("--workers", type=_positive, default=3, help="worker processes")
+    t.add_argument("--jobs", type=_positive, default=600, help="one-off jobs")
+    t.add_argument("--duration", type=float, default=8.0, help="seconds of faults at least")
+    t.add_argument("--json", action="store_true", help="print the figures as JSON")
+    t.set_defaults(run=_run_tasks)
 
 
 def _check_options(p: argparse.ArgumentParser) -> None:
@@ -113,6 +129,20 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 def _run_check(args: argparse.Namespace) -> int:
     return _finish(Path(args.history), args, None)
+
+
+def _run_tasks(args: argparse.Namespace) -> int:
+    if Path(args.path).exists():
+        print(f"dibs: error: {args.path} exists; give a fresh file", file=sys.stderr)
+        return 2
+    report = verify_tasks(args.path, workers=args.workers, jobs=args.jobs, duration=args.duration)
+    figures = report.to_json()
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        for key, value in figures.items():
+            print(f"{key}: {value}")
+    return EXIT_ANOMALY if report.anomalies else EXIT_OK
 
 
 def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> int:

@@ -1,0 +1,63 @@
+"""One durable-task worker for :mod:`dibs.verify._tasks`.
+
+``python -m dibs.verify._task_worker URL LEDGER``
+
+Runs the tasks ``verify-job`` (one-off) and ``verify-tick`` (every 0.1 s,
+every occurrence run), records each execution in the ledger (a SQLite file of
+its own, outside the store), and runs until its stdin closes or it is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import threading
+import time
+
+import dibs
+from dibs.tasks import Misfire, TaskProcessor, current
+
+__all__: list[str] = []
+
+LEASE = 1.0
+"""Seconds: a killed or stopped worker's job is taken over after about this long."""
+TICK = 0.1
+JOB_SECONDS = 0.03
+
+
+def main(url: str, ledger: str) -> None:
+    """Run a worker until stdin closes."""
+    effects = sqlite3.connect(ledger, timeout=60, isolation_level=None, check_same_thread=False)
+    lock = threading.Lock()  # guards the ledger connection
+
+    def record(what: str) -> None:
+        with lock:
+            effects.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?)",
+                (current().job_id, os.getpid(), what, time.time()),
+            )
+
+    store = dibs.open(url)
+    processor = TaskProcessor(store=store, workers=2, lease=LEASE, poll=0.02, sweep_every=None)
+
+    @processor.task("verify-job")
+    def job(n: int) -> int:
+        record("job")
+        current().token.sleep(JOB_SECONDS)  # long enough to be caught mid-job by the nemesis
+        return os.getpid()
+
+    @processor.task("verify-tick")
+    def tick() -> int:
+        record("tick")
+        return os.getpid()
+
+    processor.every(TICK, "verify-tick", id="verify-tick", misfire=Misfire(coalesce="all"))
+    print("ready", flush=True)
+    sys.stdin.read()
+    processor.shutdown(timeout=5)
+    store.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
