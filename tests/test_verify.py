@@ -304,7 +304,8 @@ def test_cli_verify_then_check_again(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_cli_exits_1_on_a_planted_bug(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["verify", "--clients", "4", "--ops", "300", "--plant", "check-then-act"])
+    argv = ["verify", "--clients", "4", "--ops", "300", "--plant", "check-then-act"]
+    code = main([*argv, "--shrink", "1"])
     assert code == 1
     assert "NOT LINEARIZABLE" in capsys.readouterr().out
 

@@ -96,6 +96,12 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds of search per resource before its verdict is unknown (default 10)",
     )
+    p.add_argument(
+        "--shrink",
+        type=float,
+        default=10.0,
+        help="seconds spent shrinking each offending sub-history (default 10)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -146,7 +152,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
 
 
 def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> int:
-    report = check_history(read_history(path), budget=args.budget)
+    report = check_history(read_history(path), budget=args.budget, shrink_budget=args.shrink)
     if args.json:
         figures = report.to_json()
         if run_seconds is not None:
