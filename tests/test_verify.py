@@ -313,3 +313,20 @@ def test_cli_exits_1_on_a_planted_bug(capsys: pytest.CaptureFixture[str]) -> Non
 def test_cli_rejects_unknown_faults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--faults", "meteor"]) == 2
     assert "unknown fault" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "faults"),
+    [
+        ("memory://", "integrity"),
+        ("memory://", "terminate"),
+        ("sqlite:///x.db", "restart"),
+        ("postgresql://u@h/d", "terminate"),  # without --admin-url
+        ("postgresql://u@h/d", "restart"),  # the CLI cannot restart a server
+    ],
+)
+def test_cli_rejects_faults_that_cannot_apply(
+    url: str, faults: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", "--store", url, "--faults", faults]) == 2
+    assert "fault" in capsys.readouterr().err

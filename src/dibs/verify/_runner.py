@@ -69,6 +69,23 @@ def _check(workload: Workload) -> str:
             field="plant",
             value=workload.plant,
         )
+    applies = {
+        "memory": {"kill", "pause", "skew"},
+        "sqlite": {"kill", "pause", "skew", "integrity"},
+    }
+    allowed = applies.get(scheme, {"kill", "pause", "skew", "terminate", "restart"})
+    misplaced = set(workload.faults) - allowed
+    if misplaced:
+        raise InvalidInput(
+            f"fault(s) {sorted(misplaced)} do not apply to {scheme}:// "
+            f"(it takes {', '.join(sorted(allowed))})",
+            field="faults",
+            value=workload.faults,
+        )
+    if "terminate" in workload.faults and not workload.admin_url:
+        raise InvalidInput(
+            "the terminate fault needs admin_url (--admin-url)", field="faults", value="terminate"
+        )
     if workload.clients < 1 or workload.ops < 1:
         raise InvalidInput("clients and ops must be at least 1", field="clients", value=workload)
     if workload.slots > 10:
@@ -91,6 +108,13 @@ def run_workload(
     the nemesis (a harness failure, not a verdict).
     """
     scheme = _check(workload)
+    if "restart" in workload.faults and restart is None:
+        raise InvalidInput(
+            "the restart fault needs a way to restart the server (run_workload(restart=...)); "
+            "the command line cannot restart a server it does not run",
+            field="faults",
+            value="restart",
+        )
     history = Path(history)
     scratch = history.with_name(history.name + ".clients")
     shutil.rmtree(scratch, ignore_errors=True)
