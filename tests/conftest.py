@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -76,6 +77,15 @@ def make_store(
     maker = StoreMaker(store_kind, tmp_path, url)
     yield maker
     maker.close()
+
+
+@pytest.fixture
+def fine_switching() -> Iterator[None]:
+    """Switch threads every microsecond so races really interleave (the GIL's 5 ms hides them)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
 
 
 @pytest.fixture

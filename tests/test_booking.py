@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import random
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from _race import race
 from dibs import (
     FakeClock,
     HoldLost,
@@ -27,38 +25,6 @@ from dibs import (
 
 T = TypeVar("T")
 PARIS = ZoneInfo("Europe/Paris")
-
-
-@pytest.fixture
-def fine_switching() -> Iterator[None]:
-    """Switch threads every microsecond so the races below really interleave."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
-
-
-def race(n: int, fn: Callable[[int], T]) -> list[T]:
-    """Run ``fn(0..n-1)`` on n threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    out: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = fn(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [out[i] for i in range(n)]
 
 
 # --- discretize: nights ------------------------------------------------------------------------

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 import dibs
+from _race import race
 from dibs import AlreadyParked, DibsError, InvalidInput, Lot, NotParked, Store, Unit
 
 T = TypeVar("T")
@@ -135,29 +135,6 @@ def test_bad_lot_arguments(store: Store, args: tuple[Any, ...], field: str) -> N
         Lot(store, "x", 3).park("", 1)
 
 
-def race(n: int, fn: Callable[[int], T]) -> list[T]:
-    """Run ``fn(0..n-1)`` on n threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    out: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = fn(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [out[i] for i in range(n)]
-
-
 @pytest.mark.usefixtures("fine_switching")
 def test_concurrent_parks_of_one_vehicle_get_one_place(store: Store) -> None:
     # Sixteen gate terminals retry the same truck at once while another thread
@@ -195,20 +172,6 @@ def test_concurrent_removes_of_one_vehicle_free_it_once(store: Store) -> None:
 
 
 # --- churn: the seed's harness, harder --------------------------------------------------------
-
-
-@pytest.fixture
-def fine_switching() -> Iterator[None]:
-    """Let the interpreter switch threads every microsecond instead of every 5 ms.
-
-    With the default interval a thread runs ~100 park/remove pairs per turn and
-    the races this suite exists for almost never happen; a check planted
-    outside the store's lock went unnoticed at 5 ms and was caught at 1 µs.
-    """
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
 
 
 class Shadow:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import random
-import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
 import dibs
+from _race import race
 from dibs import (
     Claim,
     ClaimState,
@@ -27,38 +26,6 @@ from dibs import (
 
 T = TypeVar("T")
 DRIVERS = [Unit(f"driver-{i}") for i in range(20)]
-
-
-@pytest.fixture
-def fine_switching() -> Iterator[None]:
-    """Switch threads every microsecond so the races below really interleave."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
-
-
-def race(n: int, fn: Callable[[int], T]) -> list[T]:
-    """Run ``fn(0..n-1)`` on n threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    out: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = fn(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [out[i] for i in range(n)]
 
 
 def no_sleep(seconds: float) -> None:
