@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -23,7 +23,6 @@ from dibs import (
     booking,
 )
 
-T = TypeVar("T")
 PARIS = ZoneInfo("Europe/Paris")
 
 

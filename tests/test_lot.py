@@ -9,15 +9,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 import dibs
 from _race import race
 from dibs import AlreadyParked, DibsError, InvalidInput, Lot, NotParked, Store, Unit
-
-T = TypeVar("T")
 
 # Park/remove rounds per thread in the churn test. memory:// gets the full
 # 16 x 2,000 of the issue; the SQL stores commit every claim to a database, so

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import defaultdict
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,7 +24,6 @@ from dibs import (
     match,
 )
 
-T = TypeVar("T")
 DRIVERS = [Unit(f"driver-{i}") for i in range(20)]
 
 
