@@ -227,6 +227,7 @@ DECLARE
     v_dead bigint[];
     v_claim {s}.claims;
     v_outcome text;
+    v_stamp timestamptz;
 BEGIN
     IF p_request_id IS NOT NULL THEN
         LOOP
@@ -286,13 +287,24 @@ BEGIN
     END IF;
 
     IF cardinality(v_taken) = 0 THEN
+        -- v_now was read before take_all, which may have waited on row locks
+        -- (behind a release of these targets, say). Judging with the earlier
+        -- time is only ever more cautious, but the claim is dated, and its
+        -- hold's TTL counted, from after every wait: it never seems to begin
+        -- before what it waited for ended, and expires_at = created_at + ttl.
+        v_stamp := coalesce(p_now, clock_timestamp());
+        IF p_ttl IS NOT NULL AND v_stamp <> v_now THEN
+            v_expires := v_stamp + make_interval(secs => p_ttl);
+            UPDATE {s}.units u SET expires_at = v_expires WHERE u.claim_id = v_id;
+            UPDATE {s}.spans s SET expires_at = v_expires WHERE s.claim_id = v_id;
+        END IF;
         -- The fence is drawn only now, with every target held, so it exceeds
         -- the fence of every earlier claim on them.
         INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, request_id,
                                 created_at, updated_at)
         VALUES (v_id, p_holder, p_targets,
                 CASE WHEN p_ttl IS NULL THEN 'confirmed' ELSE 'held' END,
-                nextval('{s}.fences'), v_expires, p_request_id, v_now, v_now)
+                nextval('{s}.fences'), v_expires, p_request_id, v_stamp, v_stamp)
         RETURNING * INTO v_claim;
         v_outcome := 'granted';
     ELSE
@@ -476,7 +488,12 @@ class Statements:
         # the unit insert is the check; the fence is drawn by the claims insert,
         # which reads the unit insert's row, so only after the unit is held.
         # No row back means the unit was occupied: the full function decides.
+        # Confirmed claims only (no expiry): the claim is dated by a clock read
+        # after the unit insert, which may have waited behind a concurrent
+        # release of the unit. A hold's expiry would have to be fixed before
+        # that wait, so holds take the claim function, which dates them after.
         now = "%s::timestamptz" if test_clock else "clock_timestamp()"
+        stamp = "t.now" if test_clock else "clock_timestamp()"
         self.claim_free_unit = render(
             f"WITH t AS (SELECT {now} AS now), "
             "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
@@ -485,7 +502,9 @@ class Statements:
             "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
             "created_at, updated_at) "
             "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
-            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, t.now, t.now FROM u, t "
+            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, c.stamp, c.stamp "
+            # LATERAL on u's row: the clock is read once u's insert has happened.
+            f"FROM u, t, LATERAL (SELECT {stamp} AS stamp WHERE u.claim_id IS NOT NULL) c "
             "RETURNING id, fence, expires_at, created_at"
         )
         self.transition = render("SELECT * FROM {s}.transition(%s, %s, %s, %s, %s, %s)")

@@ -353,8 +353,11 @@ class PostgresStore(Store):
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
         text = targets_to_text(targets)
-        if request_id is None and len(targets) == 1 and type(targets[0]) is Unit:
-            granted = self._claim_free_unit(targets[0], text, holder, ttl)
+        # The one-statement path takes free single units confirmed at once; a
+        # hold's expiry must be counted after any lock wait, which only the
+        # claim function can do (see Statements.claim_free_unit).
+        if request_id is None and ttl is None and len(targets) == 1 and type(targets[0]) is Unit:
+            granted = self._claim_free_unit(targets[0], text, holder)
             if granted is not None:
                 return granted
         units = [t for t in targets if isinstance(t, Unit)]
@@ -386,12 +389,9 @@ class PostgresStore(Store):
             False, None, tuple(targets[i] for i in taken), replayed=outcome == "replayed_taken"
         )
 
-    def _claim_free_unit(
-        self, unit: Unit, text: str, holder: str, ttl: float | None
-    ) -> ClaimResult | None:
-        """Claim a free unit in one plain statement; None if it was occupied (or dead)."""
-        state = ClaimState.CONFIRMED if ttl is None else ClaimState.HELD
-        params: tuple[Any, ...] = (unit.resource, unit.slot, ttl, holder, text)
+    def _claim_free_unit(self, unit: Unit, text: str, holder: str) -> ClaimResult | None:
+        """Claim a free unit, confirmed at once, in one plain statement; None if it was occupied."""
+        params: tuple[Any, ...] = (unit.resource, unit.slot, None, holder, text)
         if self._test_clock:
             params = (self._now_param(), *params)
         row = self._call(self._sql.claim_free_unit, params)
@@ -403,7 +403,7 @@ class PostgresStore(Store):
             str(id_),
             holder,
             (unit,),
-            state,
+            ClaimState.CONFIRMED,
             fence,
             None if expires_at is None else expires_at.astimezone(UTC),
             None,
