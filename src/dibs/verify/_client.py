@@ -7,15 +7,32 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
 import time
 from typing import Any
 
+from dibs.exceptions import StoreUnavailable
+from dibs.stores.base import Store
 from dibs.verify._planted import open_planted
 from dibs.verify._workload import Client, Workload, client_skew, open_events
 
 __all__ = ["client_process"]
+
+
+def _open_when_reachable(workload: Workload, skew: float, patience: float = 60.0) -> Store:
+    """Open the store, waiting out an outage (a client restarted mid server restart)."""
+    deadline = time.monotonic() + patience
+    delay = 0.05
+    while True:
+        try:
+            return open_planted(workload.store, workload.plant, skew=skew)
+        except StoreUnavailable:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(random.uniform(0, delay))  # full jitter
+            delay = min(delay * 2, 1.0)
 
 
 def client_process(
@@ -34,7 +51,7 @@ def client_process(
     config["faults"] = tuple(config["faults"])
     workload = Workload(**config)
     skew = client_skew(workload, index)
-    store = open_planted(workload.store, workload.plant, skew=skew)
+    store = _open_when_reachable(workload, skew)
     fd = open_events(path)
     try:
         Client(

@@ -54,7 +54,9 @@ def _us(value: float | datetime | None) -> int | None:
         return None
     if isinstance(value, datetime):
         return micros(value)
-    return round(value * 1_000_000)
+    # Convert as the store does for its Claim snapshots (fromtimestamp rounds
+    # differently from value * 1e6 in the last µs).
+    return micros(datetime.fromtimestamp(value, UTC))
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,9 @@ class Workload:
     """Seconds between faults of each kind."""
     admin_url: str | None = None
     """PostgreSQL: a role allowed to ``pg_terminate_backend`` the clients' connections."""
+    run: str = field(default_factory=lambda: secrets.token_hex(3))
+    """Prefix of this run's resource names, so a store that already holds
+    claims (an earlier run's, or real ones) cannot look like an anomaly."""
 
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON-able dict (the history header)."""
@@ -71,6 +75,7 @@ class Workload:
             "plant": self.plant,
             "skew": self.skew,
             "fault_interval": self.fault_interval,
+            "run": self.run,
         }  # admin_url stays out of the history: it may carry a password
 
 
@@ -117,13 +122,13 @@ class Client:
 
     def _units(self) -> tuple[str, list[Unit]]:
         w, rng = self.workload, self.rng
-        res = f"u{rng.randrange(w.resources)}"
+        res = f"{w.run}-u{rng.randrange(w.resources)}"
         count = 1 if rng.random() < 0.75 else rng.choice((2, 3))
         first = rng.randrange(max(1, w.slots - count + 1))
         return res, [Unit(res, str(first + i)) for i in range(min(count, w.slots))]
 
     def _span(self) -> tuple[str, list[Span]]:
-        res = f"s{self.rng.randrange(max(1, self.workload.span_resources))}"
+        res = f"{self.workload.run}-s{self.rng.randrange(max(1, self.workload.span_resources))}"
         lo = self.rng.randrange(12)
         return res, [Span(res, lo, lo + self.rng.randrange(1, 4))]
 
@@ -147,7 +152,9 @@ class Client:
         if r < 0.50 or not self.mine:
             res, items = self._span() if rng.random() < 0.2 else self._units()
             ordered: list[Target] = sorted(items, key=_sort_key)
-            rid = f"{self.name}.{self.incarnation}.r{self.seq}" if rng.random() < 0.8 else None
+            rid = None
+            if rng.random() < 0.8:
+                rid = f"{self.workload.run}-{self.name}.{self.incarnation}.r{self.seq}"
             return self._claim(rid, [target_to_json(t) for t in ordered], self._ttl(), res)
         if r < 0.9:
             now_us = (time.time() + self.skew) * 1_000_000
