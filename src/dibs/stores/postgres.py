@@ -73,7 +73,7 @@ from dibs.stores.base import (
     not_holder,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "split_url"]
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_ID = 2**63 - 1
@@ -107,6 +107,42 @@ _LOST_REASONS = {
     "expired": HoldLostReason.EXPIRED,
     "taken_over": HoldLostReason.TAKEN_OVER,
 }
+
+
+def split_url(url: str) -> tuple[str, dict[str, Any]]:
+    """Split a store URL into a libpq conninfo URL and dibs's own options.
+
+    dibs's query options (``schema``, ``pool_min``, ...) are converted and
+    taken out; the rest stay for libpq. Raises :class:`~dibs.InvalidInput`
+    for a malformed option.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0].lower()
+    ours: dict[str, Any] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        convert = _OPTIONS.get(key)
+        if convert is None:
+            rest.append((key, value))
+            continue
+        try:
+            ours[key] = convert(value)
+        except ValueError:
+            raise InvalidInput(
+                f"{key} in the PostgreSQL URL must be a {convert.__name__}, got {value!r}",
+                field=key,
+                value=value,
+            ) from None
+    conninfo = urlunsplit(
+        (
+            "postgresql" if scheme in ("postgresql", "postgres") else scheme,
+            parts.netloc,
+            parts.path,
+            urlencode(rest, quote_via=quote),
+            parts.fragment,
+        )
+    )
+    return conninfo, ours
 
 
 class PostgresStore(Store):
@@ -206,32 +242,7 @@ class PostgresStore(Store):
         ``sslmode`` or ``connect_timeout``). Keyword options win over the URL.
         Raises :class:`~dibs.InvalidInput` for a malformed option.
         """
-        parts = urlsplit(url)
-        scheme = parts.scheme.split("+", 1)[0].lower()
-        ours: dict[str, Any] = {}
-        rest: list[tuple[str, str]] = []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            convert = _OPTIONS.get(key)
-            if convert is None:
-                rest.append((key, value))
-                continue
-            try:
-                ours[key] = convert(value)
-            except ValueError:
-                raise InvalidInput(
-                    f"{key} in the PostgreSQL URL must be a {convert.__name__}, got {value!r}",
-                    field=key,
-                    value=value,
-                ) from None
-        conninfo = urlunsplit(
-            (
-                "postgresql" if scheme in ("postgresql", "postgres") else scheme,
-                parts.netloc,
-                parts.path,
-                urlencode(rest, quote_via=quote),
-                parts.fragment,
-            )
-        )
+        conninfo, ours = split_url(url)
         return cls(conninfo, **{**ours, **options})
 
     # --- the one boundary with the driver -------------------------------------------------------

@@ -9,9 +9,14 @@ window), and the tightest bounds are used. Timestamps no single offset can
 explain are themselves an anomaly.
 
 Unknown outcomes. On a local store an op whose client died or gave up
-cannot take effect after that moment (the client process did the write);
-on a remote store the server may still commit it later, so its window has
-no end.
+cannot take effect after that moment (the client process did the write).
+A server may still commit an op after its client is gone, so on a remote
+store an unknown op's window ends only where the history shows the server
+was done with it: the runner terminated a killed client's backends and saw
+them gone (``settled``), or the client saw an error on a server it reaches
+over the loopback (the header's ``errors_settle``), where a connection breaks
+only when the server closes it, after its transaction ended. Otherwise the
+window has no end.
 """
 
 from __future__ import annotations
@@ -185,9 +190,16 @@ def check_history(
     local = url.split("://", 1)[0].lower() in LOCAL_SCHEMES
     low, high, clock_anomalies = _offset(ops, local)
 
+    errors_settle = bool(history.header.get("errors_settle", False))
+
+    def settled(op: Op) -> bool:
+        if op.value.get("error") == "killed":
+            return bool(op.value.get("settled"))
+        return errors_settle
+
     def window(op: Op) -> tuple[float, float]:
         lo = op.wall_start + low
-        if op.status == UNKNOWN and not local:
+        if op.status == UNKNOWN and not local and not settled(op):
             return lo, math.inf
         return lo, op.wall_end + high
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dibs.verify._history import UNKNOWN, Op
-from dibs.verify._model import State, op_targets, successors, target_key
+from dibs.verify._history import OK, UNKNOWN, Op
+from dibs.verify._model import State, keys_of, op_targets, successors
 
 __all__ = ["PartitionResult", "check_partition", "minimal_witness"]
 
@@ -93,6 +93,7 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
     nxt[last] = -1
 
     claim_refs, request_refs = _references(ops)
+    readers = _Readers(ops, windows)
     required = sum(1 for op in ops if op.status != UNKNOWN)
     bits = 0
     state = State.empty()
@@ -118,15 +119,17 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
         remove(e)
         if bounded[e - 1]:
             remove(e + n)
+        readers.applied(e - 1, bits)
 
     def unlift(e: int) -> None:
         if bounded[e - 1]:
             restore(e + n)
         restore(e)
+        readers.unapplied(e - 1)
 
     def choose(alternatives: list[State], new_bits: int) -> State | None:
         while alternatives:
-            candidate = _collect(alternatives.pop(0), new_bits, claim_refs, request_refs)
+            candidate = _collect(alternatives.pop(0), new_bits, claim_refs, request_refs, readers)
             key = (new_bits, candidate.key())
             if key not in cache:
                 cache.add(key)
@@ -160,7 +163,7 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
             # The window of an unknown op closed before it was applied: it had
             # no effect. The only choice left here, so no alternatives.
             i = entry - n - 1
-            skipped = _collect(state, bits | (1 << i), claim_refs, request_refs)
+            skipped = _collect(state, bits | (1 << i), claim_refs, request_refs, readers)
             key = (bits | (1 << i), skipped.key())
             if key not in cache:
                 cache.add(key)
@@ -219,8 +222,71 @@ def _references(ops: Sequence[Op]) -> tuple[dict[str, int], dict[str, int]]:
     return claims, requests
 
 
+class _Readers:
+    """Which ops that may *read* a hold without taking its lock are still to be applied.
+
+    A hold whose expiry every later write must judge past (the floor is past
+    it) can still look live to a read or a refusal, which keep no floor; it
+    may be forgotten only once every such op whose window opens before its
+    expiry is applied. Per serialization key, those ops sorted by the start
+    of their window, and the position of the first not yet applied.
+    """
+
+    def __init__(self, ops: Sequence[Op], windows: list[tuple[float, float]]) -> None:
+        per_key: dict[Any, list[tuple[float, int]]] = {}
+        self.keys: list[tuple[Any, ...]] = []
+        for i, op in enumerate(ops):
+            writes = op.fn != "holder_of" and (
+                op.fn != "claim"
+                or (op.status == OK and op.value.get("granted") and not op.value.get("replayed"))
+            )
+            mine = () if writes else tuple(keys_of(op_targets(op)))
+            self.keys.append(mine)
+            for k in mine:
+                per_key.setdefault(k, []).append((windows[i][0], i))
+        self.starts: dict[Any, list[float]] = {}
+        self.order: dict[Any, list[int]] = {}
+        self.position: dict[tuple[Any, int], int] = {}
+        for k, entries in per_key.items():
+            entries.sort()
+            self.starts[k] = [lo for lo, _ in entries]
+            self.order[k] = [i for _, i in entries]
+            for p, (_, i) in enumerate(entries):
+                self.position[k, i] = p
+        self.first = dict.fromkeys(per_key, 0)
+
+    def applied(self, i: int, bits: int) -> None:
+        for k in self.keys[i]:
+            self.first[k] = self._advance(k, self.first[k], bits)
+
+    def unapplied(self, i: int) -> None:
+        for k in self.keys[i]:
+            self.first[k] = min(self.first[k], self.position[k, i])
+
+    def _advance(self, k: Any, p: int, bits: int) -> int:
+        order = self.order[k]
+        while p < len(order) and bits >> order[p] & 1:
+            p += 1
+        return p
+
+    def settled(self, keys: set[Any], expiry: float, bits: int) -> bool:
+        """Whether every read of ``keys`` whose window opens before ``expiry`` is in ``bits``."""
+        for k in keys:
+            p = self.first.get(k)
+            if p is None:
+                continue
+            p = self._advance(k, p, bits)
+            if p < len(self.starts[k]) and self.starts[k][p] < expiry:
+                return False
+        return True
+
+
 def _collect(
-    state: State, bits: int, claim_refs: dict[str, int], request_refs: dict[str, int]
+    state: State,
+    bits: int,
+    claim_refs: dict[str, int],
+    request_refs: dict[str, int],
+    readers: _Readers,
 ) -> State:
     """Drop what no op left to apply can observe, so equal futures get equal states."""
     gone_claims = []
@@ -230,8 +296,10 @@ def _collect(
         if rec.state in ("released", "expired"):
             gone_claims.append(cid)
         elif rec.state == "held":
-            floor = min(state.tau.get(target_key(t), -math.inf) for t in rec.targets)
-            if floor >= rec.ehi:  # dead for every later op on its targets
+            keys = keys_of(rec.targets)
+            floor = min(state.tau.get(k, -math.inf) for k in keys)
+            # Dead for every later write on its targets, and no read left can see it.
+            if floor >= rec.ehi and readers.settled(keys, rec.ehi, bits):
                 gone_claims.append(cid)
     gone_requests = [rid for rid in state.requests if not request_refs.get(rid, 0) & ~bits]
     return state.drop(gone_claims, gone_requests)
@@ -329,7 +397,7 @@ def _component(ops: list[Op], cut: float, fails: Callable[[list[Op]], bool]) -> 
         return x
 
     def keys(op: Op) -> list[Any]:
-        found: list[Any] = [target_key(t) for t in op_targets(op)]
+        found: list[Any] = sorted(keys_of(op_targets(op)), key=repr)
         if op.args.get("rid") is not None:
             found.append(("rid", op.args["rid"]))
         return found

@@ -13,7 +13,10 @@ read directly. Each operation carries a window ``[lo, hi]`` of store times
 inside the step that serializes operations on a unit, so along the
 linearization order the store time of one unit never goes back: the state keeps
 that floor per target key (``tau``). Reads (``holder_of``) take no lock, so
-they are judged in their own window and leave the floor alone. A hold's expiry
+they are judged in their own window and leave the floor alone; so are claims
+that were refused (or answered from a remembered request): they write nothing,
+and a store may judge the targets after the first one it finds taken from a
+snapshot, without waiting for locks (PostgreSQL does). A hold's expiry
 is an interval ``[elo, ehi]`` — exact when the store returned it, wide when the
 grant or extend was never acknowledged. Inside that interval a later operation
 may judge the hold live or dead (each judgement independently: a deliberate
@@ -33,7 +36,7 @@ from typing import Any, NamedTuple
 
 from dibs.verify._history import FAIL, OK, UNKNOWN, Op
 
-__all__ = ["TOLERANCE", "State", "successors"]
+__all__ = ["TOLERANCE", "State", "keys_of", "successors", "target_keys"]
 
 TOLERANCE = 2
 """µs of slack around a store-reported time: the stores round to whole µs."""
@@ -115,9 +118,27 @@ class State:
         return new
 
 
-def target_key(target: Target) -> TargetKey:
-    """The serialization key of a target: a unit, or the whole span resource."""
-    return ("u", target[2]) if target[0] == "u" else ("s",)
+def target_keys(target: Target) -> tuple[TargetKey, ...]:
+    """The serialization keys of a target: its unit, or each whole number its span covers.
+
+    Two claims serialize (and their fences and store times must agree in
+    order) exactly when they share a key: a unit, or a point of two
+    overlapping spans. Spans that do not overlap need not serialize, and on
+    PostgreSQL they do not. The workload's spans have whole-number bounds;
+    other bounds fall back to one key for the whole span resource, which
+    serializes every span on it.
+    """
+    if target[0] == "u":
+        return (("u", target[2]),)
+    lo, hi = target[2], target[3]
+    if isinstance(lo, int) and isinstance(hi, int) and hi - lo <= 1000:
+        return tuple(("s", x) for x in range(lo, hi))
+    return (("s",),)
+
+
+def keys_of(targets: tuple[Target, ...]) -> set[TargetKey]:
+    """The serialization keys of several targets."""
+    return {k for t in targets for k in target_keys(t)}
 
 
 def conflicts(a: Target, b: Target) -> bool:
@@ -142,20 +163,21 @@ def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
     """
     targets = op_targets(op)
     # A read takes no lock: its snapshot may predate a write that read the
-    # clock earlier, or follow one that read it later. Reads neither obey nor
-    # move the floor; they are judged inside their own window.
-    keys = set() if op.fn == "holder_of" else {target_key(t) for t in targets}
+    # clock earlier, or follow one that read it later. Reads (and refusals)
+    # neither obey nor move the floor; they are judged inside their own window.
+    keys = keys_of(targets)
     floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
-    a, b = max(floor, lo), hi
+    a, b = lo, hi
     exact = _exact_time(op)
     if exact is not None:
         # The store said when it decided: judge at that instant, if it fits the window.
         if not (max(floor, lo) - TOLERANCE <= exact <= hi + TOLERANCE):
             return []
         a = b = exact
+        floor = min(floor, exact)
     if a > b:
         return []
-    bounds = set()
+    bounds = {floor} if a < floor <= b else set()
     for rec in state.claims.values():
         if rec.state == _HELD:
             bounds.add(rec.elo)
@@ -164,14 +186,17 @@ def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
     seen: set[tuple[Any, ...]] = set()
     out: list[State] = []
     for now in candidates:
-        for new in _apply(state, op, targets, now, b):
+        for new, wrote in _apply(state, op, targets, now, b):
+            if wrote and now < floor:
+                continue  # a write is serialized after the last write on its targets
             k = new.key()
             if k in seen:
                 continue
             seen.add(k)
-            for key in keys:
-                new.tau[key] = now
-            new._key = None
+            if wrote:
+                for key in keys:
+                    new.tau[key] = now
+                new._key = None
             out.append(new)
     return out
 
@@ -219,16 +244,28 @@ def _judgements(state: State, relevant: list[str], now: float) -> Iterator[dict[
 
 def _apply(
     state: State, op: Op, targets: tuple[Target, ...], now: float, hi: float
-) -> Iterator[State]:
+) -> Iterator[tuple[State, bool]]:
+    """Each successor, and whether the op wrote (took the targets' locks) to reach it."""
     # ``hi`` bounds when an unacknowledged grant or extend could have set its expiry.
     if op.fn == "claim":
-        yield from _claim(state, op, targets, now, hi)
+        for new in _claim(state, op, targets, now, hi):
+            yield new, _granted(state, new)
     elif op.fn == "holder_of":
-        yield from _holder_of(state, op, targets[0], now)
+        for new in _holder_of(state, op, targets[0], now):
+            yield new, False
     elif op.fn in ("confirm", "extend", "release"):
-        yield from _transition(state, op, now, hi)
+        for new in _transition(state, op, now, hi):
+            yield new, True
     else:
         raise ValueError(f"unknown operation {op.fn!r} in the history")
+
+
+def _granted(before: State, after: State) -> bool:
+    """Whether a claim's successor has one claim more than its predecessor: a grant.
+
+    (A replay that learns an unacknowledged grant's ID renames a claim; it adds none.)
+    """
+    return len(after.claims) > len(before.claims)
 
 
 def _claim(
@@ -298,7 +335,7 @@ def _claim(
             rec = new.claims[cid]
             if rec.state == _HELD:
                 new.claims[cid] = rec._replace(state=_EXPIRED, taken_over=True)
-        keys = {target_key(t) for t in targets}
+        keys = keys_of(targets)
         if status == UNKNOWN:
             # A recorded ID is kept when shrinking forgets an outcome; a real
             # unknown grant has none, and a replay of its request may name it.

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
@@ -131,7 +131,7 @@ def run_workload(
         else:
             # The schema is created once here, before the clients race to open it.
             with open_planted(workload.store, None) as store:
-                _run_processes(workload, store, scratch, nemesis, progress, restart)
+                _run_processes(workload, store, scratch, nemesis, progress, restart, scheme)
                 log = dump_log(store)
         _merge(workload, scratch, nemesis, log, history)
     finally:
@@ -147,7 +147,8 @@ def _merge(
     history: Path,
 ) -> None:
     with open(history, "w", encoding="utf-8") as out:
-        write_events(out, [{"e": "run", **workload.to_json()}])
+        header = {"e": "run", **workload.to_json(), "errors_settle": _errors_settle(workload)}
+        write_events(out, [header])
         for path in sorted(scratch.glob("*.jsonl")):
             with open(path, encoding="utf-8") as f:
                 for line in f:
@@ -155,6 +156,23 @@ def _merge(
                         out.write(line)
         write_events(out, nemesis)
         write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
+
+
+def _errors_settle(workload: Workload) -> bool:
+    """Whether an error a client saw means the store had finished with its op.
+
+    True for local stores (the client process does the writes) and for a
+    server on this machine: the loopback never drops a connection, so an
+    error there means the server closed it, and a PostgreSQL backend has
+    committed or rolled back before it closes its connection. Across a
+    network a connection can break while the server carries on.
+    """
+    parts = urlsplit(workload.store)
+    if parts.scheme.lower() in ("memory", "sqlite"):
+        return True
+    hosts = [h for k, v in parse_qsl(parts.query) if k == "host" for h in v.split(",")]
+    hosts.append(parts.hostname or "")
+    return all(h in ("", "localhost", "::1") or h.startswith(("/", "@", "127.")) for h in hosts)
 
 
 def _stamp(event: dict[str, Any]) -> dict[str, Any]:
@@ -268,8 +286,9 @@ def _run_processes(
     nemesis: list[dict[str, Any]],
     progress: Progress | None,
     restart: Callable[[], None] | None,
+    scheme: str,
 ) -> None:
-    config = json.dumps({**asdict(workload), "admin_url": None})
+    settings = {**asdict(workload), "admin_url": None}
     slots = [_Slot(i) for i in range(workload.clients)]
 
     def start(slot: _Slot, count: int) -> None:
@@ -277,12 +296,13 @@ def _run_processes(
         slot.files.append(path)
         slot.started = time.monotonic()
         # A fresh interpreter per client: no state inherited, and kill -9 kills only it.
+        # Its connections to a server carry its name, so that its backends can be found.
         slot.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "dibs.verify._client",
-                config,
+                json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
                 str(slot.index),
                 str(slot.incarnation),
                 str(count),
@@ -313,7 +333,7 @@ def _run_processes(
             next_fault += workload.fault_interval
             ripe = [s for s in alive if s.ripe()]
             if "kill" in workload.faults and ripe:
-                _kill(rng.choice(ripe), workload, nemesis, db_path, start)
+                _kill(rng.choice(ripe), workload, nemesis, db_path, start, scheme)
             ripe = [s for s in slots if s.ripe()]
             if "pause" in workload.faults and ripe:
                 _pause(rng.choice(ripe), workload, nemesis)
@@ -337,6 +357,7 @@ def _kill(
     nemesis: list[dict[str, Any]],
     db_path: str | None,
     start: Callable[[_Slot, int], None],
+    scheme: str,
 ) -> None:
     process = slot.process
     assert process is not None
@@ -344,10 +365,15 @@ def _kill(
     process.wait()
     killed = _stamp({"e": "nemesis", "f": "kill", "c": f"c{slot.index}"})
     nemesis.append(killed)
-    # The op in flight (invoked, never completed) is unknown from the moment of death.
+    # The op in flight (invoked, never completed) is unknown from the moment of
+    # death: a local store's writes die with the process. A server may still be
+    # running it, so the op stays open until the client's backends are gone.
+    settled = None
+    if scheme not in ("memory", "sqlite"):
+        settled = _settle(workload, _app_name(workload, slot), nemesis)
     path = slot.files[-1]
     if path.exists():
-        _close_in_flight(path, killed)
+        _close_in_flight(path, killed if settled is None else settled, settled is not None)
     if db_path is not None and "integrity" in workload.faults:
         with sqlite3.connect(db_path, timeout=60) as conn:
             rows = conn.execute("PRAGMA integrity_check").fetchall()
@@ -361,7 +387,55 @@ def _kill(
         start(slot, left)
 
 
-def _close_in_flight(path: Path, killed: dict[str, Any]) -> None:
+def _app_name(workload: Workload, slot: _Slot) -> str:
+    return f"dibs-verify-{workload.run}-c{slot.index}.{slot.incarnation}"
+
+
+def _client_url(workload: Workload, slot: _Slot, scheme: str) -> str:
+    """The store URL one client incarnation opens: on a server, named after it."""
+    if scheme in ("memory", "sqlite"):
+        return workload.store
+    parts = urlsplit(workload.store)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    query = [(k, v) for k, v in query if k != "application_name"]
+    query.append(("application_name", _app_name(workload, slot)))
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def _settle(
+    workload: Workload, app_name: str, nemesis: list[dict[str, Any]], patience: float = 30.0
+) -> dict[str, Any] | None:
+    """End the server side of a killed client: terminate its backends, wait until they are gone.
+
+    Afterwards nothing the client sent can still take effect, which bounds
+    the window of its op in flight. Returns the stamped ``settle`` event, or
+    None if that could not be established (the op then stays open to the end).
+    """
+    import psycopg  # noqa: PLC0415 (an optional extra)
+
+    from dibs.stores.postgres import split_url  # noqa: PLC0415
+
+    conninfo = workload.admin_url or split_url(workload.store)[0]
+    deadline = time.monotonic() + patience
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                (left,) = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                    (app_name,),
+                ).fetchone() or (0,)
+                if left == 0:
+                    event = _stamp({"e": "nemesis", "f": "settle", "application_name": app_name})
+                    nemesis.append(event)
+                    return event
+                time.sleep(0.005)
+    except psycopg.Error:
+        pass  # no right to terminate, or the server is down: leave the op open
+    return None
+
+
+def _close_in_flight(path: Path, killed: dict[str, Any], settled: bool = False) -> None:
     open_ids: dict[str, None] = {}
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -383,7 +457,7 @@ def _close_in_flight(path: Path, killed: dict[str, Any]) -> None:
                 {
                     "e": "unknown",
                     "id": op_id,
-                    "v": {"error": "killed"},
+                    "v": {"error": "killed", "settled": True} if settled else {"error": "killed"},
                     "t": killed["t"],
                     "w": killed["w"],
                 }
