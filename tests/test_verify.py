@@ -14,6 +14,7 @@ from dibs.verify import Workload, check_history, read_history, run_workload
 from dibs.verify._history import LogRow, assemble
 from dibs.verify._linear import INCONCLUSIVE, check_partition
 from dibs.verify._log import replay_log
+from dibs.verify._runner import _errors_settle
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
 
@@ -205,6 +206,103 @@ def test_wrong_fence_must_be_refused() -> None:
     bad.grant("a", "0", 0, 1, "1", at=0.5)
     bad.op("a", "confirm", args, 2, 3, state="confirmed")
     assert bad.check().verdict == "anomaly"
+
+
+def group_args(holder: str, units: list[str]) -> dict[str, Any]:
+    targets = [["u", "u", unit] for unit in units]
+    return {"res": "u", "targets": targets, "holder": holder, "rid": None, "ttl": 0.1}
+
+
+def test_a_refusal_may_judge_targets_past_the_first_taken_one_without_waiting() -> None:
+    # a holds u/1. b's grant of u/2 read the clock at 10 ms but committed after
+    # 12 ms; c's group claim, refused on u/1, looked at u/2 in between and found
+    # it free (PostgreSQL's refusal reads the targets after the first loss).
+    def history(c_start: float) -> Recorder:
+        h = Recorder()
+        h.grant("a", "1", 0, 1, "1", at=0.5)
+        h.grant("b", "2", 9, 20, "2", at=10.0)
+        taken = [["u", "u", "1"]]
+        c_end = c_start + 1
+        value = {"granted": False, "replayed": False, "taken": taken}
+        h.op("c", "claim", group_args("c", ["1", "2"]), c_start, c_end, **value)
+        return h
+
+    assert history(11).check().verdict == "ok"
+    # After b's grant completed, u/2 was taken: a refusal naming only u/1 is wrong.
+    assert history(21).check().verdict == "anomaly"
+
+
+def span_grant(
+    h: Recorder, client: str, lo: int, hi: int, start: float, at: float, fence: int
+) -> None:
+    args = {"res": "s", "targets": [["n", "s", lo, hi]], "holder": client, "rid": None}
+    value = {
+        "granted": True,
+        "replayed": False,
+        "taken": [],
+        "claim_id": str(fence),
+        "fence": fence,
+        "state": "held",
+        "created_at": us(at),
+        "updated_at": us(at),
+        "expires_at": us(at + 1),
+    }
+    h.op(client, "claim", {**args, "ttl": 0.001}, start, start + 3, **value)
+
+
+def test_spans_that_do_not_overlap_need_not_take_fences_in_time_order() -> None:
+    # a's span was dated first but drew the larger fence: fine when the spans
+    # are apart, a fence that went back when they overlap.
+    apart = Recorder()
+    span_grant(apart, "a", 2, 5, start=0, at=1.0, fence=6)
+    span_grant(apart, "b", 5, 6, start=0.5, at=2.5, fence=5)
+    assert apart.check().verdict == "ok"
+    overlapping = Recorder()
+    span_grant(overlapping, "a", 2, 5, start=0, at=1.0, fence=6)
+    span_grant(overlapping, "b", 4, 6, start=0.5, at=2.5, fence=5)  # a's hold ended at 2 ms
+    assert overlapping.check().verdict == "anomaly"
+
+
+def late_effect_history(**unknown: Any) -> Recorder:
+    """On a server: a's claim ends in an error at 1 ms; b reads u/0 free at 5 ms, c sees a at 10."""
+    h = Recorder("postgresql://db.example/app")
+    h.op("a", "claim", claim_args("a", "0"), 0, 1, "unknown", **unknown)
+    h.grant("d", "9", 20, 21, "7", at=20.5)  # pins the store clock's offset to ± 0.5 ms
+    h.op("b", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, 5, 6, holder=None)
+    h.op("c", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, 10, 11, holder="a")
+    return h
+
+
+def test_on_a_server_an_unknown_outcome_stays_open_until_settled() -> None:
+    # Across a network a's claim may still commit after its client saw the error.
+    assert late_effect_history(error="StoreUnavailable").check().verdict == "ok"
+    # Over the loopback an error means the server was done with it: not after 1 ms.
+    settled = late_effect_history(error="StoreUnavailable")
+    settled.events[0]["errors_settle"] = True
+    assert settled.check().verdict == "anomaly"
+    # A killed client's op stays open, unless the runner saw its backends gone.
+    assert late_effect_history(error="killed").check().verdict == "ok"
+    assert late_effect_history(error="killed", settled=True).check().verdict == "anomaly"
+
+
+@pytest.mark.parametrize(
+    ("url", "settles"),
+    [
+        ("memory://", True),
+        ("sqlite:////tmp/v.db", True),
+        ("postgresql://app@127.0.0.1:5432/app?schema=v", True),
+        ("postgresql://app@localhost/app", True),
+        ("postgresql://app@[::1]/app", True),
+        ("postgresql:///app?host=/var/run/postgresql", True),
+        ("postgresql://app@db.internal/app", False),
+        ("postgresql://app@10.0.0.5/app", False),
+        ("postgresql:///app?host=db.internal", False),
+    ],
+)
+def test_errors_settle_only_where_a_connection_breaks_by_the_servers_hand(
+    url: str, settles: bool
+) -> None:
+    assert _errors_settle(Workload(url)) is settles
 
 
 def test_a_search_past_its_budget_is_unknown_never_ok() -> None:

@@ -1,8 +1,9 @@
-"""The CI-sized verification runs: ~100,000 ops per local store under faults, fewer on PostgreSQL.
+"""The CI-sized verification runs: 100,000 ops per store under faults.
 
-Sized for a shared 2-core machine (about a minute per store); the figures of
-the last run are in docs/reliability.md. Each test prints its figures as JSON
-(visible with ``pytest -s``).
+Sized for a shared 2-core machine (about 20 s on memory://, 45 s on sqlite://,
+2 minutes on PostgreSQL); the figures of the last run are in
+docs/reliability.md. Each test prints its figures as JSON (visible with
+``pytest -s``).
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ def pg_server() -> Iterator[PostgresServer]:
         yield server
 
 
-def test_postgres_under_kills_terminations_and_restarts(
+def test_postgres_100k_ops_under_kills_terminations_and_restarts(
     pg_server: PostgresServer, tmp_path: Path
 ) -> None:
     workload = Workload(
         schema_url(pg_server.create_database(), "verify"),
-        clients=3,
-        ops=10_000,
+        clients=4,
+        ops=25_000,
         faults=("kill", "pause", "skew", "terminate", "restart"),
         fault_interval=0.5,
         admin_url=pg_server.admin_url,
@@ -76,9 +77,9 @@ def test_postgres_under_kills_terminations_and_restarts(
     report = _report(workload, tmp_path / "h.jsonl", restart=pg_server.restart)
     faults = report.faults
     assert faults["terminate"] > 0 and faults["restart"] > 0 and faults["kill"] > 0
-    lost = [a for a in report.log_anomalies if a.kind in DURABILITY]
+    # Every killed client's backends were seen gone, which closes its op's window.
+    assert faults["settle"] == faults["kill"]
+    lost = [a for a in report.log_anomalies or [] if a.kind in DURABILITY]
     assert lost == [], report.render()
-    # The full checks too: no anomaly of any kind. A resource whose search ran
-    # out of budget is "unknown" (reported, never counted as a pass).
-    assert report.log_anomalies == [], report.render()
-    assert report.verdict in ("ok", "unknown"), report.render()
+    assert report.verdict == "ok", report.render()
+    assert report.operations == 100_000

@@ -7,7 +7,9 @@ with its own connection, writing its own event file. The nemesis runs here:
 * ``kill`` — ``kill -9`` a random client process (memory://: the client
   thread dies in the middle of an op), record its op in flight as unknown,
   and restart it (a new incarnation, same holder name, no memory of its
-  claims) with the ops it has left;
+  claims) with the ops it has left. On a server the dead client's backends
+  are terminated and awaited first (found by their ``application_name``), so
+  that the history says when its op in flight could last have taken effect;
 * ``pause`` — ``SIGSTOP`` a random client for three hold TTLs, then
   ``SIGCONT`` (memory://: the thread stalls between invoking an op and
   reaching the store);
