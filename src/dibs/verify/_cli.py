@@ -76,12 +76,22 @@ def add_verify_command(
         "tasks",
         help="durable task processor: every job and occurrence done once under kills",
         description=(
-            "Run durable-task workers on a fresh SQLite file while killing (kill -9) and "
-            "stopping (SIGSTOP past the lease) them; then check that every one-off job is "
-            "done once and every occurrence of a 100 ms schedule ran once."
+            "Run durable-task workers on a fresh SQLite file (or, with --store, a PostgreSQL "
+            "schema with an empty job table) while killing (kill -9) and stopping (SIGSTOP "
+            "past the lease) them; then check that every one-off job is done once and every "
+            "occurrence of a 100 ms schedule ran once."
         ),
     )
-    t.add_argument("path", metavar="FILE", help="SQLite file to create (must not exist)")
+    t.add_argument(
+        "path",
+        metavar="FILE",
+        help="SQLite file to create (must not exist); with --store, the ledger file to create",
+    )
+    t.add_argument(
+        "--store",
+        metavar="URL",
+        help="a postgresql:// store whose job table is empty, instead of a SQLite file",
+    )
     t.add_argument("--workers", type=_positive, default=3, help="worker processes")
     t.add_argument("--jobs", type=_positive, default=600, help="one-off jobs")
     t.add_argument("--duration", type=float, default=8.0, help="seconds of faults at least")
@@ -141,7 +151,13 @@ def _run_tasks(args: argparse.Namespace) -> int:
     if Path(args.path).exists():
         print(f"dibs: error: {args.path} exists; give a fresh file", file=sys.stderr)
         return 2
-    report = verify_tasks(args.path, workers=args.workers, jobs=args.jobs, duration=args.duration)
+    report = verify_tasks(
+        args.path,
+        store_url=args.store,
+        workers=args.workers,
+        jobs=args.jobs,
+        duration=args.duration,
+    )
     figures = report.to_json()
     if args.json:
         print(json.dumps(figures))

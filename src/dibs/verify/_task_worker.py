@@ -17,13 +17,9 @@ import time
 
 import dibs
 from dibs.tasks import Misfire, TaskProcessor, current
+from dibs.verify._tasks import JOB_SECONDS, LEASE, TICK
 
 __all__: list[str] = []
-
-LEASE = 1.0
-"""Seconds: a killed or stopped worker's job is taken over after about this long."""
-TICK = 0.1
-JOB_SECONDS = 0.03
 
 
 def main(url: str, ledger: str) -> None:

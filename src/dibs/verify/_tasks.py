@@ -1,7 +1,8 @@
-"""Verify the durable task processor under worker kills and pauses (SQLite).
+"""Verify the durable task processor under worker kills and pauses (SQLite, PostgreSQL).
 
-Worker processes (:mod:`dibs.verify._task_worker`) share one SQLite store and
-record every execution in a ledger of their own. This process enqueues
+Worker processes (:mod:`dibs.verify._task_worker`) share one store (a fresh
+SQLite file, or a PostgreSQL schema whose job table is empty) and record every
+execution in a ledger of their own (a SQLite file outside the store). This process enqueues
 one-off jobs, while the nemesis ``kill -9``s workers (and restarts them) and
 ``SIGSTOP``s them for longer than the lease. Then it checks, from the job
 table and the ledger:
@@ -31,10 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import dibs
+from dibs.exceptions import InvalidInput
 from dibs.tasks import TaskProcessor
-from dibs.verify._task_worker import LEASE, TICK
 
 __all__ = ["TaskReport", "verify_tasks"]
+
+# The worker (dibs.verify._task_worker) reads these; it is not imported here, so
+# that ``python -m`` finds it unimported when it starts one.
+LEASE = 1.0
+"""Seconds: a killed or stopped worker's job is taken over after about this long."""
+TICK = 0.1
+JOB_SECONDS = 0.03
 
 
 @dataclass
@@ -82,22 +90,33 @@ def _start(url: str, ledger: Path) -> subprocess.Popen[str]:
 def verify_tasks(
     path: str | Path,
     *,
+    store_url: str | None = None,
     workers: int = 3,
     jobs: int = 300,
     fault_interval: float = 0.5,
     duration: float = 8.0,
     deadline: float = 120.0,
 ) -> TaskReport:
-    """Run the durable task processor on a SQLite file at ``path`` under faults; check it.
+    """Run the durable task processor under faults and check it.
 
-    Faults go on for at least ``duration`` seconds (the schedule keeps ticking)
-    and until every job has finished. Raises :class:`RuntimeError` if the jobs
-    do not all finish by ``deadline`` seconds.
+    The store is a SQLite file created at ``path``, or, given ``store_url``, that
+    store (a PostgreSQL schema whose job table must be empty), with ``path``
+    the ledger file. Faults go on for at least ``duration`` seconds (the
+    schedule keeps ticking) and until every job has finished. Raises
+    :class:`~dibs.InvalidInput` for a job table that already holds jobs, and
+    :class:`RuntimeError` if the jobs do not all finish by ``deadline`` seconds.
     """
     began = time.monotonic()
     path = Path(path)
-    url = f"sqlite:///{path}"
-    ledger = path.with_name(path.name + ".ledger")
+    url = store_url or f"sqlite:///{path}"
+    if not url.split("://", 1)[0].lower().startswith(("sqlite", "postgres")):
+        raise InvalidInput(
+            f"the task verification needs a durable store (sqlite:// or postgresql://), "
+            f"got {url.split('://', 1)[0]}://",
+            field="store_url",
+            value=url,
+        )
+    ledger = path if store_url else path.with_name(path.name + ".ledger")
     with sqlite3.connect(ledger) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("CREATE TABLE IF NOT EXISTS runs (job TEXT, pid INTEGER, what TEXT, at REAL)")
@@ -106,6 +125,14 @@ def verify_tasks(
     client = TaskProcessor(store=store, workers=1, take_jobs=False, sweep_every=None)
     for name in ("verify-job", "verify-tick"):
         client.task(name)(lambda *a: None)  # names only: this process runs nothing
+    if _job_rows(store, ""):
+        client.shutdown(timeout=0)
+        store.close()
+        raise InvalidInput(
+            f"the job table of {url.split('?', 1)[0]} already holds jobs; give a fresh one",
+            field="store_url",
+            value=url,
+        )
     procs = [_start(url, ledger) for _ in range(workers)]
     faults = {"kill": 0, "stop": 0}
     rng = random.Random(0)
@@ -152,6 +179,26 @@ def verify_tasks(
         store.close()
 
 
+def _job_rows(store: dibs.Store, schedule: str) -> list[tuple[str, str]]:
+    """(id, state) of every job of ``schedule`` ("": of any kind), read from the job table."""
+    if store.scheme == "sqlite":
+        db = getattr(store, "path")  # noqa: B009 - a SQLiteStore
+        with sqlite3.connect(db, timeout=60) as conn:
+            rows = conn.execute(
+                "SELECT id, state FROM dibs_jobs WHERE ? = '' OR schedule_id = ?",
+                (schedule, schedule),
+            ).fetchall()
+        conn.close()
+        return [(str(i), str(s)) for i, s in rows]
+    from psycopg import sql  # noqa: PLC0415 (an optional extra)
+
+    query = sql.SQL("SELECT id, state FROM {}.jobs WHERE %s = '' OR schedule_id = %s").format(
+        sql.Identifier(getattr(store, "schema"))  # noqa: B009 - a PostgresStore
+    )
+    with getattr(store, "_pool").connection() as conn:  # noqa: B009
+        return [(str(i), str(s)) for i, s in conn.execute(query, (schedule, schedule))]
+
+
 def _close(proc: subprocess.Popen[str]) -> None:
     for stream in (proc.stdin, proc.stdout):
         if stream is not None:
@@ -189,12 +236,7 @@ def _check(
             anomalies.append(f"job {job_id} recorded result {record.result} from no run of it")
             continue
         done += 1
-    db = getattr(store, "path")  # noqa: B009 - a SQLiteStore
-    with sqlite3.connect(db, timeout=60) as conn:
-        rows = conn.execute(
-            "SELECT id, state FROM dibs_jobs WHERE schedule_id = 'verify-tick'"
-        ).fetchall()
-    conn.close()
+    rows = _job_rows(store, "verify-tick")
     nominal = sorted(
         (datetime.fromisoformat(i.split("@", 1)[1]).timestamp(), i, s) for i, s in rows
     )
