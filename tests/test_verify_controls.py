@@ -3,16 +3,19 @@
 Each plant subclasses a real store (dibs.verify._planted). A checker that
 passes one of these is broken, so every run must end in "anomaly", with the
 linearizability checker flagging at least one resource. Two seeds per plant
-on memory:// (threads), one on SQLite (processes).
+on memory:// (threads), one on SQLite and one on PostgreSQL (processes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dibs.testing.pgserver import PostgresServer
 from dibs.verify import PLANTS, Workload, check_history, read_history, run_workload
+from pg_fixtures import schema_url
 
 
 def _run(url: str, plant: str, seed: int, tmp_path: Path, clients: int, ops: int) -> None:
@@ -38,3 +41,15 @@ def test_memory_plants_are_caught(plant: str, seed: int, tmp_path: Path) -> None
 @pytest.mark.parametrize("plant", PLANTS)
 def test_sqlite_plants_are_caught(plant: str, tmp_path: Path) -> None:
     _run(f"sqlite:///{tmp_path / 'p.db'}", plant, 1, tmp_path, clients=3, ops=500)
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[PostgresServer]:
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_postgres_plants_are_caught(plant: str, pg_server: PostgresServer, tmp_path: Path) -> None:
+    url = schema_url(pg_server.create_database(), "plant")
+    _run(url, plant, 1, tmp_path, clients=3, ops=500)

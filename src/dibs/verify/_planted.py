@@ -1,8 +1,9 @@
 """Deliberately broken stores: the checker's negative controls.
 
-Each plant subclasses a real store and breaks one promise the way a plausible
-bug would. ``dibs verify --plant NAME`` runs the workload on one, and must
-report anomalies every time; a checker that passes a plant is broken.
+Each plant subclasses a real store (memory, SQLite or PostgreSQL) and breaks
+one promise the way a plausible bug would. ``dibs verify --plant NAME`` runs
+the workload on one, and must report anomalies every time; a checker that
+passes a plant is broken.
 
 * ``check-then-act`` — the claim reads "is it free?" first and then writes
   blindly, so two callers can both win (principle 1);
@@ -30,7 +31,7 @@ __all__ = ["PLANTS", "SkewedClock", "open_planted"]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
 
-_RACE_WINDOW = 0.0005
+RACE_WINDOW = 0.0005
 """Seconds between the check and the act: real code does work here (a log line, an RPC)."""
 
 
@@ -41,7 +42,7 @@ class _CheckThenActMemory(MemoryStore):
         if all(isinstance(t, Unit) for t in targets) and all(
             self._holder_of(t) is None for t in targets
         ):
-            time.sleep(_RACE_WINDOW)
+            time.sleep(RACE_WINDOW)
             for t in targets:  # BUG: act on a stale check, dropping whoever came in between
                 if isinstance(t, Unit):
                     self._units.pop(t, None)
@@ -54,7 +55,7 @@ class _CheckThenActSQLite(SQLiteStore):
     ) -> ClaimResult:
         units = [t for t in targets if isinstance(t, Unit)]
         if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
-            time.sleep(_RACE_WINDOW)
+            time.sleep(RACE_WINDOW)
 
             def clear() -> None:
                 with self._immediate() as conn:
@@ -130,6 +131,20 @@ _CLASSES: dict[tuple[str, str], type[Store]] = {
 }
 
 
+def _postgres_plant(plant: str) -> type[Store]:
+    from dibs.stores.postgres import PostgresStore  # noqa: PLC0415 (an optional extra)
+    from dibs.verify._planted_postgres import (  # noqa: PLC0415
+        CheckThenActPostgres,
+        UnfencedPostgres,
+    )
+
+    return {
+        "check-then-act": CheckThenActPostgres,
+        "confirm-unfenced": UnfencedPostgres,
+        "client-clock": PostgresStore,
+    }[plant]
+
+
 def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: Any) -> Store:
     """Open ``url`` as the real store, or with the planted bug ``plant``.
 
@@ -141,10 +156,12 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
         return dibs.open(url, **options)
     scheme = url.split("://", 1)[0].lower()
     cls = _CLASSES.get((plant, scheme))
+    if cls is None and plant in PLANTS and scheme in ("postgresql", "postgres"):
+        cls = _postgres_plant(plant)
     if cls is None:
         raise InvalidInput(
             f"no planted bug {plant!r} for {scheme}:// (plants: {', '.join(PLANTS)}; "
-            "stores: memory, sqlite)",
+            "stores: memory, sqlite, postgresql)",
             field="plant",
             value=plant,
         )

@@ -1,0 +1,58 @@
+"""The planted bugs of :mod:`dibs.verify._planted` on PostgreSQL (needs psycopg).
+
+Kept apart so that ``dibs.verify`` imports without the PostgreSQL extra.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dibs._model import Claim, ClaimResult, Target, Unit
+from dibs.stores.base import claim_not_found, not_holder
+from dibs.stores.postgres import PostgresStore
+
+__all__ = ["CheckThenActPostgres", "UnfencedPostgres"]
+
+
+def _table(store: PostgresStore, name: str) -> str:
+    return '"' + store.schema.replace('"', '""') + '".' + name
+
+
+class CheckThenActPostgres(PostgresStore):
+    """Reads "is it free?" in one statement, then clears the units blindly in another."""
+
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        from dibs.verify._planted import RACE_WINDOW  # noqa: PLC0415 (no import cycle)
+
+        units = [t for t in targets if isinstance(t, Unit)]
+        if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
+            time.sleep(RACE_WINDOW)
+            delete = f"DELETE FROM {_table(self, 'units')} WHERE resource = %s AND slot = %s "
+            for u in units:  # BUG: act on a stale check, dropping whoever came in between
+                self._call((delete + "RETURNING 1").encode(), (u.resource, u.slot))
+        return super()._claim(targets, holder, request_id, ttl)
+
+
+class UnfencedPostgres(PostgresStore):
+    """Confirms without the fence, state or expiry condition."""
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        key = int(claim_id) if claim_id.isascii() and claim_id.isdigit() else -1
+        query = f"SELECT holder FROM {_table(self, 'claims')} WHERE id = %s"
+        row = self._call(query.encode(), (key,))
+        if row is None:
+            raise claim_not_found(claim_id)
+        if row[0] != holder:
+            raise not_holder(claim_id, holder)
+        # BUG: no fence, state or expiry condition.
+        update = (
+            f"UPDATE {_table(self, 'claims')} SET state = 'confirmed', expires_at = NULL, "
+            "updated_at = clock_timestamp() WHERE id = %s RETURNING 1"
+        )
+        self._call(update.encode(), (key,))
+        claim = self._get(claim_id)
+        if claim is None:
+            raise claim_not_found(claim_id)
+        return claim
