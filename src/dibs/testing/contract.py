@@ -33,6 +33,7 @@ from dibs import (
     SpanKindMismatch,
     Store,
     StoreClosed,
+    Target,
     Unit,
 )
 
@@ -582,6 +583,43 @@ class StoreContract:
 
         _run_threads(threads, run)
         _check_race(store, [x for per in results for x in per], units)
+
+    def test_a_refusal_reports_what_was_taken_at_one_instant(self, store: Store) -> None:
+        """A loser's taken targets are those of one moment, never a mix of two.
+
+        b and c are only ever claimed and released together while a is held for
+        good, so a claim of (a, b, c) is always refused, and must report b and
+        c both taken or both free.
+        """
+        a, b, c = (Unit("instant", slot) for slot in "abc")
+        store.claim(a, holder="owner", ttl=None)
+        readers, writers, rounds = 3, 3, 600
+        left = [readers]
+        lock = threading.Lock()  # guards left and seen
+        seen: list[frozenset[Target]] = []
+
+        def run(n: int) -> None:
+            if n < writers:
+                while left[0]:
+                    won = store.claim([b, c], holder=f"w{n}", ttl=10).claim
+                    if won is not None:
+                        store.release(won.id, holder=f"w{n}", fence=won.fence)
+                return
+            for _ in range(rounds):
+                result = store.claim([a, b, c], holder=f"r{n}", ttl=10)
+                with lock:
+                    seen.append(frozenset(result.taken))
+            with lock:
+                left[0] -= 1
+
+        _run_threads(readers + writers, run)
+        mixed = {frozenset({a, b}), frozenset({a, c})}
+        counts = {
+            "".join(sorted(u.slot for u in s if isinstance(u, Unit))): seen.count(s)
+            for s in set(seen)
+        }
+        assert not mixed & set(seen), f"refusals that mixed two moments: {counts}"
+        assert set(seen) == {frozenset({a}), frozenset({a, b, c})}, counts
 
     def test_sweep_racing_claims_never_double_grants(self, store: Store) -> None:
         units = [Unit("sweep-race", str(i)) for i in range(6)]
