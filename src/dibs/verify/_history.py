@@ -2,12 +2,16 @@
 
 A history file is one JSON object per line:
 
-* ``{"e": "run", ...}`` — the header: store URL, workload settings, faults;
+* ``{"e": "run", ...}`` — the header: store URL, workload settings, faults,
+  and ``errors_settle``: whether an error a client saw means the store was
+  done with the op (see :mod:`dibs.verify._check`);
 * ``{"e": "i", "id": ..., "c": client, "f": op, "a": {...}, "t": mono, "w": wall}``
   — an operation was invoked;
 * ``{"e": "ok" | "fail" | "unknown", "id": ..., "v": {...}, "t": ..., "w": ...}``
   — it completed with a result, with a definite failure (it took no
-  effect), or without the client learning the outcome;
+  effect), or without the client learning the outcome (``v.error`` is
+  ``"killed"`` for a client the nemesis killed, with ``v.settled`` when its
+  server-side work was seen to end, at this event's time);
 * ``{"e": "nemesis", "f": "kill" | "stop" | "cont" | ..., ...}`` — a fault;
 * ``{"e": "log", ...}`` — one claim row of the store's durable log, dumped
   after the workload, for the log replay.
