@@ -2,9 +2,9 @@
 
 Worker processes (:mod:`dibs.verify._task_worker`) share one store (a fresh
 SQLite file, or a PostgreSQL schema whose job table is empty) and record every
-execution in a ledger of their own (a SQLite file outside the store). This process enqueues
-one-off jobs, while the nemesis ``kill -9``s workers (and restarts them) and
-``SIGSTOP``s them for longer than the lease. Then it checks, from the job
+execution in a ledger of their own (a SQLite file outside the store). This
+process enqueues one-off jobs, while the nemesis ``kill -9``s workers (and
+restarts them) and ``SIGSTOP``s them for longer than the lease. Then it checks, from the job
 table and the ledger:
 
 * every one-off job is ``done``, once (one row; its recorded result is the
