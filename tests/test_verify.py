@@ -11,8 +11,9 @@ import pytest
 
 from dibs.cli import main
 from dibs.verify import Workload, check_history, read_history, run_workload
+from dibs.verify._check import Report
 from dibs.verify._history import LogRow, assemble
-from dibs.verify._linear import INCONCLUSIVE, check_partition
+from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
 from dibs.verify._runner import _errors_settle
 
@@ -428,3 +429,28 @@ def test_cli_rejects_faults_that_cannot_apply(
 ) -> None:
     assert main(["verify", "--store", url, "--faults", faults]) == 2
     assert "fault" in capsys.readouterr().err
+
+
+def test_a_long_offending_sub_history_prints_its_last_ops() -> None:
+    h = Recorder()
+    for i in range(100):
+        h.op("a", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, i, i + 0.5, holder=None)
+    ops = assemble(h.events).ops
+    part = PartitionResult("u", "anomaly", 100, 0.1, witness=ops, witness_note="as found")
+    report = Report(100, 100, 0, 0, [part], None)
+    text = report.render()
+    assert "its first 40 ops not shown; the last 60, where no order works, follow" in text
+    assert text.count("holder_of") == 60
+    assert "99.000 .." in text and "[    0.000 .." not in text
+
+
+def test_a_long_history_shrinks_to_the_two_contradicting_grants() -> None:
+    h = Recorder()
+    for i in range(1500):
+        h.op("r", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, i, i + 0.5, holder=None)
+    h.grant("a", "0", 2000, 2002, "1", at=2001.0)
+    h.grant("b", "0", 2000.5, 2003, "2", at=2002.0)  # a's hold lives 100 ms
+    report = h.check(shrink_budget=5.0)
+    (part,) = report.partitions
+    assert part.verdict == "anomaly"
+    assert sorted(op.client for op in part.witness) == ["a", "b"], report.render()

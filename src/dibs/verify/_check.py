@@ -42,6 +42,8 @@ from dibs.verify._model import TOLERANCE
 __all__ = ["Report", "check_history"]
 
 LOCAL_SCHEMES = ("memory", "sqlite")
+WITNESS_LINES = 60
+"""At most this many ops of an offending sub-history are printed (its last ones)."""
 
 
 @dataclass
@@ -128,7 +130,14 @@ class Report:
                 lines.append(f"\nNOT LINEARIZABLE on resource {p.resource} ({p.ops} ops)")
                 if p.witness:
                     lines.append(f"offending sub-history ({p.witness_note}):")
-                    lines.extend(describe_ops(p.witness, self.origin_us))
+                    shown_ops = p.witness[-WITNESS_LINES:]
+                    if len(shown_ops) < len(p.witness):
+                        # The contradiction is at the end: no order explains its last op.
+                        lines.append(
+                            f"  ... its first {len(p.witness) - len(shown_ops)} ops not shown; "
+                            f"the last {len(shown_ops)}, where no order works, follow"
+                        )
+                    lines.extend(describe_ops(shown_ops, self.origin_us))
                 else:
                     lines.append("(sub-history not shrunk: only the first anomalies are)")
             elif p.verdict == INCONCLUSIVE:

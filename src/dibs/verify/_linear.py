@@ -24,6 +24,7 @@ applied. A part whose search runs past its time budget is reported
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -63,12 +64,18 @@ def check_partition(ops: Sequence[Op], window: Window, deadline: float) -> str:
     ``deadline`` is a ``time.monotonic()`` value; running past it gives ``unknown``.
     """
     try:
-        return PASS if _linearizable(ops, window, deadline) else ANOMALY
+        return PASS if _search(ops, window, deadline) is None else ANOMALY
     except _Budget:
         return INCONCLUSIVE
 
 
-def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
+def _search(ops: Sequence[Op], window: Window, deadline: float) -> float | None:
+    """None if the ops are linearizable; else the frontier: the latest completion
+    time (``Op.end``) at which some branch of the search got stuck.
+
+    No prefix of the history that ends before the frontier can contradict, so
+    the shrinker starts looking for the shortest failing prefix there.
+    """
     n = len(ops)
     windows = [window(op) for op in ops]
     # An op has a completion entry when its effect, if any, must precede it:
@@ -103,6 +110,7 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
     stack: list[tuple[int, State, list[State] | None]] = []
     entry = nxt[0]
     steps = 0
+    frontier = -math.inf
 
     def remove(e: int) -> None:
         nxt[prv[e]] = nxt[e]
@@ -138,7 +146,7 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
 
     while True:
         if required == 0:
-            return True
+            return None
         steps += 1
         if steps & 255 == 0 and time.monotonic() > deadline:
             raise _Budget
@@ -174,9 +182,11 @@ def _linearizable(ops: Sequence[Op], window: Window, deadline: float) -> bool:
                 entry = nxt[0]
                 continue
         # A completion of an op not yet applied (or the end): backtrack.
+        if entry != -1:
+            frontier = max(frontier, ops[entry - n - 1].end)
         while True:
             if not stack:
-                return False
+                return frontier
             e, before, maybe = stack.pop()
             i = e - 1
             unlift(e)
@@ -329,11 +339,14 @@ def minimal_witness(ops: Sequence[Op], window: Window, budget: float) -> tuple[l
             o if o.index in keep else replace(o, status=UNKNOWN) for o in ordered if o.start <= cut
         ]
 
+    full_seconds = [0.0]  # how long the search of the whole history took
+
     def fails_ops(sub: list[Op]) -> bool:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Budget
-        step = min(remaining, max(0.2, budget / 40))
+        # A prefix takes at most about as long as the whole history did.
+        step = min(remaining, max(0.2, budget / 40, 2 * full_seconds[0]))
         return check_partition(sub, window, time.monotonic() + step) == ANOMALY
 
     def fails(known: set[int], cut: float) -> bool:
@@ -344,7 +357,16 @@ def minimal_witness(ops: Sequence[Op], window: Window, budget: float) -> tuple[l
     cut = ends[-1] if ends else math.inf
     note = "no single outcome can be forgotten and keep the contradiction"
     try:
+        # The shortest failing prefix ends at or after the frontier of the full
+        # search (before it, every prefix had a linearization): try that first.
         low, high = 0, len(ends) - 1
+        began = time.monotonic()
+        frontier = _search(ordered, window, deadline)
+        full_seconds[0] = time.monotonic() - began
+        if frontier is not None:
+            low = min(bisect.bisect_left(ends, frontier), high)
+            if low < high and fails(set(known), ends[low]):
+                high = low
         while low < high:
             mid = (low + high) // 2
             if fails(set(known), ends[mid]):
