@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from dibs.cli import main
@@ -15,7 +17,7 @@ from dibs.verify._check import Report
 from dibs.verify._history import LogRow, assemble
 from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
-from dibs.verify._runner import _errors_settle
+from dibs.verify._runner import _errors_settle, _settle
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
 
@@ -454,3 +456,36 @@ def test_a_long_history_shrinks_to_the_two_contradicting_grants() -> None:
     (part,) = report.partitions
     assert part.verdict == "anomaly"
     assert sorted(op.client for op in part.witness) == ["a", "b"], report.render()
+
+
+def test_settling_a_killed_client_ends_its_statements_on_the_server(
+    pg_url: str, pg_admin_url: str
+) -> None:
+    # A statement of the dead client still running on the server is ended, and
+    # settling waits until its backend is gone: nothing it sent can land later.
+    name = "dibs-verify-test-c0.0"
+    errors: list[BaseException] = []
+
+    def dead_client() -> None:
+        try:
+            with psycopg.connect(pg_url, application_name=name) as conn:
+                conn.execute("SELECT pg_sleep(30)")
+        except psycopg.Error as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=dead_client)
+    thread.start()
+    deadline = time.monotonic() + 10
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        while time.monotonic() < deadline:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            if admin.execute(query, (name,)).fetchone() == (1,):
+                break
+            time.sleep(0.01)
+    nemesis: list[dict[str, Any]] = []
+    began = time.monotonic()
+    event = _settle(Workload(pg_url, admin_url=pg_admin_url), name, nemesis)
+    thread.join(timeout=10)
+    assert event is not None and event["terminated"] == 1 and nemesis == [event]
+    assert time.monotonic() - began < 10 and not thread.is_alive()
+    assert errors and "terminating connection" in str(errors[0])

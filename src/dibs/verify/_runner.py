@@ -419,6 +419,7 @@ def _settle(
 
     conninfo = workload.admin_url or split_url(workload.store)[0]
     deadline = time.monotonic() + patience
+    terminated: int | None = None
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             while time.monotonic() < deadline:
@@ -427,8 +428,17 @@ def _settle(
                     "WHERE application_name = %s AND pid <> pg_backend_pid()",
                     (app_name,),
                 ).fetchone() or (0,)
+                if terminated is None:
+                    terminated = int(left)
                 if left == 0:
-                    event = _stamp({"e": "nemesis", "f": "settle", "application_name": app_name})
+                    event = _stamp(
+                        {
+                            "e": "nemesis",
+                            "f": "settle",
+                            "application_name": app_name,
+                            "terminated": terminated,
+                        }
+                    )
                     nemesis.append(event)
                     return event
                 time.sleep(0.005)
