@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -12,12 +13,14 @@ import psycopg
 import pytest
 
 from dibs.cli import main
+from dibs.testing.pgserver import PostgresServer
 from dibs.verify import Workload, check_history, read_history, run_workload
 from dibs.verify._check import Report
 from dibs.verify._history import LogRow, assemble
 from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
 from dibs.verify._runner import _errors_settle, _settle
+from pg_fixtures import schema_url
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
 
@@ -489,3 +492,31 @@ def test_settling_a_killed_client_ends_its_statements_on_the_server(
     assert event is not None and event["terminated"] == 1 and nemesis == [event]
     assert time.monotonic() - began < 10 and not thread.is_alive()
     assert errors and "terminating connection" in str(errors[0])
+
+
+def test_cli_restart_fault_runs_a_restart_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with PostgresServer() as server:
+        pg_ctl = [str(server.bindir / "pg_ctl"), "-D", str(server.datadir), "restart"]
+        pg_ctl += ["-m", "fast", "-w", "-t", "120", "-l", str(server.logfile)]
+        if server.os_user is not None:
+            pg_ctl = ["runuser", "-u", server.os_user.pw_name, "--", *pg_ctl]
+        command = f"cd {shlex.quote(str(server.root))} && LC_ALL=C {shlex.join(pg_ctl)}"
+        url = schema_url(server.create_database(), "verify")
+        argv = ["verify", "--store", url, "--clients", "2", "--ops", "2500"]
+        argv += ["--faults", "kill,restart", "--restart-command", command, "--json"]
+        code = main(argv)
+        figures = json.loads(capsys.readouterr().out)
+        assert code == 0, figures
+        assert figures["verdict"] == "ok" and figures["faults"]["restart"] >= 1
+        # A command that fails is an error naming it, not a traceback.
+        argv[argv.index(command)] = "exit 3"
+        assert main(argv) == 1
+        assert "restart command 'exit 3' exited with 3" in capsys.readouterr().err
+
+
+def test_cli_restart_fault_needs_a_restart_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["verify", "--store", "postgresql://nowhere.invalid/db", "--faults", "restart"]
+    assert main(argv) == 2
+    assert "--restart-command" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from pathlib import Path
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
 from dibs.verify._planted import PLANTS
-from dibs.verify._runner import FAULTS, run_workload
+from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
 from dibs.verify._workload import Workload
 
@@ -60,6 +60,15 @@ def add_verify_command(
         "--admin-url",
         metavar="URL",
         help="PostgreSQL role allowed to pg_terminate_backend, for the terminate fault",
+    )
+    p.add_argument(
+        "--restart-command",
+        metavar="CMD",
+        help=(
+            "shell command that restarts the PostgreSQL server, for the restart fault "
+            "(e.g. 'sudo systemctl restart postgresql'); dibs then waits until the server "
+            "accepts connections"
+        ),
     )
     _check_options(p)
     p.set_defaults(run=_run_verify)
@@ -134,12 +143,15 @@ def _run_verify(args: argparse.Namespace) -> int:
         plant=args.plant,
         admin_url=args.admin_url,
     )
+    restart = None
+    if args.restart_command:
+        restart = command_restart(args.restart_command, args.admin_url or args.store)
     began = time.monotonic()
     if args.history:
-        path = run_workload(workload, args.history)
+        path = run_workload(workload, args.history, restart=restart)
         return _finish(path, args, time.monotonic() - began)
     with tempfile.TemporaryDirectory() as scratch:
-        path = run_workload(workload, Path(scratch) / "history.jsonl")
+        path = run_workload(workload, Path(scratch) / "history.jsonl", restart=restart)
         return _finish(path, args, time.monotonic() - began)
 
 

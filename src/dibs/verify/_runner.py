@@ -19,7 +19,8 @@ with its own connection, writing its own event file. The nemesis runs here:
 * ``terminate`` (PostgreSQL) — ``pg_terminate_backend`` every connection of
   the store's database but the runner's (needs ``admin_url``);
 * ``restart`` (PostgreSQL) — restart the server, through a callable the
-  caller passes (the runner cannot restart a server it does not run).
+  caller passes (the runner cannot restart a server it does not run;
+  :func:`command_restart` makes one from a shell command).
 
 Afterwards the store's claims are dumped into the history for the log replay.
 """
@@ -42,14 +43,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
-from dibs.exceptions import InvalidInput
+from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._history import iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import PLANTS, SkewedClock, open_planted
 from dibs.verify._workload import Client, Workload, client_skew, open_events
 
-__all__ = ["FAULTS", "run_workload"]
+__all__ = ["FAULTS", "command_restart", "run_workload"]
 
 FAULTS = ("kill", "pause", "skew", "integrity", "terminate", "restart")
 
@@ -112,8 +113,8 @@ def run_workload(
     scheme = _check(workload)
     if "restart" in workload.faults and restart is None:
         raise InvalidInput(
-            "the restart fault needs a way to restart the server (run_workload(restart=...)); "
-            "the command line cannot restart a server it does not run",
+            "the restart fault needs a way to restart the server: run_workload(restart=...), "
+            "or --restart-command on the command line",
             field="faults",
             value="restart",
         )
@@ -175,6 +176,50 @@ def _errors_settle(workload: Workload) -> bool:
     hosts = [h for k, v in parse_qsl(parts.query) if k == "host" for h in v.split(",")]
     hosts.append(parts.hostname or "")
     return all(h in ("", "localhost", "::1") or h.startswith(("/", "@", "127.")) for h in hosts)
+
+
+def command_restart(command: str, url: str, patience: float = 120.0) -> Callable[[], None]:
+    """A ``restart`` for the restart fault: run a shell command, then wait for the server.
+
+    ``command`` restarts the server the store at ``url`` lives on (``systemctl
+    restart postgresql``, say); afterwards the restart waits until ``url``
+    accepts connections again. Raises :class:`~dibs.StoreUnavailable` if the
+    command fails or the server does not come back within ``patience`` seconds.
+    """
+
+    def restart() -> None:
+        import psycopg  # noqa: PLC0415 (an optional extra)
+
+        from dibs.stores.postgres import split_url  # noqa: PLC0415
+
+        try:
+            done = subprocess.run(
+                command, shell=True, capture_output=True, text=True, timeout=patience, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise StoreUnavailable(
+                f"restart command {command!r} still running after {patience:g} s"
+            ) from None
+        if done.returncode != 0:
+            raise StoreUnavailable(
+                f"restart command {command!r} exited with {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[-500:]}"
+            )
+        conninfo = split_url(url)[0]
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                with psycopg.connect(conninfo, connect_timeout=5):
+                    return
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(
+                        f"the server did not accept connections within {patience:g} s "
+                        f"of the restart command: {exc}"
+                    ) from exc
+                time.sleep(0.1)
+
+    return restart
 
 
 def _stamp(event: dict[str, Any]) -> dict[str, Any]:
