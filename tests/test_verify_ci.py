@@ -1,7 +1,7 @@
 """The CI-sized verification runs: 100,000 ops per store under faults.
 
-Sized for a shared 2-core machine (about 20 s on memory://, 45 s on sqlite://,
-2 minutes on PostgreSQL); the figures of the last run are in
+Sized for a shared 2-core machine (about 20 s on memory://, 30 s on sqlite://,
+90 s on PostgreSQL, checking included); the figures of the last run are in
 docs/reliability.md. Each test prints its figures as JSON (visible with
 ``pytest -s``).
 """
