@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from dibs.exceptions import InvalidInput
 
@@ -28,6 +28,13 @@ __all__ = ["AsyncSingleFlight", "FlightResult", "SingleFlight"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _Flight(Protocol):
+    callers: int
+
+
+F = TypeVar("F", bound=_Flight)
 
 _MISSING: Any = object()
 
@@ -122,6 +129,20 @@ class _Flights:
         """The value as given to a caller other than the leader: a copy if configured."""
         return value if self._copy is None else self._copy(value)
 
+    def _join(self, key: Hashable, new_flight: Callable[[], F]) -> tuple[Any, F | None, bool]:
+        """Under the lock: (cached value, None, False) on a cache hit, else
+        (``_MISSING``, the key's flight, whether this caller leads it)."""
+        with self._lock:
+            hit = self._hit(key)
+            if hit is not _MISSING:
+                return hit, None, False
+            flight: F | None = self._flights.get(key)
+            if flight is None:
+                flight = self._flights[key] = new_flight()
+                return _MISSING, flight, True
+            flight.callers += 1
+            return _MISSING, flight, False
+
 
 class _ThreadFlight:
     """One in-flight call: the leader publishes once, waiters block on ``done``."""
@@ -169,16 +190,9 @@ class SingleFlight(_Flights):
         self, key: Hashable, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs
     ) -> FlightResult[R]:
         """Like :meth:`do`, but say whether the value was shared; see :class:`FlightResult`."""
-        with self._lock:
-            hit = self._hit(key)
-            if hit is not _MISSING:
-                return FlightResult(self._handout(hit), shared=True, cached=True)
-            flight: _ThreadFlight | None = self._flights.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[key] = _ThreadFlight()
-            else:
-                flight.callers += 1
+        hit, flight, leader = self._join(key, _ThreadFlight)
+        if flight is None:
+            return FlightResult(self._handout(hit), shared=True, cached=True)
         if not leader:
             return self._wait(flight)
         try:
@@ -261,16 +275,9 @@ class AsyncSingleFlight(_Flights):
         self, key: Hashable, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
     ) -> FlightResult[R]:
         """Like :meth:`do`, but say whether the value was shared; see :class:`FlightResult`."""
-        with self._lock:
-            hit = self._hit(key)
-            if hit is not _MISSING:
-                return FlightResult(self._handout(hit), shared=True, cached=True)
-            flight: _AsyncFlight | None = self._flights.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[key] = _AsyncFlight()
-            else:
-                flight.callers += 1
+        hit, flight, leader = self._join(key, _AsyncFlight)
+        if flight is None:
+            return FlightResult(self._handout(hit), shared=True, cached=True)
         if leader:
             # No await between registering the flight and starting its task, so
             # no other caller on this loop can observe the flight without one.
