@@ -41,7 +41,7 @@ from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
 from dibs.tasks._handle import Backoff, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
 
-__all__ = ["DurableRunner", "JobRecord", "RegisteredTask"]
+__all__ = ["DurableRunner", "JobRecord", "RegisteredTask", "encode_payload"]
 
 log = logging.getLogger("dibs.tasks")
 
@@ -51,6 +51,19 @@ MAX_LOST = 3
 A job that kills every worker that runs it (a poison pill) fails after this
 many takeovers instead of being retried forever.
 """
+
+
+def encode_payload(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A durable task's arguments as stored: JSON ``[args, kwargs]``.
+
+    Raises :class:`~dibs.InvalidInput` for arguments JSON cannot hold.
+    """
+    try:
+        return json.dumps([list(args), kwargs])
+    except TypeError as exc:
+        raise InvalidInput(
+            f"durable task arguments must be JSON: {exc}", field="args", value=args
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +159,7 @@ class DurableRunner:
         key: str | None = None,
     ) -> str:
         """Add a job row; return its ID, or that of the live job holding ``key``."""
-        try:
-            payload = json.dumps([list(args), kwargs])
-        except TypeError as exc:
-            raise InvalidInput(
-                f"durable task arguments must be JSON: {exc}", field="args", value=args
-            ) from None
+        payload = encode_payload(args, kwargs)
         if run_at is None:
             run_at = self.store.now().timestamp()
         return self.jobs.add(self.new_job(task, payload, job_id, run_at, key=key))

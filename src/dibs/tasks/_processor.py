@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import secrets
 import threading
@@ -14,7 +13,7 @@ from typing import Any, Self, TypeVar
 from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
-from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask
+from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._engine import Engine
 from dibs.tasks._errors import ProcessorClosed
@@ -453,12 +452,7 @@ class TaskProcessor:
     ) -> DurableSchedule:  # fmt: skip
         durable = self._require_store()
         registered = self._registered(fn)
-        try:
-            payload = json.dumps([list(args), kwargs])
-        except TypeError as exc:
-            raise InvalidInput(
-                f"durable task arguments must be JSON: {exc}", field="args", value=args
-            ) from None
+        payload = encode_payload(args, kwargs)
         if not isinstance(misfire, Misfire):
             raise InvalidInput(
                 f"misfire must be a Misfire, got {misfire!r}", field="misfire", value=misfire
