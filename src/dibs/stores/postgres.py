@@ -71,9 +71,10 @@ from dibs.stores.base import (
     claim_not_found,
     hold_lost,
     not_holder,
+    parse_serial_id,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "split_url"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_ID = 2**63 - 1
@@ -448,7 +449,7 @@ class PostgresStore(Store):
     def _transition(
         self, op: str, claim_id: str, holder: str, fence: int, ttl: float | None
     ) -> tuple[str, Claim | None]:
-        number = _parse_id(claim_id)
+        number = parse_id(claim_id)
         if number is None:
             raise claim_not_found(claim_id)
         row = self._call(self._sql.transition, (op, number, holder, fence, ttl, self._now_param()))
@@ -482,7 +483,7 @@ class PostgresStore(Store):
     # --- reads ----------------------------------------------------------------------------------
 
     def _get(self, claim_id: str) -> Claim | None:
-        number = _parse_id(claim_id)
+        number = parse_id(claim_id)
         if number is None:
             return None
         row = self._call(self._sql.get, (self._now_param(), number))
@@ -551,11 +552,10 @@ def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
     return int(found[0]) if found else 0
 
 
-def _parse_id(claim_id: str) -> int | None:
-    if not claim_id.isascii() or not claim_id.isdigit():
-        return None
-    number = int(claim_id)
-    return number if 0 < number <= _MAX_ID else None
+def parse_id(claim_id: str) -> int | None:
+    """The bigint behind a claim ID, or None for one this store never gives out."""
+    number = parse_serial_id(claim_id)
+    return number if number is not None and 0 < number <= _MAX_ID else None
 
 
 def _bound(value: int | float | datetime) -> Decimal:

@@ -22,8 +22,8 @@ from typing import Any
 
 import dibs
 from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit
-from dibs.exceptions import ClaimNotFound, InvalidInput, NotHolder
-from dibs.stores.base import Store
+from dibs.exceptions import InvalidInput
+from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
 
@@ -86,14 +86,14 @@ class _UnfencedSQLite(SQLiteStore):
         def attempt() -> Claim:
             with self._immediate() as conn:
                 now = int(self._now() * 1_000_000)
-                key = int(claim_id) if claim_id.isdigit() else -1
+                key = parse_serial_id(claim_id)
                 row = conn.execute(
                     "SELECT holder FROM dibs_claims WHERE fence = ?", (key,)
                 ).fetchone()
-                if row is None:
-                    raise ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
+                if key is None or row is None:
+                    raise claim_not_found(claim_id)
                 if row[0] != holder:
-                    raise NotHolder("not yours", claim_id=claim_id, holder=holder)
+                    raise not_holder(claim_id, holder)
                 # BUG: no fence, state or expiry condition.
                 conn.execute(
                     "UPDATE dibs_claims SET state = 'confirmed', expires_at = NULL, "

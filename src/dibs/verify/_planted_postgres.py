@@ -9,7 +9,7 @@ import time
 
 from dibs._model import Claim, ClaimResult, Target, Unit
 from dibs.stores.base import claim_not_found, not_holder
-from dibs.stores.postgres import PostgresStore
+from dibs.stores.postgres import PostgresStore, parse_id
 
 __all__ = ["CheckThenActPostgres", "UnfencedPostgres"]
 
@@ -39,7 +39,9 @@ class UnfencedPostgres(PostgresStore):
     """Confirms without the fence, state or expiry condition."""
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
-        key = int(claim_id) if claim_id.isascii() and claim_id.isdigit() else -1
+        key = parse_id(claim_id)
+        if key is None:
+            raise claim_not_found(claim_id)
         query = f"SELECT holder FROM {_table(self, 'claims')} WHERE id = %s"
         row = self._call(query.encode(), (key,))
         if row is None:
