@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dibs.verify._history import FAIL, OK, UNKNOWN, History, Op
+from dibs.verify._history import FAIL, LOCAL_SCHEMES, OK, UNKNOWN, History, Op
 from dibs.verify._linear import (
     ANOMALY,
     INCONCLUSIVE,
@@ -41,7 +41,6 @@ from dibs.verify._model import TOLERANCE
 
 __all__ = ["Report", "check_history"]
 
-LOCAL_SCHEMES = ("memory", "sqlite")
 WITNESS_LINES = 60
 """At most this many ops of an offending sub-history are printed (its last ones)."""
 

@@ -38,6 +38,9 @@ OK = "ok"
 FAIL = "fail"
 UNKNOWN = "unknown"
 
+LOCAL_SCHEMES = ("memory", "sqlite")
+"""Stores whose writes the client process does itself: they die with it."""
+
 
 @dataclass
 class Op:

@@ -45,7 +45,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.base import Store
-from dibs.verify._history import iter_events, write_events
+from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import PLANTS, SkewedClock, open_planted
 from dibs.verify._workload import Client, Workload, client_skew, open_events
@@ -171,7 +171,7 @@ def _errors_settle(workload: Workload) -> bool:
     network a connection can break while the server carries on.
     """
     parts = urlsplit(workload.store)
-    if parts.scheme.lower() in ("memory", "sqlite"):
+    if parts.scheme.lower() in LOCAL_SCHEMES:
         return True
     hosts = [h for k, v in parse_qsl(parts.query) if k == "host" for h in v.split(",")]
     hosts.append(parts.hostname or "")
@@ -416,7 +416,7 @@ def _kill(
     # death: a local store's writes die with the process. A server may still be
     # running it, so the op stays open until the client's backends are gone.
     settled = None
-    if scheme not in ("memory", "sqlite"):
+    if scheme not in LOCAL_SCHEMES:
         settled = _settle(workload, _app_name(workload, slot), nemesis)
     path = slot.files[-1]
     if path.exists():
@@ -440,7 +440,7 @@ def _app_name(workload: Workload, slot: _Slot) -> str:
 
 def _client_url(workload: Workload, slot: _Slot, scheme: str) -> str:
     """The store URL one client incarnation opens: on a server, named after it."""
-    if scheme in ("memory", "sqlite"):
+    if scheme in LOCAL_SCHEMES:
         return workload.store
     parts = urlsplit(workload.store)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
