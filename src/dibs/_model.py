@@ -14,6 +14,13 @@ from typing import Any, TypeAlias
 from dibs.exceptions import InvalidInput
 
 __all__ = [
+    "NAME_MAX_BYTES",
+    "NUMBER_MAX",
+    "NUMBER_MIN",
+    "RETENTION_MAX",
+    "RETENTION_MIN",
+    "TTL_MAX",
+    "TTL_MIN",
     "Claim",
     "ClaimResult",
     "ClaimState",
@@ -24,6 +31,23 @@ __all__ = [
 ]
 
 SpanBound: TypeAlias = int | float | datetime
+
+# The accepted input domain, one table in docs/stores.md. Every store answers the
+# same for the same input because Store checks it before any backend sees it.
+NAME_MAX_BYTES = 1024
+"""Longest resource, slot, holder, request ID or claim ID, in UTF-8 bytes."""
+TTL_MIN = 0.001
+"""Shortest hold, in seconds: the SQL stores keep time in microseconds."""
+TTL_MAX = 366 * 24 * 3600.0
+"""Longest hold, in seconds (a year and a day)."""
+RETENTION_MIN = 1.0
+"""Shortest request retention, in seconds."""
+RETENTION_MAX = 3660 * 24 * 3600.0
+"""Longest request retention, in seconds (about ten years)."""
+NUMBER_MIN = -(2**63)
+"""Smallest numeric span bound: what a signed 64-bit column holds."""
+NUMBER_MAX = 2**63 - 1
+"""Largest numeric span bound, and largest fence."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -41,10 +65,8 @@ class Unit:
 
     def __post_init__(self) -> None:
         _check_id("resource", self.resource)
-        if not isinstance(self.slot, str):
-            raise InvalidInput(
-                f"slot must be a string, got {self.slot!r}", field="slot", value=self.slot
-            )
+        if type(self.slot) is not str or not is_plain_name(self.slot):
+            _check_name("slot", self.slot)
         object.__setattr__(self, "_hash", hash((self.resource, self.slot)))
 
     def __hash__(self) -> int:
@@ -64,9 +86,11 @@ class Unit:
 class Span:
     """A half-open interval ``[start, end)`` on a resource.
 
-    Bounds are numbers or timezone-aware datetimes, both of one kind. Raises
-    :class:`~dibs.InvalidInput` for an empty or inverted span, NaN, naive
-    datetimes or mixed kinds.
+    Bounds are numbers or timezone-aware datetimes, both of one kind. A span is
+    a stretch of instants, so datetime bounds are converted to UTC: a repeated
+    wall-clock hour (``fold``) is two different hours. Raises
+    :class:`~dibs.InvalidInput` for an empty or inverted span, NaN, a number
+    outside the signed 64-bit range, naive datetimes or mixed kinds.
     """
 
     resource: str
@@ -76,6 +100,12 @@ class Span:
     def __post_init__(self) -> None:
         _check_id("resource", self.resource)
         kinds = {_bound_kind(name, v) for name, v in (("start", self.start), ("end", self.end))}
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                object.__setattr__(self, name, _to_utc(name, value))
+            elif value == 0:
+                object.__setattr__(self, name, type(value)(0))  # -0.0 is 0.0
         if len(kinds) != 1:
             raise InvalidInput(
                 f"span bounds must both be numbers or both datetimes, got "
@@ -126,14 +156,61 @@ def _bound_kind(name: str, value: object) -> str:
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidInput(f"span {name} must be finite, got {value!r}", field=name, value=value)
+    if not NUMBER_MIN <= value <= NUMBER_MAX:
+        raise InvalidInput(
+            f"span {name} must lie in the signed 64-bit range [-2**63, 2**63 - 1], got {value!r}",
+            field=name,
+            value=value,
+        )
     return "number"
 
 
-def _check_id(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value:
+def _to_utc(name: str, value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
         raise InvalidInput(
-            f"{name} must be a non-empty string, got {value!r}", field=name, value=value
+            f"span {name} {value.isoformat()} is outside the datetime range in UTC",
+            field=name,
+            value=value,
+        ) from None
+
+
+def is_plain_name(value: str) -> bool:
+    """Whether a string is certainly a valid name: the fast path for ASCII."""
+    return len(value) <= NAME_MAX_BYTES and value.isascii() and "\x00" not in value
+
+
+def _check_name(name: str, value: object) -> None:
+    """Raise :class:`InvalidInput` unless ``value`` is a string in the name domain."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a string, got {value!r}", field=name, value=value)
+    if "\x00" in value:
+        raise InvalidInput(f"{name} must not contain NUL characters", field=name, value=value)
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{name} must be valid Unicode text; it has a lone surrogate "
+            f"{value[exc.start : exc.end]!r} at index {exc.start}",
+            field=name,
+            value=value,
+        ) from None
+    if size > NAME_MAX_BYTES:
+        raise InvalidInput(
+            f"{name} must be at most {NAME_MAX_BYTES} bytes in UTF-8, got {size}",
+            field=name,
+            value=value,
         )
+
+
+def _check_id(name: str, value: object) -> None:
+    """Raise :class:`InvalidInput` unless ``value`` is a non-empty name."""
+    if type(value) is str and value and is_plain_name(value):
+        return
+    if isinstance(value, str) and not value:
+        raise InvalidInput(f"{name} must be a non-empty string, got ''", field=name, value=value)
+    _check_name(name, value)
 
 
 class ClaimState(enum.StrEnum):
@@ -304,9 +381,10 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
     return (*sorted(units), *spans)
 
 
-def _span_sort_key(span: Span) -> tuple[str, str, float]:
-    start = span.start.timestamp() if isinstance(span.start, datetime) else span.start
-    return (span.resource, span.kind, float(start))
+def _span_sort_key(span: Span) -> tuple[str, str, int | float]:
+    # Exact: numbers compare exactly in Python (a float key would tie past 2**53),
+    # and datetime bounds are UTC, encoded as whole microseconds.
+    return (span.resource, span.kind, span_bound_to_number(span.start))
 
 
 def check_holder(holder: object) -> str:
@@ -328,36 +406,52 @@ def check_request_id(request_id: object) -> str | None:
     return request_id  # type: ignore[return-value]
 
 
-def check_ttl(ttl: object, *, allow_none: bool = True, field: str = "ttl") -> float | None:
+def check_ttl(ttl: object, *, allow_none: bool = True) -> float | None:
     """Return the TTL in seconds or raise :class:`InvalidInput` for a bad one.
 
-    A TTL must be a finite number of seconds greater than zero, or ``None``
-    (confirmed at once) where allowed.
+    A TTL is a number of seconds from :data:`TTL_MIN` to :data:`TTL_MAX`, or
+    ``None`` (confirmed at once) where allowed.
     """
     if ttl is None and allow_none:
         return None
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, int | float)
-        or not math.isfinite(ttl)
-        or ttl <= 0
-    ):
+    return check_seconds(ttl, "ttl", TTL_MIN, TTL_MAX, or_none=allow_none)
+
+
+def check_retention(retention: object) -> float:
+    """Return a request retention in seconds or raise :class:`InvalidInput`."""
+    return check_seconds(retention, "request_retention", RETENTION_MIN, RETENTION_MAX)
+
+
+def check_seconds(
+    value: object, field: str, low: float, high: float, *, or_none: bool = False
+) -> float:
+    """Return ``value`` as float seconds if it is a number in ``[low, high]``, else raise."""
+    # Compare before converting: a huge int has no float, and NaN fails both bounds.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise InvalidInput(
-            f"{field} must be a finite number of seconds > 0{' or None' if allow_none else ''}, "
-            f"got {ttl!r}",
+            f"{field} must be a number of seconds from {low:g} to {high:g}"
+            f"{' or None' if or_none else ''}, got {_short(value)}",
             field=field,
-            value=ttl,
+            value=value,
         )
-    return float(ttl)
+    return float(value)
 
 
 def check_fence(fence: object) -> int:
-    """Return ``fence`` or raise :class:`InvalidInput` if it is not a positive int."""
-    if isinstance(fence, bool) or not isinstance(fence, int) or fence <= 0:
+    """Return ``fence`` or raise :class:`InvalidInput` if it is not a positive 64-bit int."""
+    if isinstance(fence, bool) or not isinstance(fence, int) or not 0 < fence <= NUMBER_MAX:
         raise InvalidInput(
-            f"fence must be a positive integer, got {fence!r}", field="fence", value=fence
+            f"fence must be an integer from 1 to 2**63 - 1, got {_short(fence)}",
+            field="fence",
+            value=fence,
         )
     return fence
+
+
+def _short(value: object) -> str:
+    """The repr of a bad value, cut short: an error message must not carry a megabyte."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 # --- encoding shared by the stores that persist -----------------------------------------------
@@ -424,10 +518,23 @@ def targets_from_text(text: str) -> tuple[Target, ...]:
 
 def fingerprint(holder: str, targets: Sequence[Target], ttl: float | None) -> str:
     """A stable digest of a claim's input, to tell a replay from a conflicting reuse."""
-    # Numbers are compared as floats, as the in-memory store compares them (1 == 1.0).
     encoded = [
-        [float(x) if isinstance(x, int) and i >= 2 else x for i, x in enumerate(target_to_json(t))]
+        [
+            _canonical(x) if i >= 2 and isinstance(x, int | float) else x
+            for i, x in enumerate(target_to_json(t))
+        ]
         for t in targets
     ]
     text = json.dumps([holder, encoded, ttl], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(number: int | float) -> int | float:
+    """One encoding per value, equal exactly when Python's ``==`` says so (``1 == 1.0``).
+
+    An int that a float holds exactly is written as that float (as fingerprints
+    always were); a larger one stays an int, so ``2**53 + 1`` is not ``2**53``.
+    """
+    if type(number) is int and float(number) != number:
+        return number
+    return float(number)

@@ -15,6 +15,9 @@ from typing import ClassVar, Self
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
+    NUMBER_MAX,
+    TTL_MAX,
+    TTL_MIN,
     Claim,
     ClaimResult,
     ClaimState,
@@ -26,7 +29,9 @@ from dibs._model import (
     check_fence,
     check_holder,
     check_request_id,
+    check_retention,
     check_ttl,
+    is_plain_name,
     normalize_targets,
 )
 from dibs.exceptions import (
@@ -39,8 +44,6 @@ from dibs.exceptions import (
 )
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
-
-_INF = float("inf")
 
 DEFAULT_REQUEST_RETENTION = 24 * 3600.0
 """Seconds a request-ID record (and an ended claim) is kept before sweep() purges it."""
@@ -58,9 +61,7 @@ class Store(abc.ABC):
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
     ) -> None:
-        retention = check_ttl(request_retention, allow_none=False, field="request_retention")
-        assert retention is not None
-        self.request_retention = retention
+        self.request_retention = check_retention(request_retention)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._closed = False
 
@@ -90,14 +91,14 @@ class Store(abc.ABC):
             self._check_open()
         # Fast paths for the common well-formed call; the checkers raise otherwise.
         normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)
-        if type(holder) is not str or not holder:
+        if type(holder) is not str or not holder or not is_plain_name(holder):
             check_holder(holder)
-        if request_id is not None and (type(request_id) is not str or not request_id):
+        if request_id is not None and (
+            type(request_id) is not str or not request_id or not is_plain_name(request_id)
+        ):
             check_request_id(request_id)
-        if ttl is not None and type(ttl) is not float:
+        if ttl is not None and (type(ttl) is not float or not TTL_MIN <= ttl <= TTL_MAX):
             ttl = check_ttl(ttl)
-        elif ttl is not None and not (0 < ttl < _INF):
-            check_ttl(ttl)
         return self._claim(normalized, holder, request_id, ttl)
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
@@ -282,8 +283,15 @@ def lost_reason(
 
 
 def parse_serial_id(claim_id: str) -> int | None:
-    """The fence behind a claim ID of a store whose IDs are its fences, or None."""
-    return int(claim_id) if claim_id.isascii() and claim_id.isdigit() else None
+    """The fence behind a claim ID of a store whose IDs are its fences, or None.
+
+    Only the canonical spelling names a claim (``"7"``, never ``"007"``), and
+    only a fence a signed 64-bit column can hold.
+    """
+    if not (claim_id.isascii() and claim_id.isdigit()) or len(claim_id) > 19:
+        return None
+    number = int(claim_id)
+    return number if 0 < number <= NUMBER_MAX and str(number) == claim_id else None
 
 
 def span_overlaps(a: Span, b: Span) -> bool:
