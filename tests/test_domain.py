@@ -16,7 +16,7 @@ import pytest
 import dibs
 from conftest import StoreMaker
 from dibs import FakeClock, HoldLostReason, InvalidInput, RequestConflict, Span, Store, Unit
-from dibs._model import NAME_MAX_BYTES, RETENTION_MAX, TTL_MAX, TTL_MIN
+from dibs.limits import NAME_MAX_BYTES, RETENTION_MAX, TTL_MAX, TTL_MIN
 
 NEW_YORK = ZoneInfo("America/New_York")
 

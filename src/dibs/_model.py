@@ -12,15 +12,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
+from dibs.limits import (
+    NAME_MAX_BYTES,
+    NUMBER_MAX,
+    NUMBER_MIN,
+    RETENTION_MAX,
+    RETENTION_MIN,
+    TTL_MAX,
+    TTL_MIN,
+)
 
 __all__ = [
-    "NAME_MAX_BYTES",
-    "NUMBER_MAX",
-    "NUMBER_MIN",
-    "RETENTION_MAX",
-    "RETENTION_MIN",
-    "TTL_MAX",
-    "TTL_MIN",
     "Claim",
     "ClaimResult",
     "ClaimState",
@@ -31,23 +33,6 @@ __all__ = [
 ]
 
 SpanBound: TypeAlias = int | float | datetime
-
-# The accepted input domain, one table in docs/stores.md. Every store answers the
-# same for the same input because Store checks it before any backend sees it.
-NAME_MAX_BYTES = 1024
-"""Longest resource, slot, holder, request ID or claim ID, in UTF-8 bytes."""
-TTL_MIN = 0.001
-"""Shortest hold, in seconds: the SQL stores keep time in microseconds."""
-TTL_MAX = 366 * 24 * 3600.0
-"""Longest hold, in seconds (a year and a day)."""
-RETENTION_MIN = 1.0
-"""Shortest request retention, in seconds."""
-RETENTION_MAX = 3660 * 24 * 3600.0
-"""Longest request retention, in seconds (about ten years)."""
-NUMBER_MIN = -(2**63)
-"""Smallest numeric span bound: what a signed 64-bit column holds."""
-NUMBER_MAX = 2**63 - 1
-"""Largest numeric span bound, and largest fence."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -15,9 +15,6 @@ from typing import ClassVar, Self
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
-    NUMBER_MAX,
-    TTL_MAX,
-    TTL_MIN,
     Claim,
     ClaimResult,
     ClaimState,
@@ -42,6 +39,7 @@ from dibs.exceptions import (
     NotHolder,
     StoreClosed,
 )
+from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
 
