@@ -6,36 +6,70 @@ driven by a :class:`~dibs.FakeClock`; then expose ``Machine.TestCase``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from dibs._clock import FakeClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, normalize_targets
 from dibs.exceptions import DibsError, HoldLost, SpanKindMismatch
+from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 from dibs.stores.base import Store
+from dibs.testing import strategies
 from dibs.testing.model import ModelOutcome, ModelStore
 
 __all__ = ["StoreStateMachine"]
 
-UNITS = [Unit("seat", str(i)) for i in range(4)]
-SPANS = [Span("room", a, b) for a, b in [(0, 4), (2, 6), (4, 8), (6, 10), (0, 10)]]
-HOLDERS = ["alice", "bob", "carol"]
 RETENTION = 100.0
+TTLS = [None, TTL_MIN, 5.0, 10.0, TTL_MAX]
+STEPS = [TTL_MIN, 0.5, 2.0, 4.999, 5.0, 7.0, 11.0, RETENTION, TTL_MAX]
 
-targets_strategy = st.lists(
-    st.sampled_from([*UNITS, *SPANS]), min_size=1, max_size=3, unique=True
-).filter(
-    lambda ts: (
-        not any(
-            a is not b and isinstance(a, Span) and isinstance(b, Span) and a.overlaps(b)
-            for a in ts
-            for b in ts
-        )
-    )
-)
+
+@st.composite
+def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[str]]:
+    """A few units and spans that collide often, with names and bounds from the whole domain.
+
+    Units share two resources; spans sit close together on two resources, in
+    numbers clustered at an edge (2**53, 2**63) or in datetimes around a DST
+    fold, so claims overlap, replay and switch kinds as often as they win.
+    """
+    resources = draw(st.lists(strategies.names(), min_size=2, max_size=2, unique=True))
+    slots = draw(st.lists(strategies.names(allow_empty=True), min_size=4, max_size=4, unique=True))
+    units = [Unit(resources[i % 2], slot) for i, slot in enumerate(slots)]
+    spans: list[Span] = []
+    for resource in resources:
+        kind = draw(st.sampled_from(["number", "time", "both"]))
+        for each in ("number", "time") if kind == "both" else (kind,):
+            points = draw(_points(each))
+            for a, b in [(0, 2), (1, 3), (2, 4), (0, 4)]:
+                spans.append(Span(resource, points[a], points[b]))
+    holders = draw(st.lists(strategies.names(), min_size=3, max_size=3, unique=True))
+    request_ids = draw(st.lists(strategies.names(), min_size=3, max_size=3, unique=True))
+    return units, spans, holders, request_ids
+
+
+@st.composite
+def _points(draw: st.DrawFn, kind: str) -> list[int | float | datetime]:
+    """Five increasing bounds of one kind, close together."""
+    if kind == "number":
+        low = draw(strategies.span_numbers().filter(lambda x: x <= NUMBER_MAX - 2**13))
+        # Past 2**53 a float step of 1 is no step: space float bounds by their ulp.
+        step = 1 if isinstance(low, int) else max(0.25, 2 * math.ulp(low))
+        return [low + step * i for i in range(5)]
+    start = draw(strategies.aware_datetimes().filter(lambda d: d.year < 9999))
+    minutes = draw(st.sampled_from([1, 20, 30, 60]))
+    utc = start.astimezone(UTC)
+    return [(utc + timedelta(minutes=minutes * i)).astimezone(start.tzinfo) for i in range(5)]
 
 
 class StoreStateMachine(RuleBasedStateMachine):
@@ -49,23 +83,27 @@ class StoreStateMachine(RuleBasedStateMachine):
         self.store = type(self).make_store(self.clock, RETENTION)
         self.model = ModelStore(retention=RETENTION)
         self.ids: list[Claim] = []  # model key -> the store's claim as first granted
+        self.units: list[Unit] = []
+        self.spans: list[Span] = []
+        self.holders: list[str] = []
+        self.request_ids: list[str] = []
 
     def teardown(self) -> None:
         self.store.close()
 
     # --- rules ---------------------------------------------------------------------------------
 
-    @rule(
-        goal=targets_strategy,
-        holder=st.sampled_from(HOLDERS),
-        request_id=st.one_of(st.none(), st.sampled_from(["q1", "q2", "q3"])),
-        ttl=st.sampled_from([None, 5.0, 10.0]),
-    )
-    def claim(
-        self, goal: list[Target], holder: str, request_id: str | None, ttl: float | None
-    ) -> None:
-        # ("targets" is a reserved argument name of Hypothesis rules.)
-        targets = goal
+    @initialize(universe=_universe())
+    def draw_universe(self, universe: tuple[list[Unit], list[Span], list[str], list[str]]) -> None:
+        self.units, self.spans, self.holders, self.request_ids = universe
+
+    @rule(data=st.data(), ttl=st.sampled_from(TTLS))
+    def claim(self, data: Any, ttl: float | None) -> None:
+        targets: list[Target] = data.draw(
+            strategies.target_lists(st.sampled_from([*self.units, *self.spans])), "targets"
+        )
+        holder = data.draw(st.sampled_from(self.holders), "holder")
+        request_id = data.draw(st.one_of(st.none(), st.sampled_from(self.request_ids)), "id")
         normalized = normalize_targets(targets)
         expected: ModelOutcome | DibsError
         try:
@@ -104,7 +142,7 @@ class StoreStateMachine(RuleBasedStateMachine):
     def transition(self, data: Any, operation: str, right_holder: bool, right_fence: bool) -> None:
         key = data.draw(st.integers(0, len(self.ids) - 1))
         claim = self.ids[key]
-        holder = claim.holder if right_holder else "mallory"
+        holder = claim.holder if right_holder else "mallory\u00e9"
         fence = claim.fence if right_fence else claim.fence + 10_000
         now = self.clock.now()
         expected: Any
@@ -139,7 +177,7 @@ class StoreStateMachine(RuleBasedStateMachine):
             assert isinstance(actual, Claim), actual
             self._same(key, actual)
 
-    @rule(seconds=st.sampled_from([0.5, 2.0, 4.999, 5.0, 7.0, 11.0, RETENTION]))
+    @rule(seconds=st.sampled_from(STEPS))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
@@ -153,12 +191,12 @@ class StoreStateMachine(RuleBasedStateMachine):
     @invariant()
     def holders_agree(self) -> None:
         now = self.clock.now()
-        for unit in UNITS:
+        for unit in self.units:
             assert self.store.holder_of(unit) == self.model.holder_of(unit, now), unit
-        for span in SPANS:
+        for span in self.spans:
             try:
                 actual = self.store.holder_of(span)
-            except SpanKindMismatch:  # pragma: no cover - numeric spans only here
+            except SpanKindMismatch:
                 actual = None
             assert (actual is None) == (self.model.holder_of(span, now) is None), span
 
