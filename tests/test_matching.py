@@ -78,6 +78,65 @@ def test_a_request_id_held_by_another_holder_is_a_conflict(store: Store) -> None
     assert info.value.request_id == "ride-1"
 
 
+class Interleaved:
+    """A store whose ``claims_of`` runs injected steps before and after its n-th read."""
+
+    def __init__(self, store: Store, steps: dict[int, tuple[Any, Any]]) -> None:
+        self._store = store
+        self._steps = steps
+        self._reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def claims_of(self, holder: str) -> list[Claim]:
+        self._reads += 1
+        before, after = self._steps.get(self._reads, (None, None))
+        if before is not None:
+            before()
+        claims = self._store.claims_of(holder)
+        if after is not None:
+            after()
+        return claims
+
+
+@pytest.mark.parametrize("other_try_wins", [False, True])
+def test_a_dispatch_unit_freed_between_the_reads_is_claimed_again(
+    store: Store, other_try_wins: bool
+) -> None:
+    # Another try of this dispatch holds the dispatch unit when our claim is
+    # made, then ends; before our second read, a third try may win. The free
+    # candidate must not be skipped: we get it, or the third try's assignment.
+    dispatch = Unit("dibs.match", "ride-1")
+    first: list[Claim] = []
+    third: list[Claim] = []
+
+    def first_try_claims() -> None:
+        claim = store.claim([Unit("driver-0"), dispatch], holder="disp", ttl=60).claim
+        assert claim is not None
+        first.append(claim)
+
+    def first_try_ends() -> None:
+        store.release(first[0].id, holder="disp", fence=first[0].fence)
+
+    def third_try_claims() -> None:
+        if other_try_wins:
+            claim = store.claim([Unit("driver-2"), dispatch], holder="disp", ttl=60).claim
+            assert claim is not None
+            third.append(claim)
+
+    steps = {1: (None, first_try_claims), 2: (first_try_ends, third_try_claims)}
+    racing: Any = Interleaved(store, steps)
+    m = match(racing, ["driver-1"], holder="disp", request_id="ride-1", attempts=1, ttl=60)
+    assert m, "no match, although driver-1 was free all along"
+    mine = [c for c in store.claims_of("disp") if dispatch in c.units]
+    assert [c.id for c in mine] == [m.claim.id]  # type: ignore[union-attr]
+    if other_try_wins:
+        assert m.replayed and m.candidate == Unit("driver-2") and m.claim == third[0]
+    else:
+        assert not m.replayed and m.candidate == Unit("driver-1")
+
+
 def test_none_to_be_had_after_bounded_jittered_rounds(store: Store) -> None:
     for unit in DRIVERS[:3]:
         store.claim(unit, holder="busy")

@@ -7,6 +7,7 @@ import copy
 import random
 import threading
 import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -140,6 +141,92 @@ def test_leader_exception_is_raised_in_every_caller_and_not_cached() -> None:
         t.join()
     assert len(runs) == 1 and len(errors) == 8
     assert flight.do("k", lambda: 7) == 7  # the failure was not remembered
+
+
+class Refused(ValueError):
+    """What the shared work raises in the traceback tests."""
+
+
+def _depth(tb: Any) -> int:
+    return len(traceback.extract_tb(tb))
+
+
+def _nest(depth: int, fn: Any) -> Any:
+    # Each caller goes through its own number of frames, so frames another
+    # caller's re-raise added to a shared traceback show up in the count.
+    return fn() if depth == 0 else _nest(depth - 1, fn)
+
+
+def test_every_waiter_raises_its_own_copy_with_its_own_traceback() -> None:
+    flight = SingleFlight()
+    release = threading.Event()
+
+    def fail() -> int:
+        release.wait()
+        try:
+            raise KeyError("cause")
+        except KeyError as cause:
+            raise Refused("no", 7) from cause
+
+    errors: dict[int, BaseException] = {}
+
+    def caller(i: int) -> None:
+        try:
+            _nest(i, lambda: flight.do("k", fail))
+        except ValueError as exc:  # the type is kept: except clauses work as without sharing
+            errors[i] = exc
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: flight.in_flight("k") == 16)
+    release.set()
+    for t in threads:
+        t.join()
+    assert len({id(e) for e in errors.values()}) == 16  # no object shared by two callers
+    # caller, i + 1 _nest frames, the lambda, do, call, fail: the leader's own raise.
+    leader = [i for i, e in errors.items() if _depth(e.__traceback__) == i + 6]
+    assert len(leader) == 1
+    for i, exc in errors.items():
+        assert type(exc) is Refused and exc.args == ("no", 7)
+        assert isinstance(exc.__cause__, KeyError) and exc.__suppress_context__
+        frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        assert frames.count("_nest") == i + 1, frames  # only this caller's own frames
+        assert frames[-1] == "fail"  # and where the work failed
+        if i not in leader:  # its own path to _wait, then the leader's from its call down
+            assert _depth(exc.__traceback__) == i + 8, frames
+        text = traceback.format_exception(exc)
+        assert text == traceback.format_exception(exc)  # stable: nothing else re-raises it
+
+
+def test_an_exception_that_cannot_be_copied_is_still_raised_in_every_waiter() -> None:
+    class Odd(Exception):
+        def __init__(self, a: int, b: int) -> None:  # copy.copy calls Odd("a+b"): fails
+            super().__init__(f"{a}+{b}")
+
+    flight = SingleFlight()
+    release = threading.Event()
+
+    def fail() -> int:
+        release.wait()
+        raise Odd(1, 2)
+
+    seen: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            flight.do("k", fail)
+        except Odd as exc:
+            seen.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: flight.in_flight("k") == 4)
+    release.set()
+    for t in threads:
+        t.join()
+    assert len(seen) == 4 and all(e.args == ("1+2",) for e in seen)
 
 
 def test_base_exception_in_leader_does_not_strand_waiters() -> None:
@@ -413,6 +500,41 @@ def test_async_exception_reaches_every_caller() -> None:
             return 1
 
         assert await flight.do("k", fine) == 1
+
+    asyncio.run(main())
+
+
+def test_async_every_caller_raises_its_own_copy_with_its_own_traceback() -> None:
+    async def anest(depth: int, fn: Any) -> Any:
+        return await fn() if depth == 0 else await anest(depth - 1, fn)
+
+    async def main() -> None:
+        flight: AsyncSingleFlight = AsyncSingleFlight()
+        gate = asyncio.Event()
+
+        async def fail() -> int:
+            await gate.wait()
+            raise Refused("no", 7)
+
+        async def caller(i: int) -> BaseException:
+            try:
+                await anest(i, lambda: flight.do("k", fail))
+            except ValueError as exc:
+                return exc
+            raise AssertionError("no exception")
+
+        tasks = [asyncio.create_task(caller(i)) for i in range(8)]
+        while flight.in_flight("k") < 8:
+            await asyncio.sleep(0)
+        gate.set()
+        errors = await asyncio.gather(*tasks)
+        assert len({id(e) for e in errors}) == 8
+        for i, exc in enumerate(errors):
+            assert type(exc) is Refused and exc.args == ("no", 7)
+            frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            assert frames.count("anest") == i + 1, frames
+            assert frames[-1] == "fail"
+            assert exc.__context__ is None  # not chained to another caller's exception
 
     asyncio.run(main())
 

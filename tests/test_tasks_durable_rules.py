@@ -245,3 +245,104 @@ def test_postgresql_wakes_workers_by_notify(pg_url: str, tmp_path: Path, clock: 
     finally:
         fleet.down()
         place.close()
+
+
+def live_attempts(store: Store, processor: TaskProcessor, job_ids: list[str]) -> list[Unit]:
+    """The attempt units of these jobs that still have a live claim on the store."""
+    units: list[Unit] = []
+    for job_id in job_ids:
+        record = processor.job(job_id)
+        assert record is not None
+        units += [
+            Unit(job_id, str(n))
+            for n in range(1, record.attempt + 1)
+            if store.holder_of(Unit(job_id, str(n))) is not None
+        ]
+    return units
+
+
+def test_finished_attempts_leave_no_live_claims(fleet: Fleet, clock: FakeClock) -> None:
+    host = fleet.host(lease=1000)  # fake time jumps past short leases
+    failed: set[str] = set()
+
+    @host.task("flaky", retries=1, backoff=0)
+    def flaky(n: int) -> int:
+        job_id = current().job_id or ""
+        if job_id not in failed:  # the first attempt fails; its retry succeeds
+            failed.add(job_id)
+            raise ValueError(n)
+        return n
+
+    jobs = [host.enqueue("tick") for _ in range(10)] + [host.enqueue("flaky", n) for n in range(5)]
+    wait_for(lambda: all((r := host.job(j)) is not None and r.state == "done" for j in jobs))
+    host.every(10, "tick", id="s", start=T0, misfire=Misfire(coalesce="all"))
+
+    def occurrences() -> list[str]:
+        return [r for r in fleet.runs if r.startswith("s@")]
+
+    for step in range(1, 6):
+        wait_for(lambda s=step: len(occurrences()) == s)
+        clock.advance(10)
+    wait_for(lambda: len(occurrences()) == 6)
+    host.unschedule("s")
+    assert host.join(GUARD)
+    finished = jobs + occurrences()
+    assert all((r := host.job(j)) is not None and r.state == "done" for j in finished)
+    assert {host.job(j).attempt for j in jobs[10:]} == {2}  # type: ignore[union-attr]
+    # Every attempt ended with its claim: nothing stays claimed per finished job.
+    assert host._durable is not None
+    assert fleet.store.claims_of(host._durable.holder) == []
+    assert live_attempts(fleet.store, host, finished) == []
+    # So the store's sweeper purges them once they are past the retention, like the rows.
+    fleet.down()
+    clock.advance(fleet.store.request_retention + 1)
+    assert fleet.store.sweep().purged_claims >= len(finished) - 1
+
+
+def test_a_stale_read_cannot_run_a_finished_attempt_again(fleet: Fleet, clock: FakeClock) -> None:
+    client = fleet.host(take_jobs=False)
+    assert client._durable is not None
+    jobs = client._durable.jobs
+    job_id = client.enqueue("tick")
+    pending = jobs.get(job_id)
+    fleet.gate.clear()
+    worker = fleet.host()
+    assert worker._durable is not None
+    wait_for(lambda: fleet.runs == [job_id])
+    running = jobs.get(job_id)
+    assert pending is not None and running is not None and running.state == "running"
+    fleet.gate.set()
+    assert worker.join(GUARD)
+    wait_for(lambda: (r := client.job(job_id)) is not None and r.state == "done")
+    # A poller that read the row before the attempt ended: its claims are granted now
+    # (the attempt's claim was released), but the row refuses them, and it gives them back.
+    now = fleet.store.now().timestamp()
+    for stale in (pending, running):
+        assert not worker._durable._take(stale, now)
+    assert jobs.purge(now + 1) == 1
+    for stale in (pending, running):  # and the same once the row is gone
+        assert not worker._durable._take(stale, now)
+    assert worker.join(GUARD)
+    assert fleet.runs == [job_id]
+    assert fleet.store.holder_of(Unit(job_id, "1")) is None
+    assert fleet.store.holder_of(Unit(job_id, "2")) is None
+
+
+def test_an_attempt_confirmed_by_a_dead_worker_is_settled_and_released(fleet: Fleet) -> None:
+    client = fleet.host(take_jobs=False)
+    assert client._durable is not None
+    jobs = client._durable.jobs
+    job_id = client.enqueue("tick")
+    # A worker that died after its fenced confirm, before settling its proposal.
+    claim = fleet.store.claim(Unit(job_id, "1"), holder="gone", ttl=5).claim
+    assert claim is not None
+    assert jobs.start(job_id, 1, None, 1, claim.fence, claim.id)
+    assert jobs.propose(job_id, 1, claim.fence, "ok", "7")
+    fleet.store.confirm(claim.id, holder="gone", fence=claim.fence)
+    worker = fleet.host()
+    wait_for(lambda: (r := client.job(job_id)) is not None and r.state == "done")
+    wait_for(lambda: fleet.store.holder_of(Unit(job_id, "1")) is None)
+    assert worker.join(GUARD)
+    record = client.job(job_id)
+    assert record is not None and record.result == 7 and record.attempt == 1
+    assert fleet.runs == []  # settled from the proposal, not run again

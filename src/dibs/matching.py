@@ -118,14 +118,16 @@ def match(
             sleep(pick.uniform(0, cap) if jitter else cap)
         units = fixed if fixed is not None else _units(candidates())  # type: ignore[operator]
         for unit in units:
-            tried += 1
-            result = store.claim([unit, dispatch], holder=holder, ttl=ttl)
-            # Linearization point: the store's group claim on the candidate and
-            # the dispatch unit. Granted means both are this dispatch's.
-            if result:
-                assert result.claim is not None
-                return Match(unit, result.claim, result.replayed, tried, round_)
-            if dispatch in result.taken:
+            while True:
+                tried += 1
+                result = store.claim([unit, dispatch], holder=holder, ttl=ttl)
+                # Linearization point: the store's group claim on the candidate and
+                # the dispatch unit. Granted means both are this dispatch's.
+                if result:
+                    assert result.claim is not None
+                    return Match(unit, result.claim, result.replayed, tried, round_)
+                if dispatch not in result.taken:
+                    break  # the candidate is taken: try the next one
                 # Another try of this dispatch holds a candidate: answer with it.
                 earlier = _assignment(store, holder, dispatch)
                 if earlier is not None:
@@ -136,7 +138,10 @@ def match(
                         f"request ID {request_id!r} is dispatched by another holder",
                         request_id=request_id,
                     )
-                # It ended meanwhile: the ID is free again, so carry on.
+                # The claim that blocked us ended before our first read, and a try
+                # of ours may have won since: neither read decides, the claim does,
+                # so claim this candidate again. Not endless: each extra loop needs
+                # another claim on the dispatch unit to have ended meanwhile.
     return Match(None, None, attempts=tried, rounds=attempts)
 
 

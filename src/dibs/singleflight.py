@@ -4,7 +4,8 @@
 coroutines on one event loop. Both keep, per key, at most one *flight*: the
 first caller (the leader) starts the work, later callers (waiters) block on
 the flight's published outcome rather than on a guess about how long it takes,
-and every caller gets the leader's value or re-raises the leader's exception.
+and every caller gets the leader's value or re-raises the leader's exception
+(a copy per caller that did not raise it first: a raise mutates the exception).
 
 Locking: one ``threading.Lock`` per instance (``_lock``) guards the flight
 table, the result cache and each flight's caller count. It is never held while
@@ -144,6 +145,31 @@ class _Flights:
             return _MISSING, flight, False
 
 
+def _detached(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` to raise in one caller: its type, arguments, attributes, notes,
+    cause, context and traceback so far, none of them mutated by another caller's raise.
+
+    Raising an exception prepends the raising frames to its ``__traceback__``
+    and may set its ``__context__``, so callers sharing one object would see
+    each other's frames. An exception that ``copy.copy`` cannot rebuild (an
+    ``__init__`` that does not take its own ``args``) is returned itself, shared.
+    """
+    try:
+        new = _copy.copy(exc)
+    except Exception:
+        return exc
+    if type(new) is not type(exc):
+        return exc
+    new.__traceback__ = exc.__traceback__
+    new.__cause__ = exc.__cause__
+    new.__context__ = exc.__context__
+    new.__suppress_context__ = exc.__suppress_context__  # after __cause__, which sets it
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        new.__notes__ = list(notes)
+    return new
+
+
 class _ThreadFlight:
     """One in-flight call: the leader publishes once, waiters block on ``done``."""
 
@@ -182,7 +208,9 @@ class SingleFlight(_Flights):
     def do(self, key: Hashable, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Return ``fn(*args, **kwargs)``, run once among the concurrent callers for ``key``.
 
-        Re-raises the leader's exception in every caller of that flight.
+        Re-raises the leader's exception in every caller of that flight: the
+        leader the original, each waiter its own copy (same type, arguments,
+        cause; its own traceback).
         """
         return self.call(key, fn, *args, **kwargs).value
 
@@ -202,7 +230,9 @@ class SingleFlight(_Flights):
             stored = value if self._copy is None else self._copy(value)
         except BaseException as exc:
             # Publish even KeyboardInterrupt/SystemExit: waiters must never be stranded.
-            self._publish(key, flight, _MISSING, exc)
+            # What is published is a copy taken now, before our raise below adds our
+            # frames; it is never raised itself, and each waiter raises a copy of it.
+            self._publish(key, flight, _MISSING, _detached(exc))
             raise
         self._publish(key, flight, stored, None)
         return FlightResult(value, shared=False)
@@ -214,7 +244,7 @@ class SingleFlight(_Flights):
             with self._lock:
                 flight.callers -= 1
         if flight.error is not None:
-            raise flight.error
+            raise _detached(flight.error)
         return FlightResult(self._handout(flight.stored), shared=True)
 
     def _publish(
@@ -235,10 +265,11 @@ class SingleFlight(_Flights):
 class _AsyncFlight:
     """One in-flight call: a task every caller awaits through a shield."""
 
-    __slots__ = ("callers", "task")
+    __slots__ = ("callers", "error", "task")
 
     def __init__(self) -> None:
         self.task: asyncio.Future[Any] | None = None
+        self.error: BaseException | None = None  # a copy of the work's exception, never raised
         self.callers = 1
 
 
@@ -267,7 +298,8 @@ class AsyncSingleFlight(_Flights):
     ) -> R:
         """Return ``await fn(*args, **kwargs)``, run once among the concurrent callers for ``key``.
 
-        Re-raises the work's exception in every caller of that flight.
+        Re-raises the work's exception in every caller of that flight, each
+        caller its own copy (same type, arguments, cause; its own traceback).
         """
         return (await self.call(key, fn, *args, **kwargs)).value
 
@@ -291,6 +323,7 @@ class AsyncSingleFlight(_Flights):
             flight.task.add_done_callback(_retrieve)
         task = flight.task
         assert task is not None
+        failed: BaseException | None = None
         try:
             stored = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -304,8 +337,14 @@ class AsyncSingleFlight(_Flights):
             if abandoned:
                 task.cancel()
             raise
+        except BaseException as exc:
+            # Every caller awaits the task's one exception object: raise a copy.
+            failed = flight.error if flight.error is not None else exc
         with self._lock:
             flight.callers -= 1
+        if failed is not None:
+            # Outside the except clause, so the copy is not chained to the shared one.
+            raise _detached(failed)
         if leader:
             return FlightResult(stored[0], shared=False)
         return FlightResult(self._handout(stored[1]), shared=True)
@@ -315,7 +354,8 @@ class AsyncSingleFlight(_Flights):
         try:
             value = await work
             stored = value if self._copy is None else self._copy(value)
-        except BaseException:
+        except BaseException as exc:
+            flight.error = _detached(exc)  # before any caller's raise mutates exc
             with self._lock:
                 self._remember(key, flight, _MISSING)
             raise

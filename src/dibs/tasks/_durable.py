@@ -9,7 +9,10 @@ job that kills its worker is not retried forever). To finish, the worker
 writes its outcome as a proposal on the row, then confirms its hold with its
 fence; only a confirmed hold's proposal is ever settled into the row. A worker
 whose hold was taken over learns it from the failed confirm (``HoldLost``) and
-changes nothing.
+changes nothing. Once the row is settled the attempt's claim is released (so
+finished jobs hold nothing in the store); the row, not the claim, then keeps
+the attempt from running again, as every ``start`` is conditional on the
+``(attempt, fence)`` its taker read.
 
 Cancelling a pending job ends it; a running one has ``cancel_requested`` set
 on its row, which its worker reads at its next heartbeat and passes on to the
@@ -266,6 +269,7 @@ class DurableRunner:
                 fresh = self.jobs.get(job.id)
                 if fresh is not None and fresh.state == "running" and fresh.fence == job.fence:
                     self._settle(fresh, fresh.attempt, fresh.fence)
+                self._end(claim.id, claim.holder, claim.fence)  # on behalf of its dead worker
                 return False
             if (
                 claim is not None
@@ -347,9 +351,24 @@ class DurableRunner:
         settled = self.jobs.get(job.id)
         if settled is not None:
             self._settle(settled, running.attempt, running.fence)
+        self._end(running.claim_id, self.holder, running.fence)
         schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
+
+    def _end(self, claim_id: str, holder: str, fence: int) -> None:
+        """Release a settled attempt's confirmed claim, so that finished jobs hold nothing.
+
+        Only after the row has been settled: from then on the row itself refuses
+        the attempt (every ``start`` is conditional on the ``(attempt, fence)``
+        its taker read, and a settled row has left those for good), so a claim
+        granted on the released unit later changes nothing and is given back.
+        A failure here leaves the claim confirmed, which is harmless.
+        """
+        try:
+            self.store.release(claim_id, holder=holder, fence=fence)
+        except DibsError as exc:
+            log.warning("releasing the claim %s of a finished attempt failed: %s", claim_id, exc)
 
     def _settle(self, job: Job, attempt: int, fence: int | None) -> None:
         """Turn the confirmed attempt's proposal into the row's state (idempotent)."""
