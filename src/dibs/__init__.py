@@ -8,6 +8,8 @@
 (True, False, (Unit(resource='seat-14A', slot='show-42'),))
 """
 
+from importlib import metadata as _metadata
+
 from dibs import booking
 from dibs._clock import Clock, FakeClock, SystemClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
@@ -74,4 +76,21 @@ __all__ = [
     "reserve_path",
 ]
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    try:
+        return _metadata.version("dibs")
+    except _metadata.PackageNotFoundError:  # pragma: no cover - imported from a bare source tree
+        return "0+unknown"
+
+
+__version__ = _version()
+"""The installed version, from the package metadata (pyproject.toml holds the one copy)."""
+
+# Public names report the package they are imported from, as trio's do, so that
+# reprs, docs and pickles never depend on a private module path.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("dibs.") and isinstance(_obj, type):
+        _obj.__module__ = "dibs"
+del _name, _obj

@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="dibs",
         description="Claim a named, indivisible thing exactly once.",
     )
+    parser.add_argument("--version", action="version", version=f"dibs {dibs.__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for add in _COMMANDS:
         add(subparsers)
