@@ -204,7 +204,8 @@ class SQLitePool:
         _rollback(conn)
         healthy = not conn.in_transaction
         with self._cond:
-            del self._busy[conn]
+            if self._busy.pop(conn, None) is None:
+                return  # adopted by a fork that bypassed Python's hooks: abandoned
             keep = not self._closed and (self.memory or (healthy and len(self._idle) < IDLE_LIMIT))
             if keep:
                 self._idle.append(conn)
