@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,9 @@ from dibs.tasks._jobs import Job
 from dibs.tasks._jobs_sqlite import SQLiteJobs
 
 ROUNDS = 8  # claims per phase per process
+
+# Python 3.12+ warns on fork() with threads running; forking with threads is what we test.
+pytestmark = pytest.mark.filterwarnings("ignore:This process .*multi-threaded:DeprecationWarning")
 
 _VERIFY = textwrap.dedent(
     """
@@ -281,6 +285,36 @@ def test_a_forked_job_table_keeps_what_it_acknowledged(tmp_path: Path, acks: Ack
     closed.set()
     _join(pid)
     acks.verify(db)
+
+
+def test_a_fork_waits_for_a_call_in_another_thread_then_both_sides_work(
+    tmp_path: Path, acks: Acks
+) -> None:
+    db = tmp_path / "wait.db"
+    store = SQLiteStore(db)
+    acks.grant(store, "parent", 0)
+    inside = threading.Event()
+
+    def a_call_that_ends_during_the_fork() -> None:
+        with store._immediate():
+            inside.set()
+            while not store._pool._forking:  # the fork has begun and is waiting for us
+                time.sleep(0.001)
+        acks.grant(store, "thread", 0)  # blocked until the fork is over, then fine
+
+    thread = threading.Thread(target=a_call_that_ends_during_the_fork)
+    thread.start()
+    inside.wait()
+
+    def child() -> None:
+        for i in range(ROUNDS):
+            acks.grant(store, "child", i)
+
+    pid = _fork(child)
+    thread.join()
+    store.close()
+    _join(pid)
+    assert acks.verify(db) == ROUNDS + 2
 
 
 def test_a_fork_during_a_running_call_refuses_the_file_in_the_child(
