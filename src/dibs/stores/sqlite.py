@@ -16,12 +16,9 @@ every commit wait for the disk.
 from __future__ import annotations
 
 import os
-import random
 import sqlite3
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -49,6 +46,7 @@ from dibs.exceptions import (
     SpanKindMismatch,
     StoreUnavailable,
 )
+from dibs.stores._sqlite_conn import SQLitePool
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -175,10 +173,15 @@ class SQLiteStore(Store):
         self.path = os.fspath(path)
         self.busy_timeout = float(busy_timeout)
         self.synchronous = str(synchronous).lower()
-        self._local = threading.local()
-        self._all_lock = threading.Lock()  # guards _all (connections to close)
-        self._all: list[sqlite3.Connection] = []
-        self._create_schema()
+        # Connections, transactions, busy retries and the fork rules; shared with the job table.
+        self._pool = SQLitePool(
+            self.path, busy_timeout=self.busy_timeout, synchronous=self.synchronous
+        )
+        try:
+            self._create_schema()
+        except BaseException:
+            self._pool.close()
+            raise
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
@@ -220,72 +223,18 @@ class SQLiteStore(Store):
 
     # --- connections and transactions -----------------------------------------------------------
 
-    def _connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        # A connection must not cross fork(): reopen in a child process.
-        if conn is None or self._local.pid != os.getpid():
-            conn = self._connect()
-            self._local.conn = conn
-            self._local.pid = os.getpid()
-        return conn
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,  # we issue BEGIN IMMEDIATE ourselves
-                check_same_thread=False,  # only so close() may close it from any thread
-                cached_statements=256,
-            )
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            conn.execute("PRAGMA foreign_keys = OFF")
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path!r}: {exc}") from exc
-        with self._all_lock:
-            self._all.append(conn)
-        return conn
-
-    @contextmanager
-    def _immediate(self) -> Iterator[sqlite3.Connection]:
+    def _immediate(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction; SQLite's writer lock makes it the linearization point."""
-        conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        else:
-            if conn.in_transaction:  # a losing claim may already have rolled back
-                conn.execute("COMMIT")
+        return self._pool.transaction("BEGIN IMMEDIATE")
 
     def _retrying(self, work: Callable[[], _T]) -> _T:
         """Run ``work``, retrying while the database is busy, up to ``busy_timeout``."""
-        deadline = time.monotonic() + self.busy_timeout
-        delay = 0.001
-        while True:
-            try:
-                return work()
-            except sqlite3.OperationalError as exc:
-                message = str(exc).lower()
-                if "locked" not in message and "busy" not in message:
-                    raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"SQLite store {self.path!r} stayed busy for {self.busy_timeout:g}s: {exc}"
-                    ) from exc
-                time.sleep(random.uniform(0, delay))  # full jitter
-                delay = min(delay * 2, 0.1)
-            except sqlite3.DatabaseError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
+        return self._pool.retrying(work)
 
     def _create_schema(self) -> None:
         def create() -> None:
-            conn = self._connection()
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            with self._pool.connection() as conn:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() not in ("wal", "memory"):
                 raise StoreUnavailable(f"cannot switch {self.path!r} to WAL mode (got {mode})")
             with self._immediate() as conn:
@@ -594,12 +543,8 @@ class SQLiteStore(Store):
 
     def _reading(self, work: Callable[[sqlite3.Connection, int], _T]) -> _T:
         def attempt() -> _T:
-            conn = self._connection()
-            conn.execute("BEGIN")  # one snapshot for the whole read
-            try:
+            with self._pool.transaction("BEGIN") as conn:  # one snapshot for the whole read
                 return work(conn, _micros(self._now()))
-            finally:
-                conn.execute("COMMIT")
 
         return self._retrying(attempt)
 
@@ -701,10 +646,7 @@ class SQLiteStore(Store):
         )
 
     def _close(self) -> None:
-        with self._all_lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
+        self._pool.close()
 
 
 def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:

@@ -9,12 +9,10 @@ read and written as one. Wake-ups: none; the runner polls (short and cheap).
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from dibs.exceptions import StoreUnavailable
+from dibs.stores._sqlite_conn import SQLitePool
 from dibs.stores.base import Store
 from dibs.tasks._jobs import COLUMNS, Decide, Job, job_from_row, row_values
 
@@ -52,84 +50,66 @@ CREATE TABLE IF NOT EXISTS dibs_job_schedules (
 ) WITHOUT ROWID;
 """
 _INSERT = f"INSERT INTO dibs_jobs ({COLUMNS}) VALUES ({', '.join('?' * 17)}) ON CONFLICT DO NOTHING"
+_T = TypeVar("_T")
 _STANDING = (
     "SELECT id FROM dibs_jobs WHERE id = ? OR (key = ? AND state IN ('pending', 'running')) LIMIT 1"
 )
 
 
 class SQLiteJobs:
-    """``dibs_jobs`` in the SQLite store's file; one connection per thread."""
+    """``dibs_jobs`` in the SQLite store's file, on the store's own connections.
+
+    Sharing the store's pool gives the job table the same fork rules, pragmas, busy
+    retries and bounded connections (see :mod:`dibs.stores._sqlite_conn`); closing the
+    store closes them.
+    """
 
     def __init__(self, store: Store) -> None:
         self.path: str = getattr(store, "path")  # noqa: B009 - SQLiteStore, typed loosely here
-        self.busy_timeout = float(getattr(store, "busy_timeout", 60.0))
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()  # guards _all (connections to close)
-        try:
+        self._pool: SQLitePool = getattr(store, "_pool")  # noqa: B009
+
+        def create() -> None:
             # Each statement takes the write lock; IF NOT EXISTS makes racing creators safe.
-            self._conn().executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot create job table in {self.path!r}: {exc}") from exc
+            with self._pool.connection() as conn:
+                conn.executescript(_SCHEMA)
+
+        self._pool.retrying(create)
 
     def close(self) -> None:
-        with self._all_lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
+        """Nothing of its own to close: the connections are the store's."""
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
         return lambda: None  # no notifications on SQLite: the runner's poll finds new rows
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self.busy_timeout,
-                    isolation_level=None,
-                    check_same_thread=False,  # only so close() may close it from any thread
-                )
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"cannot open job table in {self.path!r}: {exc}") from exc
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
+    def _transaction(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        def attempt() -> _T:
+            with self._pool.transaction("BEGIN IMMEDIATE") as conn:
+                return work(conn)
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"job table in {self.path!r}: {exc}") from exc
+        return self._pool.retrying(attempt)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> bool:
-        try:
-            return self._conn().execute(sql, params).rowcount == 1
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"job table in {self.path!r}: {exc}") from exc
+        def attempt() -> bool:
+            with self._pool.connection() as conn:
+                return bool(conn.execute(sql, params).rowcount == 1)
+
+        return self._pool.retrying(attempt)
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        try:
-            return self._conn().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"job table in {self.path!r}: {exc}") from exc
+        def attempt() -> list[Any]:
+            with self._pool.connection() as conn:
+                return conn.execute(sql, params).fetchall()
+
+        return self._pool.retrying(attempt)
 
     def add(self, job: Job) -> str:
-        with self._transaction() as conn:
+        def work(conn: sqlite3.Connection) -> str:
             if conn.execute(_INSERT, row_values(job)).rowcount == 1:
                 return job.id
             (standing,) = conn.execute(_STANDING, (job.id, job.key)).fetchone()
             return str(standing)
+
+        return self._transaction(work)
 
     def get(self, job_id: str) -> Job | None:
         rows = self._read(f"SELECT {COLUMNS} FROM dibs_jobs WHERE id = ?", (job_id,))
@@ -179,7 +159,7 @@ class SQLiteJobs:
         )
 
     def cancel(self, job_id: str, now: float) -> bool:
-        with self._transaction() as conn:
+        def work(conn: sqlite3.Connection) -> bool:
             pending = conn.execute(
                 "UPDATE dibs_jobs SET state = 'cancelled', outcome_kind = 'cancelled', "
                 "finished_at = ? WHERE id = ? AND state = 'pending'",
@@ -190,6 +170,8 @@ class SQLiteJobs:
                 (job_id,),
             ).rowcount
             return pending + running == 1
+
+        return self._transaction(work)
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         if not job_ids:
@@ -202,7 +184,8 @@ class SQLiteJobs:
         return {row[0] for row in rows}
 
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
-        with self._transaction() as conn:
+        # ``decide`` is pure: a retry after "database is locked" may run it again.
+        def work(conn: sqlite3.Connection) -> list[Job]:
             row = conn.execute(
                 "SELECT watermark FROM dibs_job_schedules WHERE id = ?", (schedule_id,)
             ).fetchone()
@@ -222,8 +205,10 @@ class SQLiteJobs:
             )
             return [job for job in jobs if conn.execute(_INSERT, row_values(job)).rowcount == 1]
 
+        return self._transaction(work)
+
     def purge(self, before: float) -> int:
-        with self._transaction() as conn:
+        def work(conn: sqlite3.Connection) -> int:
             return int(
                 conn.execute(
                     "DELETE FROM dibs_jobs WHERE state IN ('done', 'failed', 'cancelled') "
@@ -231,3 +216,5 @@ class SQLiteJobs:
                     (before,),
                 ).rowcount
             )
+
+        return self._transaction(work)

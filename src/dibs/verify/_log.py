@@ -91,12 +91,13 @@ def dump_log(store: Store) -> list[LogRow]:
                 )
             )
     elif isinstance(store, SQLiteStore):
-        conn = store._connection()
         query = (
             "SELECT fence, holder, targets, state, created_at, expires_at, updated_at, "
             "taken_over FROM dibs_claims ORDER BY fence"
         )
-        for fence, holder, targets, state, created, expires, updated, taken in conn.execute(query):
+        with store._pool.connection() as conn:  # pooled: checked out for the scan only
+            found = conn.execute(query).fetchall()
+        for fence, holder, targets, state, created, expires, updated, taken in found:
             rows.append(
                 LogRow(
                     id=str(fence),
