@@ -20,6 +20,11 @@ What guards what:
   clock only moves forward), so that write commutes with every other. It is
   still serialized with the hold's own confirm, extend and release, which hold
   that stripe too.
+* Which dict a holder's claims go into (``_by_holder[holder]`` being present):
+  the holder's lock in ``_holder_locks``, a separate striped table taken
+  innermost (after the claim's stripes) and never held while waiting for
+  another lock, so it adds no cycle. The sweep drops a holder's empty dict
+  under it, so a claim never adds to a dict the sweep has just dropped.
 * The dicts themselves (``_claims``, ``_by_holder``, and the containers
   above) rely on CPython's atomic single-operation dict updates.
 
@@ -74,6 +79,7 @@ _CONFIRMED = ClaimState.CONFIRMED
 _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
 _OCCUPYING = (_HELD, _CONFIRMED)
+_HOLDER_LOCKS = 64
 _fromtimestamp = datetime.fromtimestamp
 
 
@@ -196,6 +202,7 @@ class MemoryStore(Store):
         self._requests: dict[str, _Request] = {}
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
+        self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
         # next() on itertools.count is atomic under the GIL; it is only called
         # with the claim's stripes held, so a later claim on the same target
         # (which must take the same stripe) draws a larger fence.
@@ -402,10 +409,11 @@ class MemoryStore(Store):
                     entries[:] = [e for e in entries if e[1].indexed()]
                     entries.append((target, record))
         self._claims[record.id] = record
-        held_by = self._by_holder.get(holder)
-        if held_by is None:
-            held_by = self._by_holder.setdefault(holder, {})
-        held_by[record.id] = record
+        with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+            held_by = self._by_holder.get(holder)
+            if held_by is None:
+                held_by = self._by_holder[holder] = {}
+            held_by[record.id] = record
         return make_result(True, record.snapshot(now))
 
     def _forget_holder(self, record: _Record) -> None:
@@ -550,7 +558,10 @@ class MemoryStore(Store):
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):
             if not mine:
-                self._by_holder.pop(holder, None)
+                # Under the holder's lock, so no claim is adding to this dict now.
+                with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+                    if not mine and self._by_holder.get(holder) is mine:
+                        del self._by_holder[holder]
         return SweepResult(
             expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
         )
