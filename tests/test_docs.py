@@ -26,3 +26,8 @@ def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_fake_clock_example_runs() -> None:
     first = _blocks("docs/testing.md")[0]
     exec(compile(first, "docs/testing.md", "exec"), {})
+
+
+def test_reason_rule_example_runs() -> None:
+    (example,) = _blocks("docs/stores.md")
+    exec(compile(example, "docs/stores.md", "exec"), {})

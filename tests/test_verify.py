@@ -167,6 +167,61 @@ def test_confirm_after_expiry_must_fail() -> None:
     assert bad.check().verdict == "anomaly"
 
 
+@pytest.mark.parametrize(("reason", "verdict"), [("taken_over", "ok"), ("expired", "anomaly")])
+def test_a_dead_hold_whose_unit_was_claimed_answers_taken_over(reason: str, verdict: str) -> None:
+    # The reason rule: whether or not a sweep marked it expired in between.
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=0.01)
+    h.grant("b", "0", 11, 12, "2", at=11.5)
+    h.op("a", "confirm", on_claim("a", "1"), 20, 21, "fail", error="HoldLost", reason=reason)
+    assert h.check().verdict == verdict
+
+
+def time_span(lo_ms: float, hi_ms: float) -> list[Any]:
+    return ["t", "s", us(lo_ms), us(hi_ms)]
+
+
+@pytest.mark.parametrize(("reason", "verdict"), [("taken_over", "ok"), ("expired", "anomaly")])
+def test_a_kind_switch_takes_over_a_dead_span_hold(reason: str, verdict: str) -> None:
+    h = Recorder()
+    span_grant(h, "a", 0, 10, start=0, at=0.5, fence=1)  # a number span, dead at 1.5 ms
+    args = {"res": "s", "targets": [time_span(0, 60_000)], "holder": "b", "rid": None, "ttl": 1}
+    value = {
+        "granted": True,
+        "replayed": False,
+        "taken": [],
+        "claim_id": "2",
+        "fence": 2,
+        "state": "held",
+        "created_at": us(5.5),
+        "updated_at": us(5.5),
+        "expires_at": us(1005.5),
+    }
+    h.op("b", "claim", args, 5, 6, **value)
+    a_args = {
+        "res": "s",
+        "targets": [["n", "s", 0, 10]],
+        "holder": "a",
+        "claim_id": "1",
+        "fence": 1,
+    }
+    h.op("a", "confirm", a_args, 20, 21, "fail", error="HoldLost", reason=reason)
+    assert h.check().verdict == verdict
+
+
+def test_a_kind_switch_over_a_live_span_is_refused() -> None:
+    args = {"res": "s", "targets": [time_span(0, 60_000)], "holder": "b", "rid": None, "ttl": 1}
+    refused = Recorder()
+    span_grant(refused, "a", 0, 10, start=0, at=0.5, fence=1)
+    refused.op("b", "claim", args, 0.6, 0.9, "fail", error="SpanKindMismatch")
+    assert refused.check().verdict == "ok"
+    granted = Recorder()
+    span_grant(granted, "a", 0, 10, start=0, at=0.5, fence=1)
+    value = {"granted": False, "replayed": False, "taken": [time_span(0, 60_000)]}
+    granted.op("b", "claim", args, 0.6, 0.9, **value)
+    assert granted.check().verdict == "anomaly"
+
+
 def test_an_unknown_grant_may_or_may_not_have_happened() -> None:
     took_effect = Recorder()
     took_effect.grant("a", "0", 0, 1, "1", at=0.5, status="unknown")

@@ -112,9 +112,14 @@ class HoldLostReason(enum.StrEnum):
     """Why a confirm, extend or release found no live hold."""
 
     EXPIRED = "expired"
-    """The hold's TTL ran out on the store's clock."""
+    """The hold's TTL ran out on the store's clock, and nobody has taken its targets since."""
     TAKEN_OVER = "taken_over"
-    """The hold expired and another claimant took its targets."""
+    """The hold expired and another claimant took its targets.
+
+    That is, a later claim was granted on a target the hold would have blocked
+    had it been live (see "the reason rule" in docs/stores.md), whether or not
+    a sweep had marked the hold expired first.
+    """
     RELEASED = "released"
     """The holder released the claim."""
     FENCE = "fence"

@@ -16,10 +16,21 @@ What guards what:
 * A claim record's fields: the stripes of *all* its targets for a live
   transition (confirm, extend, release, sweep). A claimant that takes over a
   dead hold holds only the stripe of the target it takes and writes only
-  ``expired``; a dead hold never becomes live again (the clock only moves
-  forward), so that write commutes with every other.
+  ``expired`` and ``taken_over``; a dead hold never becomes live again (the
+  clock only moves forward), so that write commutes with every other. It is
+  still serialized with the hold's own confirm, extend and release, which hold
+  that stripe too.
+* Which dict a holder's claims go into (``_by_holder[holder]`` being present):
+  the holder's lock in ``_holder_locks``, a separate striped table taken
+  innermost (after the claim's stripes) and never held while waiting for
+  another lock, so it adds no cycle. The sweep drops a holder's empty dict
+  under it, so a claim never adds to a dict the sweep has just dropped.
 * The dicts themselves (``_claims``, ``_by_holder``, and the containers
   above) rely on CPython's atomic single-operation dict updates.
+
+The reason rule (docs/stores.md): a hold that the sweep marked expired keeps
+its unit and span entries until it is purged, so that a later claimant that
+takes one of its targets can still mark it ``taken_over``.
 """
 
 from __future__ import annotations
@@ -68,6 +79,7 @@ _CONFIRMED = ClaimState.CONFIRMED
 _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
 _OCCUPYING = (_HELD, _CONFIRMED)
+_HOLDER_LOCKS = 64
 _fromtimestamp = datetime.fromtimestamp
 
 
@@ -142,6 +154,16 @@ class _Record:
         self.taken_over = self.taken_over or taken_over
         self.updated_at = now
 
+    def takeable(self) -> bool:
+        """Whether a claim granted on a target of this dead record takes it over."""
+        state = self.state
+        return state is _HELD or (state is _EXPIRED and not self.taken_over)
+
+    def indexed(self) -> bool:
+        """Whether the unit and span indexes must keep this record (the reason rule)."""
+        state = self.state
+        return state in _OCCUPYING or (state is _EXPIRED and not self.taken_over)
+
 
 class _Request(NamedTuple):
     """A request record; a named tuple because one is made per claim with an ID."""
@@ -180,6 +202,7 @@ class MemoryStore(Store):
         self._requests: dict[str, _Request] = {}
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
+        self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
         # next() on itertools.count is atomic under the GIL; it is only called
         # with the claim's stripes held, so a later claim on the same target
         # (which must take the same stripe) draws a larger fence.
@@ -319,31 +342,32 @@ class MemoryStore(Store):
                         taken, blockers = [], set()
                     taken.append(target)
                     blockers.add(current)
-                elif current.state is _HELD:
+                elif current.takeable():
                     if dead is None:
                         dead = []
                     dead.append(current)
             else:
                 assert isinstance(target, Span)
                 for span, current in self._spans.get(target.resource, ()):
-                    if span.kind != target.kind:
-                        if current.live(now):
+                    # A span of the other kind would block any span here had it
+                    # been live, so a dead one is taken over like an overlap.
+                    switch = span.kind != target.kind
+                    if not switch and not span.overlaps(target):
+                        continue
+                    if current.live(now):
+                        if switch:
                             raise SpanKindMismatch(
                                 f"resource {target.resource!r} holds {span.kind} spans; "
                                 f"cannot claim {target!r}",
                                 field="targets",
                                 value=target,
                             )
-                        continue
-                    if not span.overlaps(target):
-                        continue
-                    if current.live(now):
                         if taken is None or blockers is None:
                             taken, blockers = [], set()
                         if target not in taken:
                             taken.append(target)
                         blockers.add(current)
-                    elif current.state is _HELD:
+                    elif current.takeable():
                         if dead is None:
                             dead = []
                         dead.append(current)
@@ -381,14 +405,15 @@ class MemoryStore(Store):
                     self._spans[target.resource] = [(target, record)]
                 else:
                     # Drop ended entries while we hold the resource's stripe; dead
-                    # holds stay until a sweep or an overlapping claimant ends them.
-                    entries[:] = [e for e in entries if e[1].state in _OCCUPYING]
+                    # holds stay until a claimant takes them over or a sweep purges them.
+                    entries[:] = [e for e in entries if e[1].indexed()]
                     entries.append((target, record))
         self._claims[record.id] = record
-        held_by = self._by_holder.get(holder)
-        if held_by is None:
-            held_by = self._by_holder.setdefault(holder, {})
-        held_by[record.id] = record
+        with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+            held_by = self._by_holder.get(holder)
+            if held_by is None:
+                held_by = self._by_holder[holder] = {}
+            held_by[record.id] = record
         return make_result(True, record.snapshot(now))
 
     def _forget_holder(self, record: _Record) -> None:
@@ -466,9 +491,7 @@ class MemoryStore(Store):
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
-                    entries[:] = [
-                        e for e in entries if e[1] is not record and e[1].state in _OCCUPYING
-                    ]
+                    entries[:] = [e for e in entries if e[1] is not record and e[1].indexed()]
                     if not entries:
                         del self._spans[target.resource]
         self._forget_holder(record)
@@ -502,23 +525,29 @@ class MemoryStore(Store):
     def _sweep(self) -> SweepResult:
         expired = purged_claims = purged_requests = 0
         now = self._now()
+        retention = self.request_retention
         for record in list(self._claims.copy().values()):
             if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
                 with self._locked(record.stripes):
                     now = self._now()
                     if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
                         record.kill(now, taken_over=False)
-                        self._detach(record, now)
+                        # Its unit and span entries stay until the purge, so that
+                        # a later claimant can still take it over (the reason rule).
+                        self._forget_holder(record)
                         expired += 1
-            elif record.state in (_RELEASED, _EXPIRED):
-                if record.state is _EXPIRED:
-                    with self._locked(record.stripes):
-                        self._detach(record, now)
+            elif (
+                record.state in (_RELEASED, _EXPIRED)
+                and record.updated_at + retention <= now
                 # Like every store, keep the newest claim (see SQLiteStore).
-                newest = record.fence == self._newest_fence
-                if record.updated_at + self.request_retention <= now and not newest:
-                    self._claims.pop(record.id, None)
-                    purged_claims += 1
+                and record.fence != self._newest_fence
+            ):
+                with self._locked(record.stripes):
+                    # A takeover may have marked it since (and moved updated_at).
+                    if record.updated_at + retention <= now:
+                        self._detach(record, now)
+                        self._claims.pop(record.id, None)
+                        purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):
             if request.created_at + self.request_retention <= now:
                 stripe = hash(request_id) % self._nstripes
@@ -529,7 +558,10 @@ class MemoryStore(Store):
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):
             if not mine:
-                self._by_holder.pop(holder, None)
+                # Under the holder's lock, so no claim is adding to this dict now.
+                with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+                    if not mine and self._by_holder.get(holder) is mine:
+                        del self._by_holder[holder]
         return SweepResult(
             expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
         )

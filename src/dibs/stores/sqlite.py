@@ -85,8 +85,8 @@ CREATE INDEX IF NOT EXISTS dibs_claims_held
     ON dibs_claims (expires_at) WHERE state = 'held';
 CREATE INDEX IF NOT EXISTS dibs_claims_ended
     ON dibs_claims (updated_at) WHERE state IN ('released', 'expired');
--- One row per unit of a live (or dead, not yet swept) claim: the unique key
--- is the arbiter.
+-- One row per unit of a live claim, or of a dead hold until a claimant takes
+-- it over or the sweep purges it (the reason rule): the unique key is the arbiter.
 CREATE TABLE IF NOT EXISTS dibs_units (
     resource TEXT NOT NULL,
     slot     TEXT NOT NULL,
@@ -408,9 +408,10 @@ class SQLiteStore(Store):
         blocked = False
         for rowid, kind, other, live, other_holder, other_targets in rows:
             if not live:
+                # A dead span of the other kind would have blocked this one had
+                # it been live: taken over like an overlap (the reason rule).
                 conn.execute("DELETE FROM dibs_spans WHERE rowid = ?", (rowid,))
-                if kind == span.kind:
-                    self._take_over(conn, other, now)
+                self._take_over(conn, other, now)
             elif kind != span.kind:
                 raise SpanKindMismatch(
                     f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
@@ -430,9 +431,11 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _take_over(conn: sqlite3.Connection, fence: int, now: int) -> None:
+        # Only ever called on a claim found not live, so 'held' here is a dead
+        # hold; 'expired' is one the sweep marked first (the reason rule).
         conn.execute(
             "UPDATE dibs_claims SET state = 'expired', taken_over = 1, updated_at = ? "
-            "WHERE fence = ? AND state = 'held'",
+            "WHERE fence = ? AND state IN ('held', 'expired') AND taken_over = 0",
             (now, fence),
         )
 
@@ -606,17 +609,14 @@ class SQLiteStore(Store):
             with self._immediate() as conn:
                 now = _micros(self._now())
                 cutoff = now - _micros(self.request_retention)
+                # The unit and span rows of an expired claim stay until its purge,
+                # so a later claimant can still take it over (the reason rule).
                 dead = conn.execute(
-                    "SELECT fence, targets FROM dibs_claims WHERE state = 'held' "
-                    "AND expires_at <= ? LIMIT ?",
-                    (now, batch),
+                    "UPDATE dibs_claims SET state = 'expired', updated_at = :now "
+                    "WHERE fence IN (SELECT fence FROM dibs_claims WHERE state = 'held' "
+                    "AND expires_at <= :now LIMIT :batch) RETURNING fence",
+                    {"now": now, "batch": batch},
                 ).fetchall()
-                for fence, targets in dead:
-                    conn.execute(
-                        "UPDATE dibs_claims SET state = 'expired', updated_at = ? WHERE fence = ?",
-                        (now, fence),
-                    )
-                    self._detach(conn, fence, targets)
                 totals["expired"] += len(dead)
                 purged_requests = conn.execute(
                     "DELETE FROM dibs_requests WHERE request_id IN (SELECT request_id FROM "

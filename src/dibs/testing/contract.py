@@ -359,6 +359,85 @@ class StoreContract:
         assert store.sweep().purged_claims >= 1
         assert store.get(claim.id) is None
 
+    # --- the reason rule --------------------------------------------------------------------
+    # A dead hold answers taken_over once a later claim is granted on a target it
+    # would have blocked had it been live, whether or not a sweep marked it
+    # expired first; otherwise it answers expired (docs/stores.md).
+
+    @pytest.mark.parametrize("swept", [False, True], ids=["unswept", "swept"])
+    @pytest.mark.parametrize(
+        ("mine", "theirs"),
+        [
+            pytest.param((SEAT,), (SEAT,), id="unit"),
+            pytest.param((Span("room-7", 0, 10),), (Span("room-7", 5, 15),), id="span"),
+            pytest.param((SEAT, SEAT_B), (SEAT_B,), id="group-one-unit"),
+            pytest.param((SEAT, Span("room-7", 0, 10)), (Span("room-7", 9, 12),), id="group-span"),
+            pytest.param(
+                (Span("room-7", 0, 10), Span("room-7", 20, 30)),
+                (Span("room-7", T0, T0 + timedelta(hours=1)),),
+                id="kind-switch",
+            ),
+            pytest.param(
+                (Span("room-7", T0, T0 + timedelta(hours=1)),),
+                (Span("room-7", 100, 200),),
+                id="kind-switch-back",
+            ),
+        ],
+    )
+    def test_a_dead_hold_whose_target_is_claimed_is_taken_over(
+        self, store: Store, swept: bool, mine: tuple[Target, ...], theirs: tuple[Target, ...]
+    ) -> None:
+        claim = store.claim(mine, holder="alice", ttl=60).claim
+        assert claim is not None
+        _clock(store).advance(61)
+        if swept:
+            assert store.sweep().expired == 1
+        _assert_lost(store, claim, HoldLostReason.EXPIRED)  # judging it changes nothing
+        takeover = store.claim(theirs, holder="bob", ttl=60).claim
+        assert takeover is not None and takeover.fence > claim.fence
+        _assert_lost(store, claim, HoldLostReason.TAKEN_OVER)
+        store.sweep()
+        _assert_lost(store, claim, HoldLostReason.TAKEN_OVER)
+
+    @pytest.mark.parametrize("swept", [False, True], ids=["unswept", "swept"])
+    @pytest.mark.parametrize(
+        "theirs",
+        [
+            pytest.param(None, id="nobody"),
+            pytest.param((SEAT_C,), id="other-unit"),
+            pytest.param((Unit("seat-14A", "show-43"),), id="other-slot"),
+            pytest.param((Span("room-7", 10, 20),), id="adjacent-span"),
+            pytest.param((Span("room-8", T0, T0 + timedelta(hours=1)),), id="other-resource"),
+            pytest.param((SEAT, SEAT_B), id="refused-group"),
+        ],
+    )
+    def test_a_dead_hold_nobody_took_stays_expired(
+        self, store: Store, swept: bool, theirs: tuple[Target, ...] | None
+    ) -> None:
+        assert store.claim(SEAT_B, holder="carol")  # blocks the refused group for good
+        claim = store.claim([SEAT, Span("room-7", 0, 10)], holder="alice", ttl=60).claim
+        assert claim is not None
+        _clock(store).advance(61)
+        if swept:
+            assert store.sweep().expired == 1
+        if theirs is not None:
+            store.claim(theirs, holder="bob", ttl=60)
+        store.sweep()
+        _assert_lost(store, claim, HoldLostReason.EXPIRED)
+
+    def test_a_purged_hold_is_gone_and_frees_its_targets(self, store: Store) -> None:
+        claim = store.claim([SEAT, Span("room-7", 0, 10)], holder="alice", ttl=60).claim
+        assert claim is not None
+        _clock(store).advance(61)
+        assert store.sweep().expired == 1
+        store.claim(SEAT_C, holder="keeper")  # a store may keep its newest claim
+        _clock(store).advance(store.request_retention + 1)
+        assert store.sweep().purged_claims >= 1
+        assert store.get(claim.id) is None
+        assert store.claim([SEAT, Span("room-7", T0, T0 + timedelta(hours=1))], holder="bob")
+        with pytest.raises(ClaimNotFound):
+            store.confirm(claim.id, holder="alice", fence=claim.fence)
+
     # --- spans ------------------------------------------------------------------------------
 
     def test_overlapping_spans_conflict_and_adjacent_ones_do_not(self, store: Store) -> None:
@@ -662,6 +741,18 @@ def _transition(store: Store, operation: str, claim_id: Any, holder: Any, fence:
     if operation == "extend":
         return store.extend(claim_id, holder=holder, fence=fence, ttl=30)
     return store.release(claim_id, holder=holder, fence=fence)
+
+
+def _assert_lost(store: Store, claim: dibs.Claim, reason: HoldLostReason) -> None:
+    """Confirm and extend raise HoldLost(reason); release is a no-op; get agrees."""
+    for operation in ("confirm", "extend"):
+        with pytest.raises(HoldLost) as raised:
+            _transition(store, operation, claim.id, claim.holder, claim.fence)
+        assert raised.value.reason is reason, operation
+    assert store.release(claim.id, holder=claim.holder, fence=claim.fence) is False
+    after = store.get(claim.id)
+    assert after is not None and after.state is ClaimState.EXPIRED
+    assert after.taken_over is (reason is HoldLostReason.TAKEN_OVER)
 
 
 def _check_race(

@@ -47,6 +47,22 @@ class ModelClaim:
     def covers(self, target: Target) -> bool:
         return any(_conflicts(mine, target) for mine in self.targets)
 
+    def would_block(self, target: Target) -> bool:
+        """Whether this claim, were it live, would block a claim of ``target``.
+
+        Wider than :meth:`covers`: any span of the other kind on the same
+        resource blocks (a live one raises SpanKindMismatch).
+        """
+        return any(_conflicts(mine, target) or _kind_switch(mine, target) for mine in self.targets)
+
+    def takeable(self) -> bool:
+        """Whether a later grant that it would have blocked takes it over (the reason rule)."""
+        if self.purged:
+            return False
+        return self.state is ClaimState.HELD or (
+            self.state is ClaimState.EXPIRED and not self.taken_over
+        )
+
     def observed_state(self, now: float) -> ClaimState:
         return ClaimState.EXPIRED if self.dead_hold(now) else self.state
 
@@ -55,6 +71,15 @@ def _conflicts(a: Target, b: Target) -> bool:
     if isinstance(a, Unit) or isinstance(b, Unit):
         return a == b
     return a.overlaps(b)
+
+
+def _kind_switch(a: Target, b: Target) -> bool:
+    return (
+        isinstance(a, Span)
+        and isinstance(b, Span)
+        and a.resource == b.resource
+        and a.kind != b.kind
+    )
 
 
 @dataclass
@@ -116,8 +141,14 @@ class ModelStore:
                 if mine.holder == holder and mine.targets == targets:
                     return ModelOutcome(True, mine.key, (), True)
             return ModelOutcome(False, None, taken, False)
+        # The reason rule: every dead hold this grant would have been blocked
+        # by, had it been live, is taken over, whether or not a sweep marked it.
         for other in self.claims:
-            if other.dead_hold(now) and any(other.covers(t) for t in targets):
+            if (
+                not other.live(now)
+                and other.takeable()
+                and any(other.would_block(t) for t in targets)
+            ):
                 other.state = ClaimState.EXPIRED
                 other.taken_over = True
                 other.updated_at = now

@@ -25,6 +25,11 @@ over-approximation, so an anomaly report never rests on a guess).
 Within a window, outcomes change only where some expiry bound lies, so the
 search tries the earliest possible time in each such region: an earlier time
 leaves a lower floor for what follows and the same state otherwise.
+
+The reason rule (docs/stores.md). A grant takes over every dead hold that
+would have blocked it had it been live (:func:`would_block`); from then on the
+hold answers ``taken_over``, and until then ``expired``. ``sweep()`` marking a
+hold expired changes neither, so the model has no sweep step.
 """
 
 from __future__ import annotations
@@ -125,13 +130,13 @@ def target_keys(target: Target) -> tuple[TargetKey, ...]:
     order) exactly when they share a key: a unit, or a point of two
     overlapping spans. Spans that do not overlap need not serialize, and on
     PostgreSQL they do not. The workload's spans have whole-number bounds;
-    other bounds fall back to one key for the whole span resource, which
-    serializes every span on it.
+    other bounds, and datetime spans, fall back to one key for the whole span
+    resource, which serializes every such span on it.
     """
     if target[0] == "u":
         return (("u", target[2]),)
     lo, hi = target[2], target[3]
-    if isinstance(lo, int) and isinstance(hi, int) and hi - lo <= 1000:
+    if target[0] == "n" and isinstance(lo, int) and isinstance(hi, int) and hi - lo <= 1000:
         return tuple(("s", x) for x in range(lo, hi))
     return (("s",),)
 
@@ -145,7 +150,17 @@ def conflicts(a: Target, b: Target) -> bool:
     """Whether two targets of one resource exclude each other."""
     if a[0] == "u" or b[0] == "u":
         return a == b
-    return bool(a[2] < b[3] and b[2] < a[3])
+    return bool(a[0] == b[0] and a[2] < b[3] and b[2] < a[3])
+
+
+def kind_switch(a: Target, b: Target) -> bool:
+    """Whether two spans of one resource are of different kinds (number, datetime)."""
+    return bool(a[0] != "u" and b[0] != "u" and a[0] != b[0])
+
+
+def would_block(a: Target, b: Target) -> bool:
+    """Whether a live claim of ``a`` would stop a claim of ``b``: taken, or a kind mismatch."""
+    return conflicts(a, b) or kind_switch(a, b)
 
 
 def op_targets(op: Op) -> tuple[Target, ...]:
@@ -292,16 +307,26 @@ def _claim(
                 if bound is not None:
                     yield bound
         return
-    if status == FAIL:
-        return  # no definite failure is possible for a fresh claim in this workload
+    if status == FAIL and v.get("error") != "SpanKindMismatch":
+        return  # the only definite failure of a fresh claim
     relevant = [
         cid
         for cid, rec in state.claims.items()
         if rec.state in (_HELD, _CONFIRMED)
-        and any(conflicts(t, u) for t in targets for u in rec.targets)
+        and any(would_block(u, t) for t in targets for u in rec.targets)
     ]
     for live in _judgements(state, relevant, now):
         blockers = [cid for cid in relevant if live[cid]]
+        if any(
+            kind_switch(t, u)
+            for cid in blockers
+            for t in targets
+            for u in state.claims[cid].targets
+        ):
+            # Refused before anything is written, the request ID included.
+            if status == UNKNOWN or (status == FAIL and v.get("error") == "SpanKindMismatch"):
+                yield state.copy()
+            continue
         if blockers:
             taken = frozenset(
                 t
@@ -329,7 +354,7 @@ def _claim(
             ):
                 yield _remember(state.copy(), rid, fp, None, taken)
             continue
-        # Granted: dead holds on these targets are taken over.
+        # Granted: every dead hold it would have blocked is taken over (the reason rule).
         new = state.copy()
         for cid in relevant:
             rec = new.claims[cid]
