@@ -107,9 +107,9 @@ class _Record:
         targets: tuple[Target, ...],
         state: ClaimState,
         fence: int,
-        expires_at: float | None,
+        expires_at: int | None,
         request_id: str | None,
-        now: float,
+        now: int,
         stripes: tuple[int, ...],
     ) -> None:
         self.id = id
@@ -124,31 +124,33 @@ class _Record:
         self.taken_over = False
         self.stripes = stripes
 
-    def live(self, now: float) -> bool:
+    def live(self, now: int) -> bool:
         state = self.state
         if state is _CONFIRMED:
             return True
         return state is _HELD and self.expires_at > now  # type: ignore[operator]
 
-    def snapshot(self, now: float) -> Claim:
+    def snapshot(self, now: int) -> Claim:
         state = self.state
         if state is _HELD and self.expires_at <= now:  # type: ignore[operator]
             state = _EXPIRED  # dead before a sweep marked it: derive on read
-        created = _fromtimestamp(self.created_at, UTC)
+        created = _fromtimestamp(self.created_at / 1e6, UTC)
         return make_claim(
             self.id,
             self.holder,
             self.targets,
             state,
             self.fence,
-            None if self.expires_at is None else _fromtimestamp(self.expires_at, UTC),
+            None if self.expires_at is None else _fromtimestamp(self.expires_at / 1e6, UTC),
             self.request_id,
             created,
-            created if self.updated_at == self.created_at else _fromtimestamp(self.updated_at, UTC),
+            created
+            if self.updated_at == self.created_at
+            else _fromtimestamp(self.updated_at / 1e6, UTC),
             self.taken_over,
         )
 
-    def kill(self, now: float, *, taken_over: bool) -> None:
+    def kill(self, now: int, *, taken_over: bool) -> None:
         """Mark a dead hold expired (idempotent; see the module docstring)."""
         self.state = _EXPIRED
         self.taken_over = self.taken_over or taken_over
@@ -173,7 +175,7 @@ class _Request(NamedTuple):
     ttl: float | None
     claim_id: str | None
     taken: tuple[Target, ...]
-    created_at: float
+    created_at: int
 
 
 class MemoryStore(Store):
@@ -211,6 +213,9 @@ class MemoryStore(Store):
         self._id_prefix = secrets.token_hex(4)
         # The claim path reads the clock once per claim; skip a call layer.
         self._clock_now = time.time if type(self.clock) is SystemClock else self.clock.now
+        # Store times are whole microseconds, as on the SQL stores, so that every store
+        # judges an expiry at the same instant (a float sum can land an ulp either side).
+        self._retention_us = round(self.request_retention * 1_000_000)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -221,6 +226,9 @@ class MemoryStore(Store):
                 f"memory:// takes no path or options, got {url!r}", field="url", value=url
             )
         return cls(**options)
+
+    def _now_us(self) -> int:
+        return round(self._clock_now() * 1_000_000)
 
     # --- locking ------------------------------------------------------------------------------
 
@@ -285,10 +293,10 @@ class MemoryStore(Store):
         try:
             # Linearization point: everything below runs with every stripe the
             # claim touches held, so the check and the set are one step.
-            now = self._clock_now()
+            now = round(self._clock_now() * 1_000_000)
             if request_id is not None:
                 prior = self._requests.get(request_id)
-                if prior is not None and prior.created_at + self.request_retention > now:
+                if prior is not None and prior.created_at + self._retention_us > now:
                     if (prior.holder, prior.targets, prior.ttl) != (holder, targets, ttl):
                         raise RequestConflict(
                             f"request ID {request_id!r} was already used with different input",
@@ -310,7 +318,7 @@ class MemoryStore(Store):
             for i in reversed(stripes):
                 locks[i].release()
 
-    def _replay(self, prior: _Request, now: float) -> ClaimResult:
+    def _replay(self, prior: _Request, now: int) -> ClaimResult:
         if prior.claim_id is None:
             return make_result(False, None, prior.taken, replayed=True)
         record = self._claims.get(prior.claim_id)
@@ -324,7 +332,7 @@ class MemoryStore(Store):
         request_id: str | None,
         ttl: float | None,
         stripes: tuple[int, ...],
-        now: float,
+        now: int,
     ) -> ClaimResult:
         units = self._units
         # Allocated only when needed: throwaway objects on the hot path cost
@@ -387,7 +395,7 @@ class MemoryStore(Store):
             targets,
             _CONFIRMED if ttl is None else _HELD,
             fence,
-            None if ttl is None else now + ttl,
+            None if ttl is None else now + round(ttl * 1_000_000),
             request_id,
             now,
             stripes,
@@ -431,7 +439,7 @@ class MemoryStore(Store):
             raise not_holder(claim_id, holder)
         return record
 
-    def _require_live(self, record: _Record, fence: int, now: float) -> None:
+    def _require_live(self, record: _Record, fence: int, now: int) -> None:
         """Raise HoldLost unless ``record`` is live and ``fence`` is its fence."""
         # A dead hold is judged, not written: the sweep or a takeover marks it.
         reason = lost_reason(
@@ -448,7 +456,7 @@ class MemoryStore(Store):
         record = self._owned(claim_id, holder)
         with self._locked(record.stripes):
             # Linearization point: the state check and write under all stripes.
-            now = self._now()
+            now = self._now_us()
             self._require_live(record, fence, now)
             if record.state is _HELD:
                 record.state = _CONFIRMED
@@ -459,17 +467,17 @@ class MemoryStore(Store):
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
         record = self._owned(claim_id, holder)
         with self._locked(record.stripes):
-            now = self._now()
+            now = self._now_us()
             self._require_live(record, fence, now)
             if record.state is _HELD:
-                record.expires_at = now + ttl
+                record.expires_at = now + round(ttl * 1_000_000)
                 record.updated_at = now
             return record.snapshot(now)
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
         record = self._owned(claim_id, holder)
         with self._locked(record.stripes):
-            now = self._now()
+            now = self._now_us()
             try:
                 self._require_live(record, fence, now)
             except HoldLost as lost:
@@ -482,7 +490,7 @@ class MemoryStore(Store):
             self._detach(record, now)
             return True
 
-    def _detach(self, record: _Record, now: float) -> None:
+    def _detach(self, record: _Record, now: int) -> None:
         """Remove an ended record from the indexes; caller holds all its stripes."""
         for target in record.targets:
             if isinstance(target, Unit):
@@ -503,10 +511,10 @@ class MemoryStore(Store):
         if record is None:
             return None
         with self._locked(record.stripes):
-            return record.snapshot(self._now())
+            return record.snapshot(self._now_us())
 
     def _holder_of(self, target: Unit | Span) -> str | None:
-        now = self._now()
+        now = self._now_us()
         if isinstance(target, Unit):
             record = self._units.get(target)
             return record.holder if record is not None and record.live(now) else None
@@ -516,7 +524,7 @@ class MemoryStore(Store):
         return None
 
     def _claims_of(self, holder: str) -> list[Claim]:
-        now = self._now()
+        now = self._now_us()
         records = list(self._by_holder.get(holder, {}).copy().values())
         return [r.snapshot(now) for r in sorted(records, key=lambda r: r.fence) if r.live(now)]
 
@@ -524,12 +532,12 @@ class MemoryStore(Store):
 
     def _sweep(self) -> SweepResult:
         expired = purged_claims = purged_requests = 0
-        now = self._now()
-        retention = self.request_retention
+        now = self._now_us()
+        retention = self._retention_us
         for record in list(self._claims.copy().values()):
             if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
                 with self._locked(record.stripes):
-                    now = self._now()
+                    now = self._now_us()
                     if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
                         record.kill(now, taken_over=False)
                         # Its unit and span entries stay until the purge, so that
@@ -549,11 +557,11 @@ class MemoryStore(Store):
                         self._claims.pop(record.id, None)
                         purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):
-            if request.created_at + self.request_retention <= now:
+            if request.created_at + self._retention_us <= now:
                 stripe = hash(request_id) % self._nstripes
                 with self._locked((stripe,)):
                     current = self._requests.get(request_id)
-                    if current is not None and current.created_at + self.request_retention <= now:
+                    if current is not None and current.created_at + self._retention_us <= now:
                         del self._requests[request_id]
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):

@@ -282,7 +282,7 @@ class PostgresStore(Store):
         """The test clock's time for statements, or None to use the database clock."""
         if not self._test_clock:
             return None
-        return _from_micros(int(self.clock.now() * 1_000_000))
+        return _from_micros(round(self.clock.now() * 1_000_000))
 
     def _now(self) -> float:
         if self._test_clock:

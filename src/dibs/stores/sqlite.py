@@ -130,7 +130,7 @@ class _Lost(Exception):
 
 
 def _micros(seconds: float) -> int:
-    return int(seconds * 1_000_000)
+    return round(seconds * 1_000_000)  # to the nearest µs, as datetime and PostgreSQL do
 
 
 def _dt(micros: int | None) -> datetime | None:

@@ -31,6 +31,7 @@ from dibs.testing.model import ModelOutcome, ModelStore
 __all__ = ["StoreStateMachine"]
 
 RETENTION = 100.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TTLS = [None, TTL_MIN, 5.0, 10.0, TTL_MAX]
 STEPS = [TTL_MIN, 0.5, 2.0, 4.999, 5.0, 7.0, 11.0, RETENTION, TTL_MAX]
 
@@ -215,10 +216,10 @@ class StoreStateMachine(RuleBasedStateMachine):
         now = self.clock.now()
         assert claim.holder == expected.holder
         assert claim.targets == expected.targets
-        assert claim.state is expected.observed_state(now), (claim, expected)
+        assert claim.state is self.model.state_of(key, now), (claim, expected)
         assert claim.taken_over == expected.taken_over, (claim, expected)
         if expected.state is ClaimState.HELD:
             assert claim.expires_at is not None and expected.expires_at is not None
-            assert abs(claim.expires_at.timestamp() - expected.expires_at) < 1e-3
+            assert claim.expires_at == _EPOCH + timedelta(microseconds=expected.expires_at)
         elif expected.state is not ClaimState.EXPIRED:
             assert claim.expires_at is None, claim

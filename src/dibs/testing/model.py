@@ -1,7 +1,7 @@
 """A pure model of the claim rules, to check stores against.
 
 The model is deliberately naive (lists and linear scans, no locks, no
-indexes) so that it can be read against DESIGN.md's principles line by line.
+indexes) so that it can be read against docs/design.md's principles line by line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from dibs.exceptions import (
     SpanKindMismatch,
 )
 
-__all__ = ["ModelClaim", "ModelOutcome", "ModelStore"]
+__all__ = ["ModelClaim", "ModelOutcome", "ModelStore", "us"]
+
+
+def us(seconds: float) -> int:
+    """Seconds as whole microseconds, rounded to the nearest, as the stores keep time."""
+    return round(seconds * 1_000_000)
 
 
 @dataclass
@@ -31,17 +36,17 @@ class ModelClaim:
     targets: tuple[Target, ...]
     state: ClaimState
     fence: int
-    expires_at: float | None
+    expires_at: int | None  # whole µs since the epoch, as every store keeps time
     taken_over: bool = False
-    updated_at: float = 0.0
+    updated_at: int = 0
     purged: bool = False
 
-    def live(self, now: float) -> bool:
+    def live(self, now: int) -> bool:
         return self.state is ClaimState.CONFIRMED or (
             self.state is ClaimState.HELD and self.expires_at is not None and self.expires_at > now
         )
 
-    def dead_hold(self, now: float) -> bool:
+    def dead_hold(self, now: int) -> bool:
         return self.state is ClaimState.HELD and not self.live(now)
 
     def covers(self, target: Target) -> bool:
@@ -63,7 +68,7 @@ class ModelClaim:
             self.state is ClaimState.EXPIRED and not self.taken_over
         )
 
-    def observed_state(self, now: float) -> ClaimState:
+    def observed_state(self, now: int) -> ClaimState:
         return ClaimState.EXPIRED if self.dead_hold(now) else self.state
 
 
@@ -94,11 +99,16 @@ class ModelOutcome:
 
 @dataclass
 class ModelStore:
-    """The claim rules on plain lists; ``now`` is passed in by the caller."""
+    """The claim rules on plain lists; ``now`` is passed in by the caller.
+
+    Each method takes ``now`` in seconds and judges time in whole microseconds,
+    rounded to the nearest, as every store does: a hold of ``ttl`` seconds
+    claimed at ``now`` is live while ``us(now') < us(now) + us(ttl)``.
+    """
 
     retention: float
     claims: list[ModelClaim] = field(default_factory=list)
-    requests: dict[str, tuple[Any, ModelOutcome, float]] = field(default_factory=dict)
+    requests: dict[str, tuple[Any, ModelOutcome, int]] = field(default_factory=dict)
     last_fence: int = 0
 
     def claim(
@@ -109,9 +119,19 @@ class ModelStore:
         ttl: float | None,
         now: float,
     ) -> ModelOutcome:
+        return self._claim(targets, holder, request_id, ttl, us(now))
+
+    def _claim(
+        self,
+        targets: tuple[Target, ...],
+        holder: str,
+        request_id: str | None,
+        ttl: float | None,
+        now: int,
+    ) -> ModelOutcome:
         if request_id is not None and request_id in self.requests:
             fp, outcome, at = self.requests[request_id]
-            if at + self.retention > now:
+            if at + us(self.retention) > now:
                 if fp != (holder, targets, ttl):
                     raise RequestConflict("conflict", request_id=request_id)
                 return ModelOutcome(outcome.granted, outcome.key, outcome.taken, True)
@@ -121,7 +141,7 @@ class ModelStore:
         return outcome
 
     def _decide(
-        self, targets: tuple[Target, ...], holder: str, ttl: float | None, now: float
+        self, targets: tuple[Target, ...], holder: str, ttl: float | None, now: int
     ) -> ModelOutcome:
         for target in targets:
             if isinstance(target, Span):
@@ -159,13 +179,13 @@ class ModelStore:
             targets=targets,
             state=ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
             fence=self.last_fence,
-            expires_at=None if ttl is None else now + ttl,
+            expires_at=None if ttl is None else now + us(ttl),
             updated_at=now,
         )
         self.claims.append(claim)
         return ModelOutcome(True, claim.key, (), False)
 
-    def _live_or_raise(self, key: int, holder: str, fence: int, now: float) -> ModelClaim:
+    def _live_or_raise(self, key: int, holder: str, fence: int, now: int) -> ModelClaim:
         claim = self.claims[key]
         if claim.purged:
             raise ClaimNotFound("purged", claim_id=str(key))
@@ -180,19 +200,22 @@ class ModelStore:
             raise HoldLost("lost", claim_id=str(key), reason=reason)
         return claim
 
-    def confirm(self, key: int, holder: str, fence: int, now: float) -> ModelClaim:
+    def confirm(self, key: int, holder: str, fence: int, seconds: float) -> ModelClaim:
+        now = us(seconds)
         claim = self._live_or_raise(key, holder, fence, now)
         if claim.state is ClaimState.HELD:
             claim.state, claim.expires_at, claim.updated_at = ClaimState.CONFIRMED, None, now
         return claim
 
-    def extend(self, key: int, holder: str, fence: int, ttl: float, now: float) -> ModelClaim:
+    def extend(self, key: int, holder: str, fence: int, ttl: float, seconds: float) -> ModelClaim:
+        now = us(seconds)
         claim = self._live_or_raise(key, holder, fence, now)
         if claim.state is ClaimState.HELD:
-            claim.expires_at, claim.updated_at = now + ttl, now
+            claim.expires_at, claim.updated_at = now + us(ttl), now
         return claim
 
-    def release(self, key: int, holder: str, fence: int, now: float) -> bool:
+    def release(self, key: int, holder: str, fence: int, seconds: float) -> bool:
+        now = us(seconds)
         try:
             claim = self._live_or_raise(key, holder, fence, now)
         except HoldLost as lost:
@@ -202,13 +225,19 @@ class ModelStore:
         claim.state, claim.expires_at, claim.updated_at = ClaimState.RELEASED, None, now
         return True
 
-    def holder_of(self, target: Target, now: float) -> str | None:
+    def holder_of(self, target: Target, seconds: float) -> str | None:
+        now = us(seconds)
         for claim in self.claims:
             if claim.live(now) and claim.covers(target):
                 return claim.holder
         return None
 
-    def sweep(self, now: float) -> int:
+    def state_of(self, key: int, seconds: float) -> ClaimState:
+        """The state a read of claim ``key`` reports at ``seconds`` (a dead hold reads expired)."""
+        return self.claims[key].observed_state(us(seconds))
+
+    def sweep(self, seconds: float) -> int:
+        now = us(seconds)
         expired = 0
         for claim in self.claims:
             if claim.dead_hold(now):
@@ -216,11 +245,11 @@ class ModelStore:
                 expired += 1
             elif (
                 claim.state in (ClaimState.RELEASED, ClaimState.EXPIRED)
-                and claim.updated_at + self.retention <= now
+                and claim.updated_at + us(self.retention) <= now
                 and claim.fence != self.last_fence  # the newest claim is kept
             ):
                 claim.purged = True
         self.requests = {
-            rid: rec for rid, rec in self.requests.items() if rec[2] + self.retention > now
+            rid: rec for rid, rec in self.requests.items() if rec[2] + us(self.retention) > now
         }
         return expired

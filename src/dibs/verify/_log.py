@@ -49,16 +49,6 @@ class LogAnomaly:
     ops: list[Op] = field(default_factory=list)
 
 
-def _us(value: float | datetime | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return micros(value)
-    # Convert as the store does for its Claim snapshots (fromtimestamp rounds
-    # differently from value * 1e6 in the last µs).
-    return micros(datetime.fromtimestamp(value, UTC))
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
@@ -84,9 +74,9 @@ def dump_log(store: Store) -> list[LogRow]:
                     holder=rec.holder,
                     targets=tuple(tuple(target_to_json(t)) for t in rec.targets),
                     state=str(rec.state.value),
-                    created_at=_us(rec.created_at) or 0,
-                    expires_at=_us(rec.expires_at),
-                    updated_at=_us(rec.updated_at) or 0,
+                    created_at=rec.created_at,  # the memory store keeps whole µs
+                    expires_at=rec.expires_at,
+                    updated_at=rec.updated_at,
                     taken_over=rec.taken_over,
                 )
             )

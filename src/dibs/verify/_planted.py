@@ -73,7 +73,7 @@ class _UnfencedMemory(MemoryStore):
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         record = self._owned(claim_id, holder)
         with self._locked(record.stripes):
-            now = self._now()
+            now = self._now_us()
             # BUG: no fence, state or expiry condition.
             record.state = ClaimState.CONFIRMED
             record.expires_at = None
@@ -85,7 +85,7 @@ class _UnfencedSQLite(SQLiteStore):
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         def attempt() -> Claim:
             with self._immediate() as conn:
-                now = int(self._now() * 1_000_000)
+                now = round(self._now() * 1_000_000)
                 key = parse_serial_id(claim_id)
                 row = conn.execute(
                     "SELECT holder FROM dibs_claims WHERE fence = ?", (key,)
