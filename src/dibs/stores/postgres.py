@@ -10,7 +10,8 @@ mode:
 * an expired hold is taken over by a conditional ``UPDATE`` of the unit row it
   was observed on, row-locked, in the claimant's transaction;
 * a span is claimed by an insert against ``EXCLUDE USING gist (resource WITH =,
-  span WITH &&)``; expired overlapping holds are deleted in the same transaction;
+  span WITH &&)``; expired holds in its way are deleted, and their claims
+  marked taken over, in the same transaction;
 * the fence comes from a sequence, drawn after every target is held;
 * confirm, extend and release are conditional updates of the claim row after
   its unit and span rows are locked (the lock order that rules out deadlock);
@@ -372,8 +373,12 @@ class PostgresStore(Store):
             granted = self._claim_free_unit(targets[0], text, holder)
             if granted is not None:
                 return granted
-        units = [t for t in targets if isinstance(t, Unit)]
-        spans = [t for t in targets if isinstance(t, Span)]
+        # The lock order (see dibs.stores._postgres_sql): units by (resource,
+        # slot), spans by (resource, start), str compared by code point as the
+        # "C" collation does, whatever the database's default collation is.
+        units = sorted((t for t in targets if isinstance(t, Unit)), key=_unit_key)
+        spans = sorted((t for t in targets if isinstance(t, Span)), key=_span_key)
+        sent: tuple[Target, ...] = (*units, *spans)
         params = (
             holder,
             text,
@@ -392,13 +397,17 @@ class PostgresStore(Store):
         try:
             row = self._call(self._sql.claim, params)
         except psycopg.Error as exc:
-            raise self._claim_error(exc, targets, request_id) from exc
+            raise self._claim_error(exc, sent, request_id) from exc
         outcome, taken = row[0], row[1]
         if outcome in ("granted", "replayed"):
             claim = _claim_from_row(row[2:12], row[12]) if row[2] is not None else None
             return ClaimResult(True, claim, (), replayed=outcome == "replayed")
+        lost = {sent[i] for i in taken}
         return ClaimResult(
-            False, None, tuple(targets[i] for i in taken), replayed=outcome == "replayed_taken"
+            False,
+            None,
+            tuple(t for t in targets if t in lost),
+            replayed=outcome == "replayed_taken",
         )
 
     def _claim_free_unit(self, unit: Unit, text: str, holder: str) -> ClaimResult | None:
@@ -556,6 +565,14 @@ def parse_id(claim_id: str) -> int | None:
     """The bigint behind a claim ID, or None for one this store never gives out."""
     number = parse_serial_id(claim_id)
     return number if number is not None and 0 < number <= _MAX_ID else None
+
+
+def _unit_key(unit: Unit) -> tuple[str, str]:
+    return (unit.resource, unit.slot)
+
+
+def _span_key(span: Span) -> tuple[str, Decimal]:
+    return (span.resource, _bound(span.start))
 
 
 def _bound(value: int | float | datetime) -> Decimal:

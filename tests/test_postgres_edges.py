@@ -1,0 +1,349 @@
+"""PostgreSQL at the edges: collations, fresh databases, raw driver errors, the reason rule."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+import pytest
+
+import dibs
+from dibs import FakeClock, HoldLost, HoldLostReason, Span, StoreUnavailable, Target, Unit
+from dibs._model import targets_to_text
+from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
+from pg_fixtures import schema_url
+
+pytestmark = pytest.mark.timeout(120)
+
+_TIMES = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
+
+
+def _on_database(url: str, name: str) -> str:
+    """``url`` pointed at database ``name`` (same role and server)."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+@pytest.fixture
+def en_us_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh database whose default collation is ICU's en-US (not code-point order)."""
+    name = f"dibs_en_us_{secrets.token_hex(4)}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE DATABASE {name} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' "
+            "TEMPLATE template0"
+        )
+        # A deadlock costs deadlock_timeout (1 s by default) before it is detected.
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f"ALTER DATABASE {name} SET deadlock_timeout = '20ms'")
+    url = _on_database(pg_admin_url, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+    yield url
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# --- one lock order, whatever the database's collation ------------------------------------------
+
+# Names whose first and last swap between code-point order (Python's sort,
+# the "C" collation) and en-US: "Z" sorts before lower case by code point but
+# after it in en-US, "~" after letters by code point but before them in en-US.
+# So a claimant locking in one order and a confirm locking in the other each
+# take their first row, then meet at the other's first: a deadlock, unless one
+# of them finished before the other started.
+_MIXED = ["Z", *(f"m{i:02}" for i in range(24)), "~"]
+
+
+def test_en_us_really_orders_these_names_differently(en_us_url: str) -> None:
+    with psycopg.connect(en_us_url) as conn:
+        rows = conn.execute("SELECT v FROM unnest(%s::text[]) v ORDER BY v", (_MIXED,)).fetchall()
+        in_c = conn.execute(
+            'SELECT v FROM unnest(%s::text[]) v ORDER BY v COLLATE "C"', (_MIXED,)
+        ).fetchall()
+    assert [r[0] for r in rows] == [_MIXED[-1], *_MIXED[1:-1], _MIXED[0]]
+    assert [r[0] for r in in_c] == sorted(_MIXED)
+
+
+def test_c_collation_is_code_point_order(pg_url: str) -> None:
+    # The lock order dibs relies on: Python sorts str by code point, and "C"
+    # compares UTF-8 bytes, which order like code points (astral ones included).
+    names = ["", "a", "A", "~", "é", "é", "ÿ", "\u0100", "\uffff", "\U0001f600", "\U0010ffff"]
+    names += [n + "x" for n in names] + ["a\x01", "a\x7f", "\u00e9\u0301"]
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            'SELECT v FROM unnest(%s::text[]) v ORDER BY v COLLATE "C"', (names,)
+        ).fetchall()
+    assert [r[0] for r in rows] == sorted(names)
+
+
+def _race(
+    holder_store: dibs.Store,
+    rival_store: dibs.Store,
+    clock: FakeClock,
+    targets: list[Target],
+    *,
+    swept: bool,
+    db_url: str,
+) -> dict[str, Any]:
+    """A late confirm of a dead group hold against a takeover of the same targets.
+
+    Made to overlap every time: a third transaction holds the row of the
+    middle target (which both sides lock between their first and their last
+    row, in either order) until both sides wait, so each has taken its first
+    row before either can take its last.
+    """
+    held = holder_store.claim(targets, holder="late", ttl=1).claim
+    assert held is not None
+    clock.advance(2)
+    if swept:
+        assert holder_store.sweep().expired >= 1  # this hold, and earlier rounds' rivals
+    answers: dict[str, Any] = {"held": held}
+
+    def confirm() -> None:
+        try:
+            answers["confirm"] = holder_store.confirm(held.id, holder="late", fence=held.fence)
+        except (HoldLost, StoreUnavailable) as exc:
+            answers["confirm"] = exc
+
+    def take_over() -> None:
+        try:
+            answers["rival"] = rival_store.claim(targets, holder="rival", ttl=60)
+        except StoreUnavailable as exc:
+            answers["rival"] = exc
+
+    schema = holder_store.schema  # type: ignore[attr-defined]
+    middle = targets[len(targets) // 2]
+    with psycopg.connect(db_url) as blocker:
+        if isinstance(middle, Unit):
+            blocker.execute(
+                f"SELECT 1 FROM {schema}.units WHERE resource = %s AND slot = %s FOR UPDATE",
+                (middle.resource, middle.slot),
+            )
+        else:
+            blocker.execute(
+                f"SELECT 1 FROM {schema}.spans WHERE resource = %s FOR UPDATE", (middle.resource,)
+            )
+        threads = [threading.Thread(target=confirm), threading.Thread(target=take_over)]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads) and _waiting(blocker) < 2:
+            time.sleep(0.001)
+        blocker.rollback()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def _waiting(conn: psycopg.Connection[Any]) -> int:
+    """How many sessions of this database wait for a lock."""
+    row = conn.execute(
+        "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        "WHERE NOT l.granted AND a.datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _answered(answer: object) -> bool:
+    return not isinstance(answer, StoreUnavailable)
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["dead", "swept"])
+@pytest.mark.parametrize("kind", ["units", "spans"])
+def test_late_confirms_racing_takeovers_never_deadlock_under_en_us(
+    en_us_url: str, kind: str, swept: bool
+) -> None:
+    clock = FakeClock()
+    url = schema_url(en_us_url)
+    outcomes: Counter[str] = Counter()
+    rounds = 5
+    # No retries: a deadlock surfaces as StoreUnavailable caused by 40P01.
+    with (
+        dibs.open(url, clock=clock, max_retries=0) as holder_store,
+        dibs.open(url, clock=clock, max_retries=0) as rival_store,
+    ):
+        for n in range(rounds):
+            targets: list[Target] = (
+                [Unit(f"r{n}", name) for name in _MIXED]
+                if kind == "units"
+                else [Span(f"{name}/{n}", 0, 10) for name in _MIXED]
+            )
+            answers = _race(
+                holder_store, rival_store, clock, targets, swept=swept, db_url=en_us_url
+            )
+            failed = [a for a in (answers["confirm"], answers["rival"]) if not _answered(a)]
+            if failed:
+                outcomes.update(type(a.__cause__).__name__ for a in failed)
+                continue
+            # The hold was dead for both: the rival wins, and the confirm hears
+            # why, whichever ran first.
+            assert isinstance(answers["confirm"], HoldLost) and answers["rival"]
+            assert answers["confirm"].reason in (HoldLostReason.EXPIRED, HoldLostReason.TAKEN_OVER)
+            final = holder_store.get(answers["held"].id)
+            assert final is not None
+            # Taken over, whether or not a sweep had marked it expired first.
+            outcomes[str(answers["confirm"].reason) if final.taken_over else "not taken over"] += 1
+    assert set(outcomes) <= {"expired", "taken_over"}, dict(outcomes)
+    assert outcomes["expired"] + outcomes["taken_over"] == rounds
+
+
+# --- the reason rule: a swept hold, a kind switch ------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(pg_schema_url: str, clock: FakeClock) -> Iterator[dibs.Store]:
+    with dibs.open(pg_schema_url, clock=clock, request_retention=60) as opened:
+        yield opened
+
+
+def _dead_hold(store: dibs.Store, clock: FakeClock, targets: Target | list[Target]) -> dibs.Claim:
+    held = store.claim(targets, holder="late", ttl=1).claim
+    assert held is not None
+    clock.advance(2)
+    return held
+
+
+def _reason(store: dibs.Store, claim: dibs.Claim) -> HoldLostReason:
+    with pytest.raises(HoldLost) as lost:
+        store.confirm(claim.id, holder=claim.holder, fence=claim.fence)
+    return lost.value.reason
+
+
+@pytest.mark.parametrize("swept", [False, True])
+@pytest.mark.parametrize(
+    ("held", "taker"),
+    [
+        (Unit("seat", "1"), Unit("seat", "1")),
+        ([Unit("seat", "1"), Unit("seat", "2")], Unit("seat", "2")),
+        (Span("room", 0, 10), Span("room", 5, 15)),
+        # A kind switch: a dead span of the other kind would have blocked it.
+        (Span("room", 0, 10), Span("room", *_TIMES)),
+        ([Span("room", 0, 10), Span("room", 20, 30)], Span("room", *_TIMES)),
+    ],
+    ids=["unit", "group", "span", "kind-switch", "kind-switch-two"],
+)
+def test_a_later_claim_on_its_targets_takes_a_dead_hold_over(
+    store: dibs.Store, clock: FakeClock, held: Any, taker: Target, swept: bool
+) -> None:
+    claim = _dead_hold(store, clock, held)
+    if swept:
+        assert store.sweep().expired == 1
+        assert _reason(store, claim) is HoldLostReason.EXPIRED
+    assert store.claim(taker, holder="rival", ttl=60)
+    after = store.get(claim.id)
+    assert after is not None and after.state is dibs.ClaimState.EXPIRED and after.taken_over
+    assert _reason(store, claim) is HoldLostReason.TAKEN_OVER
+    assert not store.release(claim.id, holder="late", fence=claim.fence)
+    assert store.holder_of(taker) == "rival"
+
+
+@pytest.mark.parametrize("swept", [False, True])
+def test_a_claim_beside_a_dead_hold_does_not_take_it_over(
+    store: dibs.Store, clock: FakeClock, swept: bool
+) -> None:
+    claim = _dead_hold(store, clock, [Unit("seat", "1"), Span("room", 0, 10)])
+    if swept:
+        store.sweep()
+    assert store.claim([Unit("seat", "2"), Span("room", 10, 20)], holder="rival")
+    assert _reason(store, claim) is HoldLostReason.EXPIRED
+
+
+def _rows_of(url: str, schema: str, claim: dibs.Claim) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            f"SELECT (SELECT count(*) FROM {schema}.units WHERE claim_id = %(id)s)"
+            f" + (SELECT count(*) FROM {schema}.spans WHERE claim_id = %(id)s)",
+            {"id": int(claim.id)},
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_swept_hold_keeps_its_rows_until_it_is_purged(
+    pg_url: str, store: dibs.Store, clock: FakeClock
+) -> None:
+    schema = store.schema  # type: ignore[attr-defined]
+    claim = _dead_hold(store, clock, [Unit("seat", "1"), Span("room", 0, 10)])
+    assert store.sweep().expired == 1
+    assert _rows_of(pg_url, schema, claim) == 2
+    assert store.holder_of(Unit("seat", "1")) is None
+    assert store.claim(Unit("other"), holder="x")  # the newest claim is never purged
+    clock.advance(61)
+    assert store.sweep().purged_claims == 1
+    assert store.get(claim.id) is None
+    assert _rows_of(pg_url, schema, claim) == 0
+    assert store.claim([Unit("seat", "1"), Span("room", 0, 10)], holder="rival")
+
+
+# --- schema version 3 ----------------------------------------------------------------------------
+
+
+def _old_schema(url: str, schema: str, version: int) -> None:
+    """Create ``schema`` as dibs schema ``version`` made it, holding one confirmed claim."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        for steps in MIGRATIONS[:version]:
+            for step in steps:
+                conn.execute(step.format(s=schema).encode())
+        conn.execute(
+            f"INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', %s)", (str(version),)
+        )
+        unit = Unit("seat", "old")
+        conn.execute(
+            Statements(schema, test_clock=False).claim,
+            (
+                *("alice", targets_to_text((unit,)), None, None, None, None, 60.0),
+                *([unit.resource], [unit.slot], None, None, None, None),
+            ),
+        )
+
+
+def _function_source(url: str, schema: str, name: str) -> str:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = %s AND p.proname = %s",
+            (schema, name),
+        ).fetchall()
+    assert len(rows) == 1
+    return str(rows[0][0])
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_schema_is_upgraded_to_version_3_in_place(
+    pg_url: str, pg_schema_url: str, version: int
+) -> None:
+    schema = pg_schema_url.rsplit("schema=", 1)[1]
+    _old_schema(pg_url, schema, version)
+    clock = FakeClock()
+    with dibs.open(pg_schema_url, clock=clock) as store:
+        assert SCHEMA_VERSION == 3
+        assert store.holder_of(Unit("seat", "old")) == "alice"
+        assert not store.claim(Unit("seat", "old"), holder="bob")
+        # Version 3's behaviour: a swept hold is still taken over.
+        claim = _dead_hold(store, clock, [Unit("seat", "1"), Span("room", 0, 10)])
+        store.sweep()
+        assert store.claim(Unit("seat", "2"), holder="bob")
+        assert _reason(store, claim) is HoldLostReason.EXPIRED
+        assert store.claim(Span("room", *_TIMES), holder="bob")  # a kind switch
+        assert _reason(store, claim) is HoldLostReason.TAKEN_OVER
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
+        assert row.fetchone() == ("3",)
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition")
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep")
+    assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_all")
