@@ -196,6 +196,45 @@ def test_late_confirms_racing_takeovers_never_deadlock_under_en_us(
     assert outcomes["expired"] + outcomes["taken_over"] == rounds
 
 
+# --- first opens of many schemas in one fresh database ------------------------------------------
+
+
+def _open_at_once(url: str, schemas: int) -> list[BaseException]:
+    """Open ``schemas`` new schemas at ``url`` from as many threads at once; return the errors."""
+    barrier = threading.Barrier(schemas)
+    errors: list[BaseException] = []
+
+    def first_open(n: int) -> None:
+        barrier.wait()
+        try:
+            with dibs.open(schema_url(url, f"s{n}")) as store:
+                assert store.claim(Span("room", 0, 1), holder=f"h{n}")
+        except BaseException as exc:  # collected, so that every thread is joined
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_open, args=(n,)) for n in range(schemas)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def test_first_opens_of_many_schemas_in_a_fresh_database_all_succeed(pg_admin_url: str) -> None:
+    # btree_gist is per database, the schema lock per schema: the extension
+    # needs a lock of its own, or concurrent creators trip its unique index.
+    for _ in range(4):
+        name = f"dibs_fresh_{secrets.token_hex(4)}"
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        try:
+            errors = _open_at_once(_on_database(pg_admin_url, name), 8)
+        finally:
+            with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        assert not errors, errors
+
+
 # --- the reason rule: a swept hold, a kind switch ------------------------------------------------
 
 

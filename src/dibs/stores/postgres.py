@@ -343,10 +343,18 @@ class PostgresStore(Store):
             ) from exc
 
     def _ensure_extension(self, conn: psycopg.Connection[TupleRow], create: bool) -> None:
-        present = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'").fetchone()
-        if present:
+        query = "SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'"
+        if conn.execute(query).fetchone():
             return
         if create:
+            # The extension is per database, the schema lock per schema: first
+            # opens of several schemas need a lock of their own around it, or
+            # one trips the catalog's unique index under another. (The two-key
+            # form is a key space apart from the schema locks; it is always
+            # taken second, so the two cannot deadlock.)
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('dibs'), hashtext('btree_gist'))")
+            if conn.execute(query).fetchone():
+                return
             try:
                 with conn.transaction():
                     conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
