@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import random
 import secrets
 import threading
 import time
@@ -17,7 +19,16 @@ import psycopg.errors
 import pytest
 
 import dibs
-from dibs import FakeClock, HoldLost, HoldLostReason, Span, StoreUnavailable, Target, Unit
+from dibs import (
+    FakeClock,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    Span,
+    StoreUnavailable,
+    Target,
+    Unit,
+)
 from dibs._model import targets_to_text
 from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
 from pg_fixtures import schema_url
@@ -386,3 +397,160 @@ def test_an_old_schema_is_upgraded_to_version_3_in_place(
     assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition")
     assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep")
     assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_all")
+
+
+# --- no raw driver error escapes -----------------------------------------------------------------
+
+
+def _options(url: str, *settings: str) -> str:
+    """``url`` with libpq ``options`` setting server parameters for its sessions."""
+    options = "%20".join(f"-c%20{s.replace('=', '%3D')}" for s in settings)
+    return f"{url}&options={options}"
+
+
+def test_lock_timeout_is_store_unavailable(pg_schema_url: str, pg_url: str) -> None:
+    with dibs.open(pg_schema_url) as store:
+        held = store.claim(Unit("seat", "1"), holder="alice", ttl=60).claim
+        assert held is not None
+    schema = pg_schema_url.rsplit("schema=", 1)[1]
+    with (
+        dibs.open(_options(pg_schema_url, "lock_timeout=100")) as store,
+        psycopg.connect(pg_url) as blocker,
+    ):
+        blocker.execute(f"SELECT 1 FROM {schema}.units FOR UPDATE")
+        blocker.execute(
+            f"INSERT INTO {schema}.units (resource, slot, claim_id) VALUES ('seat', '2', 0)"
+        )
+        for call in (
+            lambda: store.claim(Unit("seat", "2"), holder="bob"),
+            lambda: store.claim(Unit("seat", "1"), holder="bob", ttl=5),
+            lambda: store.confirm(held.id, holder="alice", fence=held.fence),
+        ):
+            with pytest.raises(StoreUnavailable) as raised:
+                call()
+            assert isinstance(raised.value.__cause__, psycopg.errors.LockNotAvailable)
+        blocker.rollback()
+        assert store.confirm(held.id, holder="alice", fence=held.fence)
+
+
+def test_a_read_only_server_is_store_unavailable(pg_url: str, pg_schema_url: str) -> None:
+    with dibs.open(pg_schema_url) as store:
+        held = store.claim(Unit("seat", "1"), holder="alice", ttl=60).claim
+        assert held is not None
+    # What a hot standby answers to a write: SQLSTATE 25006.
+    read_only = _options(pg_schema_url, "default_transaction_read_only=on")
+    with dibs.open(read_only) as store:
+        for call in (
+            lambda: store.claim(Unit("seat", "2"), holder="bob"),
+            lambda: store.claim(Unit("seat", "2"), holder="bob", ttl=5, request_id="r"),
+            lambda: store.confirm(held.id, holder="alice", fence=held.fence),
+            lambda: store.extend(held.id, holder="alice", fence=held.fence, ttl=5),
+            lambda: store.release(held.id, holder="alice", fence=held.fence),
+            store.sweep,
+        ):
+            with pytest.raises(StoreUnavailable) as raised:
+                call()
+            assert isinstance(raised.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        # Reads still answer.
+        assert store.holder_of(Unit("seat", "1")) == "alice"
+        assert store.get(held.id) == held
+    # A first open cannot create its schema there either.
+    with pytest.raises(StoreUnavailable) as raised:
+        dibs.open(_options(schema_url(pg_url), "default_transaction_read_only=on"))
+    assert isinstance(raised.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+
+
+def test_calls_racing_close_raise_store_closed(pg_schema_url: str) -> None:
+    store = dibs.open(pg_schema_url, pool_max=1)
+    errors: list[BaseException] = []
+    started = threading.Barrier(9)
+
+    def claim_until_closed(worker: int) -> None:
+        started.wait()
+        for n in itertools.count():
+            try:
+                store.claim(Unit(f"w{worker}", str(n)), holder="h", ttl=60)
+            except BaseException as exc:  # every thread ends on an error: close() is coming
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=claim_until_closed, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    # Most workers are queued for the one connection when the pool closes.
+    while store.holder_of(Unit("w0", "3")) is None:
+        time.sleep(0.001)
+    store.close()
+    for thread in threads:
+        thread.join()
+    assert [type(e) for e in errors] == [dibs.StoreClosed] * 8, errors
+    with pytest.raises(dibs.StoreClosed):
+        store.now()
+
+
+def test_a_pool_closed_underneath_is_store_unavailable(pg_schema_url: str) -> None:
+    with dibs.open(pg_schema_url) as store:
+        store._pool.close()  # type: ignore[attr-defined]
+        for call in (lambda: store.claim(Unit("seat", "1"), holder="alice"), store.now):
+            with pytest.raises(StoreUnavailable):
+                call()
+
+
+# Outside the input domain (Store's checks refuse them first); the store's own
+# boundary must still never let the driver's error through.
+_UNSTORABLE = ["nul\x00name", "lone\udc80surrogate"]
+
+
+@pytest.mark.parametrize("name", _UNSTORABLE)
+def test_names_postgresql_cannot_store_are_invalid_input(store: dibs.Store, name: str) -> None:
+    pg: Any = store
+    unit = Unit("seat", "1")
+    for call in (
+        lambda: pg._claim((Unit(name, "1"),), "alice", None, None),
+        lambda: pg._claim((Unit("seat", name),), "alice", None, 5.0),
+        lambda: pg._claim((unit,), name, None, None),
+        lambda: pg._claim((unit,), "alice", name, None),
+        lambda: pg._claim((Span(name, 0, 1),), "alice", None, None),
+        lambda: pg._holder_of(Unit(name, "")),
+        lambda: pg._claims_of(name),
+    ):
+        with pytest.raises(InvalidInput) as raised:
+            call()
+        assert raised.value.value == name
+    claim = store.claim(unit, holder="alice", ttl=5).claim
+    assert claim is not None
+    with pytest.raises(InvalidInput):
+        pg._confirm(claim.id, name, claim.fence)
+    for op in (pg._confirm, pg._release):
+        with pytest.raises(InvalidInput) as raised:
+            op(claim.id, "alice", 2**63)  # past bigint
+        assert raised.value.field == "fence"
+    # Nothing was stored on the way.
+    assert store.claims_of("alice") == [claim]
+
+
+def test_a_value_the_server_rejects_is_invalid_input(store: dibs.Store) -> None:
+    claim = store.claim(Unit("seat", "1"), holder="alice", ttl=5).claim
+    assert claim is not None
+    pg: Any = store
+    # Past PostgreSQL's timestamps (Store's checks cap a TTL far below this).
+    with pytest.raises(InvalidInput) as raised:
+        pg._extend(claim.id, "alice", claim.fence, 1e15)
+    assert isinstance(raised.value.__cause__, psycopg.errors.DatetimeFieldOverflow)
+    assert store.get(claim.id) == claim
+
+
+def test_names_at_the_length_limit_are_stored(store: dibs.Store) -> None:
+    # 1024 UTF-8 bytes each, incompressible: the keys' indexes must take them.
+    def name(seed: int) -> str:
+        rng = random.Random(seed)
+        return "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(341)) + "x"
+
+    unit, span = Unit(name(1), name(2)), Span(name(3), 0, 1)
+    result = store.claim([unit, span], holder=name(4), request_id=name(5), ttl=60)
+    assert result and result.claim is not None
+    assert store.holder_of(unit) == store.holder_of(span) == name(4)
+    again = store.claim([unit, span], holder=name(4), request_id=name(5), ttl=60)
+    assert again.replayed and again.claim == result.claim
+    assert store.confirm(result.claim.id, holder=name(4), fence=result.claim.fence)
