@@ -31,6 +31,7 @@ from dibs import (
 )
 from dibs._model import targets_to_text
 from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
+from dibs.stores.postgres import PostgresStore
 from pg_fixtures import schema_url
 
 pytestmark = pytest.mark.timeout(120)
@@ -554,3 +555,15 @@ def test_names_at_the_length_limit_are_stored(store: dibs.Store) -> None:
     again = store.claim([unit, span], holder=name(4), request_id=name(5), ttl=60)
     assert again.replayed and again.claim == result.claim
     assert store.confirm(result.claim.id, holder=name(4), fence=result.claim.fence)
+
+
+@pytest.mark.parametrize("url", ["postgresql://[::1/db", "{pg_url}?no_such_libpq_option=1"])
+def test_a_malformed_connection_string_is_invalid_input(pg_url: str, url: str) -> None:
+    # Refused at once: no pool retrying it until pool_timeout, no raw ValueError.
+    with pytest.raises(InvalidInput) as raised:
+        dibs.open(url.format(pg_url=pg_url), pool_timeout=60)
+    assert raised.value.field == "url"
+    with pytest.raises(InvalidInput):
+        PostgresStore.from_url(url.format(pg_url=pg_url), pool_timeout=60)
+    with pytest.raises(InvalidInput):
+        PostgresStore("host=localhost no_such_libpq_option=1", pool_timeout=60)

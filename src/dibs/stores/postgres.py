@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg
 import psycopg.errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed
 
@@ -118,7 +119,10 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
     taken out; the rest stay for libpq. Raises :class:`~dibs.InvalidInput`
     for a malformed option.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a malformed host, such as an unclosed "[" of an IPv6 address
+        raise InvalidInput(f"malformed PostgreSQL URL: {exc}", field="url", value=url) from None
     scheme = parts.scheme.split("+", 1)[0].lower()
     ours: dict[str, Any] = {}
     rest: list[tuple[str, str]] = []
@@ -214,6 +218,14 @@ class PostgresStore(Store):
                 field="pool_timeout",
                 value=pool_timeout,
             )
+        try:
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as exc:
+            # A mistake, not an outage: refuse now, rather than let the pool
+            # retry it until pool_timeout and call it unavailable.
+            raise InvalidInput(
+                f"not a valid PostgreSQL connection string: {exc}", field="url", value=str(exc)
+            ) from None
         self.schema = schema
         self.max_retries = max_retries
         self._test_clock = clock is not None
