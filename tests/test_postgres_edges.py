@@ -542,11 +542,15 @@ def test_a_value_the_server_rejects_is_invalid_input(store: dibs.Store) -> None:
     assert store.get(claim.id) == claim
 
 
+def _name(seed: int, chars: int = 341) -> str:
+    """An incompressible name of ``3 * chars + 1`` UTF-8 bytes."""
+    rng = random.Random(seed)
+    return "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(chars)) + "x"
+
+
 def test_names_at_the_length_limit_are_stored(store: dibs.Store) -> None:
     # 1024 UTF-8 bytes each, incompressible: the keys' indexes must take them.
-    def name(seed: int) -> str:
-        rng = random.Random(seed)
-        return "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(341)) + "x"
+    name = _name
 
     unit, span = Unit(name(1), name(2)), Span(name(3), 0, 1)
     result = store.claim([unit, span], holder=name(4), request_id=name(5), ttl=60)
@@ -567,3 +571,11 @@ def test_a_malformed_connection_string_is_invalid_input(pg_url: str, url: str) -
         PostgresStore.from_url(url.format(pg_url=pg_url), pool_timeout=60)
     with pytest.raises(InvalidInput):
         PostgresStore("host=localhost no_such_libpq_option=1", pool_timeout=60)
+
+
+def test_a_name_past_postgresqls_limits_is_invalid_input(store: dibs.Store) -> None:
+    # Far outside the input domain: a key too big for its index page (54000).
+    pg: Any = store
+    with pytest.raises(InvalidInput) as raised:
+        pg._claim((Unit(_name(1, 1000), ""),), "alice", None, None)
+    assert isinstance(raised.value.__cause__, psycopg.errors.ProgramLimitExceeded)

@@ -305,11 +305,14 @@ class PostgresStore(Store):
         """The dibs error for a driver error (see the module docstring for the mapping)."""
         if isinstance(exc, PoolClosed) and self._closed:
             return StoreClosed(f"this {type(self).__name__} is closed")
-        if not answered and isinstance(exc, UnicodeError | psycopg.DataError):
-            # Rejected before anything ran: by the driver (a NUL, a lone
-            # surrogate) or by the server (SQLSTATE class 22, data exception).
-            return _bad_input(exc, params)
         sqlstate = getattr(exc, "sqlstate", None)
+        if not answered and (
+            isinstance(exc, UnicodeError | psycopg.DataError) or (sqlstate or "")[:2] == "54"
+        ):
+            # Rejected before anything ran: by the driver (a NUL, a lone
+            # surrogate) or by the server (class 22, data exception; class 54,
+            # a program limit such as an index row too big for its page).
+            return _bad_input(exc, params)
         where = f" ({sqlstate})" if sqlstate else ""
         # Anything else is the server's or the connection's trouble, and may
         # pass: connection loss, shutdown, statement_timeout, lock_timeout
