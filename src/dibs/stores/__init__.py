@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 from typing import Any
-from urllib.parse import urlsplit
 
 from dibs.exceptions import InvalidInput, UnknownScheme
 from dibs.stores.base import Store
@@ -38,7 +37,9 @@ def open_store(url: str | None = None, **options: Any) -> Store:
         raise InvalidInput(
             f"store URL must look like 'scheme://...', got {url!r}", field="url", value=url
         )
-    scheme = urlsplit(url).scheme.lower().split("+", 1)[0]
+    # Not urlsplit(): it raises a bare ValueError for a malformed host; the
+    # store's from_url() parses the rest and says what is wrong.
+    scheme = url.split("://", 1)[0].lower().split("+", 1)[0]
     try:
         target = SCHEMES[scheme]
     except KeyError:

@@ -7,9 +7,12 @@ missing ones in order under an advisory lock.
 
 Locks, in the one order every transaction here takes them (principle 7):
 unit rows in ``(resource, slot)`` order, then span rows in ``(resource,
-start)`` order, then claim rows in ``id`` order, then the request row. A claim
-takes its targets in that order because the client sorts them; confirm,
-extend and release lock the claim's unit and span rows before its claim row;
+start)`` order, then claim rows in ``id`` order, then the request row. Names
+compare by code point (``COLLATE "C"``), never by the database's collation,
+which may differ between databases. A claim takes its targets in that order
+because the client sorts them so (Python compares str by code point);
+confirm, extend and release lock the claim's unit and span rows before its
+claim row;
 the sweeper only ever uses ``SKIP LOCKED`` and so never waits. The request row
 is the exception: a claim with a request ID takes it first, but only a claim
 with the same request ID ever waits on it, and that one holds nothing yet.
@@ -569,11 +572,139 @@ END
 $$;
 """
 
+
+def _revise(text: str, *edits: tuple[str, str]) -> str:
+    """An earlier version's function as ``CREATE OR REPLACE``, with each edit made exactly once."""
+    text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise AssertionError(f"a migration edit does not apply exactly once: {old!r}")
+        text = text.replace(old, new)
+    return text
+
+
+# Version 3, three fixes in the functions that lock rows.
+#
+# One lock order whatever the database's collation: "C" compares UTF-8 bytes,
+# which order like code points, as Python sorts the targets the client sends.
+# Version 2's transition() sorted by the database's default collation, so in
+# an en_US database a confirm locked a group's rows in another order than a
+# claimant taking them over did, and the two deadlocked.
+#
+# The reason rule (docs/design.md): a dead hold is taken over by any later
+# claim on a target it would have blocked, whether or not a sweep marked it
+# expired first. So a sweep no longer frees an expired hold's unit and span
+# rows (they stay, dead, until a claimant takes them over or the claim is
+# purged), a takeover marks an expired claim not yet taken over as well as a
+# held one, and a claim switching a resource to the other span kind marks the
+# dead spans it deletes taken over too (version 2 dropped them unmarked).
+_V3_TAKE_ALL = _revise(
+    _V2_TAKE_ALL,
+    (
+        """
+                -- Clear dead spans in the way: overlapping ones (taken over) and
+                -- any of the other kind (they would trip spans_one_kind).
+                WITH gone AS (
+                    DELETE FROM {s}.spans s
+                     WHERE s.resource = p_sres[j] AND (s.span && v_rng OR s.kind <> p_skind[j])
+                       AND s.expires_at <= p_now
+                    RETURNING s.claim_id, s.kind
+                )
+                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{{}}')
+                  INTO v_ids FROM gone g;
+""",
+        """
+                -- Take over the dead spans in the way: overlapping ones, and any
+                -- of the other kind (they would trip spans_one_kind; a live one
+                -- would have blocked this claim). Rows locked in span order, the
+                -- order transition() locks them in.
+                WITH gone AS (
+                    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
+                        SELECT x.ctid FROM {s}.spans x
+                         WHERE x.resource = p_sres[j]
+                           AND (x.span && v_rng OR x.kind <> p_skind[j])
+                           AND x.expires_at <= p_now
+                         ORDER BY lower(x.span) FOR UPDATE))
+                    RETURNING s.claim_id
+                )
+                SELECT coalesce(array_agg(g.claim_id), '{{}}') INTO v_ids FROM gone g;
+""",
+    ),
+    (
+        """
+        -- Claim rows last, in id order (the module's lock order).
+        UPDATE {s}.claims c SET state = 'expired', taken_over = true, updated_at = p_now
+         WHERE c.id IN (SELECT DISTINCT d FROM unnest(dead) d ORDER BY d) AND c.state = 'held';
+""",
+        """
+        -- Claim rows last, in id order (the module's lock order). A dead hold
+        -- is taken over whether or not a sweep marked it expired already.
+        PERFORM 1 FROM {s}.claims c WHERE c.id = ANY(dead) ORDER BY c.id FOR UPDATE;
+        UPDATE {s}.claims c SET state = 'expired', taken_over = true, updated_at = p_now
+         WHERE c.id = ANY(dead) AND c.state IN ('held', 'expired') AND NOT c.taken_over;
+""",
+    ),
+)
+
+_V3_TRANSITION = _revise(
+    _V1_TRANSITION,
+    (
+        "ORDER BY u.resource, u.slot FOR UPDATE",
+        'ORDER BY u.resource COLLATE "C", u.slot COLLATE "C" FOR UPDATE',
+    ),
+    (
+        "ORDER BY s.resource, lower(s.span) FOR UPDATE",
+        'ORDER BY s.resource COLLATE "C", lower(s.span) FOR UPDATE',
+    ),
+)
+
+_V3_SWEEP = _revise(
+    _V1_SWEEP,
+    (
+        """
+    -- Free the targets of the holds just marked expired or purged (rows of a
+    -- confirm or takeover in flight are skipped: they are dealt with there).
+    DELETE FROM {s}.units u WHERE u.ctid = ANY(ARRAY(
+        SELECT x.ctid FROM {s}.units x
+         WHERE x.claim_id = ANY(v_ids) AND x.expires_at <= v_now
+         ORDER BY x.resource, x.slot FOR UPDATE SKIP LOCKED));
+    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
+        SELECT x.ctid FROM {s}.spans x
+         WHERE x.claim_id = ANY(v_ids) AND x.expires_at <= v_now
+         ORDER BY x.resource, lower(x.span) FOR UPDATE SKIP LOCKED));
+""",
+        """
+    -- Drop the rows of the claims just purged. An expired hold's rows stay
+    -- until then, so that a later claimant taking them over marks it taken
+    -- over. (A row locked by a takeover in flight is skipped: the takeover
+    -- owns it. One locked by a confirm is left dead, for the next claimant.)
+    DELETE FROM {s}.units u WHERE u.ctid = ANY(ARRAY(
+        SELECT x.ctid FROM {s}.units x WHERE x.claim_id = ANY(v_ids)
+         ORDER BY x.resource COLLATE "C", x.slot COLLATE "C" FOR UPDATE SKIP LOCKED));
+    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
+        SELECT x.ctid FROM {s}.spans x WHERE x.claim_id = ANY(v_ids)
+         ORDER BY x.resource COLLATE "C", lower(x.span) FOR UPDATE SKIP LOCKED));
+""",
+    ),
+    (
+        """
+    SELECT v_ids || coalesce(array_agg(purged.id), '{{}}'), count(*)
+      INTO v_ids, purged_claims FROM purged;
+""",
+        """
+    SELECT coalesce(array_agg(purged.id), '{{}}'), count(*)
+      INTO v_ids, purged_claims FROM purged;
+""",
+    ),
+)
+
 MIGRATIONS: list[list[str]] = [
     # version 1
     [_V1_TABLES, _V1_TAKE_ALL, _V1_CLAIM, _V1_TRANSITION, _V1_SWEEP],
     # version 2: a loser's look at the rest of its targets is one snapshot
     [_V2_TAKE_ALL],
+    # version 3: one lock order in any collation; the reason rule on swept holds
+    [_V3_TAKE_ALL, _V3_TRANSITION, _V3_SWEEP],
 ]
 """``MIGRATIONS[n - 1]`` takes a schema from version ``n - 1`` to ``n`` (0: empty)."""
 

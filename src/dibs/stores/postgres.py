@@ -10,15 +10,20 @@ mode:
 * an expired hold is taken over by a conditional ``UPDATE`` of the unit row it
   was observed on, row-locked, in the claimant's transaction;
 * a span is claimed by an insert against ``EXCLUDE USING gist (resource WITH =,
-  span WITH &&)``; expired overlapping holds are deleted in the same transaction;
+  span WITH &&)``; expired holds in its way are deleted, and their claims
+  marked taken over, in the same transaction;
 * the fence comes from a sequence, drawn after every target is held;
 * confirm, extend and release are conditional updates of the claim row after
   its unit and span rows are locked (the lock order that rules out deadlock);
 * expiry is judged on the database's ``clock_timestamp()``, never the client's.
 
-Errors are translated at one boundary (:meth:`PostgresStore._call`):
-serialization failures and deadlocks are retried with jittered backoff; a lost
-connection, a pool timeout or a server shutting down raise
+Errors are translated at one boundary (:meth:`PostgresStore._call`), and no
+driver error escapes it: serialization failures and deadlocks are retried with
+jittered backoff; input PostgreSQL cannot store (a NUL, a lone surrogate,
+SQLSTATE class 22) is :class:`~dibs.InvalidInput`; a pool closed by
+:meth:`~dibs.Store.close` is :class:`~dibs.StoreClosed`; everything else (a
+lost connection, a pool timeout, a server shutting down, ``statement_timeout``,
+``lock_timeout``, a read-only standby, retries used up) is
 :class:`~dibs.StoreUnavailable`. After that the claim may or may not have
 committed: retry with the same request ID to learn which.
 """
@@ -37,8 +42,9 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg
 import psycopg.errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed
 
 from dibs._clock import Clock
 from dibs._model import (
@@ -62,6 +68,7 @@ from dibs.exceptions import (
     RequestConflict,
     SchemaError,
     SpanKindMismatch,
+    StoreClosed,
     StoreUnavailable,
 )
 from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
@@ -77,19 +84,14 @@ from dibs.stores.base import (
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _MAX_ID = 2**63 - 1
 _SWEEP_BATCH = 1000
 
 # SQLSTATEs worth retrying inside the store: the transaction was rolled back
 # whole, so running it again is safe and invisible to the caller.
 _RETRY = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
-# Connection trouble: the outcome is unknown to us, so the caller must decide.
-_UNAVAILABLE = (
-    psycopg.OperationalError,  # connection lost, admin shutdown (57P01), cannot connect
-    psycopg.errors.QueryCanceled,  # statement_timeout
-    psycopg.errors.InsufficientResources,  # too many connections
-    PoolTimeout,
-)
+
 # URL query options that belong to dibs, not to libpq.
 _OPTIONS: dict[str, Callable[[str], Any]] = {
     "schema": str,
@@ -117,7 +119,10 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
     taken out; the rest stay for libpq. Raises :class:`~dibs.InvalidInput`
     for a malformed option.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a malformed host, such as an unclosed "[" of an IPv6 address
+        raise InvalidInput(f"malformed PostgreSQL URL: {exc}", field="url", value=url) from None
     scheme = parts.scheme.split("+", 1)[0].lower()
     ours: dict[str, Any] = {}
     rest: list[tuple[str, str]] = []
@@ -213,6 +218,14 @@ class PostgresStore(Store):
                 field="pool_timeout",
                 value=pool_timeout,
             )
+        try:
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as exc:
+            # A mistake, not an outage: refuse now, rather than let the pool
+            # retry it until pool_timeout and call it unavailable.
+            raise InvalidInput(
+                f"not a valid PostgreSQL connection string: {exc}", field="url", value=str(exc)
+            ) from None
         self.schema = schema
         self.max_retries = max_retries
         self._test_clock = clock is not None
@@ -253,18 +266,25 @@ class PostgresStore(Store):
         query: bytes,
         params: Sequence[Any],
         fetch: Literal["one", "all"] = "one",
+        *,
+        explain: Callable[[psycopg.Error], Exception | None] | None = None,
     ) -> Any:
         """Run one statement on a pooled connection, translating the driver's errors.
 
         Retries serialization failures and deadlocks with full jitter, then
-        raises :class:`~dibs.StoreUnavailable`, as it does for lost
-        connections, pool timeouts and server shutdowns.
+        raises :class:`~dibs.StoreUnavailable`, as it does for every other
+        failure of the server or the connection. Raises
+        :class:`~dibs.InvalidInput` for input PostgreSQL cannot take, and
+        :class:`~dibs.StoreClosed` once the store is closed. ``explain`` may
+        translate a server error first (the claim's own SQLSTATEs).
         """
         delay = 0.002
         for attempt in range(self.max_retries + 1):
+            answered = False
             try:
                 with self._pool.connection() as conn:
                     cur = conn.execute(query, params)
+                    answered = True
                     return cur.fetchone() if fetch == "one" else cur.fetchall()
             except _RETRY as exc:
                 if attempt == self.max_retries:
@@ -274,15 +294,46 @@ class PostgresStore(Store):
                     ) from exc
                 time.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 0.25)
-            except _UNAVAILABLE as exc:
-                raise StoreUnavailable(f"PostgreSQL store unavailable: {exc}") from exc
+            except (psycopg.Error, UnicodeError) as exc:
+                mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
+                raise (mapped or self._translate(exc, params, answered=answered)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _translate(
+        self, exc: psycopg.Error | UnicodeError, params: Sequence[Any], *, answered: bool
+    ) -> Exception:
+        """The dibs error for a driver error (see the module docstring for the mapping)."""
+        if isinstance(exc, PoolClosed) and self._closed:
+            return StoreClosed(f"this {type(self).__name__} is closed")
+        sqlstate = getattr(exc, "sqlstate", None)
+        if not answered and (
+            isinstance(exc, UnicodeError | psycopg.DataError) or (sqlstate or "")[:2] == "54"
+        ):
+            # Rejected before anything ran: by the driver (a NUL, a lone
+            # surrogate) or by the server (class 22, data exception; class 54,
+            # a program limit such as an index row too big for its page).
+            return _bad_input(exc, params)
+        where = f" ({sqlstate})" if sqlstate else ""
+        # Anything else is the server's or the connection's trouble, and may
+        # pass: connection loss, shutdown, statement_timeout, lock_timeout
+        # (55P03), a read-only standby (25006), a pool closed underneath. A
+        # failed statement rolled back; a lost connection or an unreadable
+        # answer leaves the outcome unknown: retry with the same request ID.
+        return StoreUnavailable(f"PostgreSQL store unavailable{where}: {exc}")
 
     def _now_param(self) -> datetime | None:
         """The test clock's time for statements, or None to use the database clock."""
         if not self._test_clock:
             return None
-        return _from_micros(round(self.clock.now() * 1_000_000))
+        now = self.clock.now()
+        try:
+            return _from_micros(round(now * 1_000_000))
+        except (OverflowError, ValueError):
+            raise InvalidInput(
+                f"the test clock's time {now!r} is not a representable date",
+                field="clock",
+                value=now,
+            ) from None
 
     def _now(self) -> float:
         if self._test_clock:
@@ -331,8 +382,6 @@ class PostgresStore(Store):
                         ).format(s),
                         (str(SCHEMA_VERSION),),
                     )
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"PostgreSQL store unavailable: {exc}") from exc
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SchemaError(
                 f"cannot create dibs schema {self.schema!r}: {exc}. Grant CREATE on the "
@@ -340,12 +389,22 @@ class PostgresStore(Store):
                 found=0,
                 supported=SCHEMA_VERSION,
             ) from exc
+        except psycopg.Error as exc:
+            raise self._translate(exc, (), answered=True) from exc
 
     def _ensure_extension(self, conn: psycopg.Connection[TupleRow], create: bool) -> None:
-        present = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'").fetchone()
-        if present:
+        query = "SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'"
+        if conn.execute(query).fetchone():
             return
         if create:
+            # The extension is per database, the schema lock per schema: first
+            # opens of several schemas need a lock of their own around it, or
+            # one trips the catalog's unique index under another. (The two-key
+            # form is a key space apart from the schema locks; it is always
+            # taken second, so the two cannot deadlock.)
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('dibs'), hashtext('btree_gist'))")
+            if conn.execute(query).fetchone():
+                return
             try:
                 with conn.transaction():
                     conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
@@ -372,8 +431,12 @@ class PostgresStore(Store):
             granted = self._claim_free_unit(targets[0], text, holder)
             if granted is not None:
                 return granted
-        units = [t for t in targets if isinstance(t, Unit)]
-        spans = [t for t in targets if isinstance(t, Span)]
+        # The lock order (see dibs.stores._postgres_sql): units by (resource,
+        # slot), spans by (resource, start), str compared by code point as the
+        # "C" collation does, whatever the database's default collation is.
+        units = sorted((t for t in targets if isinstance(t, Unit)), key=_unit_key)
+        spans = sorted((t for t in targets if isinstance(t, Span)), key=_span_key)
+        sent: tuple[Target, ...] = (*units, *spans)
         params = (
             holder,
             text,
@@ -389,16 +452,19 @@ class PostgresStore(Store):
             [_bound(x.start) for x in spans] if spans else None,
             [_bound(x.end) for x in spans] if spans else None,
         )
-        try:
-            row = self._call(self._sql.claim, params)
-        except psycopg.Error as exc:
-            raise self._claim_error(exc, targets, request_id) from exc
+        row = self._call(
+            self._sql.claim, params, explain=lambda exc: self._claim_error(exc, sent, request_id)
+        )
         outcome, taken = row[0], row[1]
         if outcome in ("granted", "replayed"):
             claim = _claim_from_row(row[2:12], row[12]) if row[2] is not None else None
             return ClaimResult(True, claim, (), replayed=outcome == "replayed")
+        lost = {sent[i] for i in taken}
         return ClaimResult(
-            False, None, tuple(targets[i] for i in taken), replayed=outcome == "replayed_taken"
+            False,
+            None,
+            tuple(t for t in targets if t in lost),
+            replayed=outcome == "replayed_taken",
         )
 
     def _claim_free_unit(self, unit: Unit, text: str, holder: str) -> ClaimResult | None:
@@ -426,7 +492,8 @@ class PostgresStore(Store):
 
     def _claim_error(
         self, exc: psycopg.Error, targets: tuple[Target, ...], request_id: str | None
-    ) -> Exception:
+    ) -> Exception | None:
+        """The dibs error for the claim function's own SQLSTATEs, else None."""
         diag = exc.diag
         if exc.sqlstate == "DB002":
             return RequestConflict(
@@ -442,7 +509,7 @@ class PostgresStore(Store):
                 field="targets",
                 value=span,
             )
-        return exc
+        return None
 
     # --- transitions on one claim ---------------------------------------------------------------
 
@@ -452,6 +519,10 @@ class PostgresStore(Store):
         number = parse_id(claim_id)
         if number is None:
             raise claim_not_found(claim_id)
+        if fence > _MAX_ID:  # no bigint: the statement would not even find its function
+            raise InvalidInput(
+                f"fence must fit in 64 bits, got {fence!r}", field="fence", value=fence
+            )
         row = self._call(self._sql.transition, (op, number, holder, fence, ttl, self._now_param()))
         status = row[0]
         if status == "not_found":
@@ -552,10 +623,25 @@ def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
     return int(found[0]) if found else 0
 
 
+def _bad_input(exc: Exception, params: Sequence[Any]) -> InvalidInput:
+    """InvalidInput for what PostgreSQL cannot store, naming the offending string if it can."""
+    strings = [v for p in params for v in (p if isinstance(p, list) else [p]) if type(v) is str]
+    value = next((v for v in strings if "\x00" in v or _SURROGATE.search(v)), None)
+    return InvalidInput(f"PostgreSQL cannot store this input: {exc}", field="input", value=value)
+
+
 def parse_id(claim_id: str) -> int | None:
     """The bigint behind a claim ID, or None for one this store never gives out."""
     number = parse_serial_id(claim_id)
     return number if number is not None and 0 < number <= _MAX_ID else None
+
+
+def _unit_key(unit: Unit) -> tuple[str, str]:
+    return (unit.resource, unit.slot)
+
+
+def _span_key(span: Span) -> tuple[str, Decimal]:
+    return (span.resource, _bound(span.start))
 
 
 def _bound(value: int | float | datetime) -> Decimal:
