@@ -194,7 +194,9 @@ def test_spans_with_numbers_and_times(svc: Running) -> None:
         assert doc["targets"] == [room]
         overlap = {**room, "start": "2026-12-03T15:00:00+01:00", "end": "2026-12-03T18:00:00Z"}
         lost = b.post("/v1/claims", json={"targets": [overlap]})
-        assert lost.status_code == 409 and lost.json()["taken"] == [overlap]
+        # Times come back in UTC, whatever offset they were sent with.
+        in_utc = {**overlap, "start": "2026-12-03T14:00:00Z"}
+        assert lost.status_code == 409 and lost.json()["taken"] == [in_utc]
         hold(b, {"resource": "room-8", "start": 1, "end": 2.5})
 
 

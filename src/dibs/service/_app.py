@@ -35,6 +35,7 @@ from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
+from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
 
 __all__ = ["Service", "create_app"]
@@ -159,7 +160,7 @@ class Service:
 
     async def readiness(self, request: Request) -> Response:
         """``GET /readyz``: the store answers a read within the request timeout."""
-        probe = Unit("dibs-readiness-probe", "")
+        probe = Unit(f"{RESERVED}readiness-probe", "")
         try:
             await self.api.call("ready", lambda: self.store.holder_of(probe))
         except ApiError as exc:
@@ -185,11 +186,11 @@ class Service:
 
     async def openapi(self, request: Request) -> Response:
         """``GET /openapi.json``."""
-        return JSONResponse(openapi_document())
+        return JSONResponse(openapi_document(self.config.max_targets))
 
     async def docs(self, request: Request) -> Response:
         """``GET /docs``: the OpenAPI document rendered as one self-contained page."""
-        return HTMLResponse(render_docs(openapi_document()))
+        return HTMLResponse(render_docs(openapi_document(self.config.max_targets)))
 
 
 def create_app(
@@ -262,6 +263,8 @@ def create_app(
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        if exc.status_code >= 500:  # Starlette raises none today; never let one pass as ours
+            error = "internal"
         return JSONResponse(
             {"error": error, "message": str(exc.detail)},
             status_code=exc.status_code,
@@ -273,6 +276,9 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={ApiError: api_error, HTTPException: http_error},
     )
+    # A path that matches no route answers a JSON 404, never a redirect to
+    # another path (/v1/claims/%2f used to answer 307).
+    app.router.redirect_slashes = False
     app.state.service = service
     app.add_middleware(AccessLog, service=service)
     return app
