@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -184,13 +185,21 @@ class Service:
             slot = self.config.showings[0].slot
         return HTMLResponse(seat_map_page(slot, [s.slot for s in self.config.showings]))
 
+    def document(self) -> dict[str, Any]:
+        """This instance's OpenAPI document: its limits, and its lots and showings as examples."""
+        return openapi_document(
+            self.config.max_targets,
+            tuple(lot.name for lot in self.config.lots),
+            tuple(showing.slot for showing in self.config.showings),
+        )
+
     async def openapi(self, request: Request) -> Response:
         """``GET /openapi.json``."""
-        return JSONResponse(openapi_document(self.config.max_targets))
+        return JSONResponse(self.document())
 
     async def docs(self, request: Request) -> Response:
         """``GET /docs``: the OpenAPI document rendered as one self-contained page."""
-        return HTMLResponse(render_docs(openapi_document(self.config.max_targets)))
+        return HTMLResponse(render_docs(self.document()))
 
 
 def create_app(

@@ -323,8 +323,23 @@ _CLAIM_LINKS = {
 }
 
 
-def _paths() -> dict[str, Any]:
+def _named(param: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """A path parameter that names one of this service's lots or showings."""
+    if not names:
+        return param
+    return {**param, "schema": {**param["schema"], "examples": list(names)}, "example": names[0]}
+
+
+def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
+    lot, slot = _named(_LOT, lots), _named(_SLOT_PARAM, showings)
+    parked_links = {
+        name: {
+            "operationId": op,
+            "parameters": {"lot": "$request.path.lot", "vehicle": "$response.body#/vehicle"},
+        }
+        for name, op in (("GetVehicle", "getVehicle"), ("UnparkVehicle", "unparkVehicle"))
+    }
     return {
         "/v1/claims": {
             "post": {
@@ -516,7 +531,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Each slot of a lot: free, yours or taken (a snapshot)",
                 "operationId": "getLot",
                 "security": auth,
-                "parameters": [_LOT],
+                "parameters": [lot],
                 "responses": {
                     "200": _json(_ref("LotMap"), "The slots now; never whose."),
                     "404": _error("No such lot."),
@@ -532,10 +547,13 @@ def _paths() -> dict[str, Any]:
                 "holder's `car-1` is another vehicle.",
                 "operationId": "parkVehicle",
                 "security": auth,
-                "parameters": [_LOT],
+                "parameters": [lot],
                 "requestBody": _body(_ref("ParkRequest")),
                 "responses": {
-                    "201": _json(_ref("Parked"), "Parked; `position` is the first slot."),
+                    "201": {
+                        **_json(_ref("Parked"), "Parked; `position` is the first slot."),
+                        "links": parked_links,
+                    },
                     "404": _error("No such lot."),
                     "409": _error(
                         "`full`: no run of `length` free slots now; `already_parked`: "
@@ -551,7 +569,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Where your vehicle is parked",
                 "operationId": "getVehicle",
                 "security": auth,
-                "parameters": [_LOT, _VEHICLE],
+                "parameters": [lot, _VEHICLE],
                 "responses": {
                     "200": _json(_ref("Parked"), "Its first slot."),
                     "404": _error("No such lot, or no such vehicle of yours parked there."),
@@ -562,7 +580,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Free every slot of your vehicle at once",
                 "operationId": "unparkVehicle",
                 "security": auth,
-                "parameters": [_LOT, _VEHICLE],
+                "parameters": [lot, _VEHICLE],
                 "responses": {
                     "200": _json(_ref("Parked"), "Where it was."),
                     "404": _error("No such lot, or no such vehicle of yours parked there."),
@@ -616,7 +634,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "Every seat of a showing now (a snapshot)",
                 "operationId": "getShowing",
-                "parameters": [_SLOT_PARAM],
+                "parameters": [slot],
                 "responses": {
                     "200": _json(_ref("SeatMap"), "Seat states; never who holds them."),
                     "404": _error("No such showing."),
@@ -630,7 +648,7 @@ def _paths() -> dict[str, Any]:
                 "description": "A `seats` event with a SeatMap at once and after every change "
                 "(from any client or service instance); comments keep the stream alive.",
                 "operationId": "showingEvents",
-                "parameters": [_SLOT_PARAM],
+                "parameters": [slot],
                 "responses": {
                     "200": {
                         "description": "An event stream.",
@@ -673,7 +691,7 @@ def _paths() -> dict[str, Any]:
 
 
 @cache
-def _document_text(max_targets: int) -> str:
+def _document_text(max_targets: int, lots: tuple[str, ...], showings: tuple[str, ...]) -> str:
     return json.dumps(
         {
             "openapi": "3.1.0",
@@ -683,7 +701,7 @@ def _document_text(max_targets: int) -> str:
                 "description": "Claim a named, indivisible thing exactly once. The holder is "
                 "always the API key's; another holder's claims answer 404.",
             },
-            "paths": _paths(),
+            "paths": _paths(lots, showings),
             "components": {
                 "schemas": _schemas(max_targets),
                 "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -692,9 +710,11 @@ def _document_text(max_targets: int) -> str:
     )
 
 
-def openapi_document(max_targets: int = 100) -> dict[str, Any]:
-    """A fresh copy of the OpenAPI document, for a service taking ``max_targets`` per claim."""
-    doc: dict[str, Any] = json.loads(_document_text(max_targets))
+def openapi_document(
+    max_targets: int = 100, lots: tuple[str, ...] = (), showings: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A fresh copy of the OpenAPI document of a service with these limits, lots and showings."""
+    doc: dict[str, Any] = json.loads(_document_text(max_targets, lots, showings))
     return doc
 
 
