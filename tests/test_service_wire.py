@@ -288,10 +288,14 @@ def test_messages_use_iso_times_and_never_say_how_a_resource_is_used(svc: Runnin
         assert "2026-12-04T09:00:00Z" in r.json()["message"]
         assert "datetime" not in r.text
         claim(a, {"resource": room, "start": "2026-12-03T14:00:00Z", "end": "2026-12-04T10:00:00Z"})
-        r = b.post("/v1/claims", json={"targets": [{"resource": room, "start": 1, "end": 2}]})
-        assert_json_error(r, 400, "targets[0]")
+        # Spans of the other kind (numbers) while alice holds times: a loss like
+        # any other, that says nothing of how the room is used.
+        numbers = {"resource": room, "start": 1, "end": 2}
+        r = b.post("/v1/claims", json={"targets": [unit("seat-x"), numbers]})
+        assert_json_error(r, 409)
+        assert r.json()["error"] == "taken" and r.json()["taken"] == [numbers]
         message = r.json()["message"]
-        for word in ("datetime", "holds", "time spans", room):
+        for word in ("datetime", "holds", "time spans", "kind", room):
             assert word not in message
 
 
@@ -313,3 +317,19 @@ def test_the_openapi_document_takes_its_limits_from_the_wire_module() -> None:
     assert schemas["Unit"]["properties"]["resource"]["maxLength"] == MAX_NAME
     bound = schemas["Span"]["properties"]["start"]["oneOf"][0]
     assert bound["maximum"] == MAX_BOUND
+
+
+def test_the_claim_id_secret_comes_from_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dibs.service._cli import _id_secret
+
+    secret = tmp_path / "id-secret"
+    secret.write_bytes(SECRET + b"\n")
+    monkeypatch.setenv("DIBS_ID_SECRET", "from the environment, long enough")
+    assert _id_secret(str(secret)) == SECRET
+    assert _id_secret(None) == b"from the environment, long enough"
+    monkeypatch.delenv("DIBS_ID_SECRET")
+    assert _id_secret(None) is None
+    with pytest.raises(dibs.InvalidInput):
+        ServiceConfig(id_secret=b"short")

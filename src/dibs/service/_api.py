@@ -224,13 +224,15 @@ class Api:
                 self.metrics.holds_taken_over.inc()
             raise ApiError(409, "hold_lost", _HOLD_LOST[reason], {"reason": str(reason)}) from None
         except SpanKindMismatch as exc:
-            where = _field_of(exc.value, targets)
+            # A live span of the other kind (numbers or times) blocks the
+            # resource like an overlap would: the same answer as any loss, so
+            # nothing tells how another holder uses the resource.
+            blocked = [t for t in targets if t == exc.value] or targets
             raise ApiError(
-                400,
-                "invalid",
-                f"{where}: a resource takes spans of one kind at a time (numbers or times), "
-                "and this span is not of the kind it takes now",
-                {"field": where},
+                409,
+                "taken",
+                "another holder has some of these targets",
+                {"taken": [target_to_wire(t) for t in blocked if isinstance(t, Span)]},
             ) from None
         except InvalidInput as exc:
             # Every input was checked before the call; a store that still
@@ -493,11 +495,3 @@ class Api:
                 "state": state,
             }
         )
-
-
-def _field_of(target: object, targets: Sequence[Target]) -> str:
-    """``targets[i]`` for the request target the store named, else ``targets``."""
-    for i, mine in enumerate(targets):
-        if mine == target:
-            return f"targets[{i}]"
-    return "targets"
