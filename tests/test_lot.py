@@ -15,7 +15,16 @@ import pytest
 
 import dibs
 from _race import race
-from dibs import AlreadyParked, DibsError, InvalidInput, Lot, NotParked, Store, Unit
+from dibs import (
+    AlreadyParked,
+    DibsError,
+    InvalidInput,
+    Lot,
+    NotParked,
+    Store,
+    Unit,
+    VehicleBlocked,
+)
 
 # Park/remove rounds per thread in the churn test. memory:// gets the full
 # 16 x 2,000 of the issue; the SQL stores commit every claim to a database, so
@@ -303,3 +312,39 @@ def test_processes_churn_on_one_sqlite_file(tmp_path: Path) -> None:
     with dibs.open(url) as store:
         lot = Lot(store, "shared", size)
         assert_empty(lot, store, [f"v{w}-{i}" for w in range(workers) for i in range(rounds)])
+
+
+def test_park_ends_with_an_error_when_another_holder_has_the_vehicle_unit(store: Store) -> None:
+    # A park used to spin forever here: the vehicle unit was taken, yet the
+    # vehicle held no parking claim to return.
+    lot = Lot(store, "row", 4)
+    assert store.claim(Unit("lot:row", "vehicle:car"), holder="squatter")
+    with pytest.raises(VehicleBlocked) as info:
+        lot.park("car", 2)
+    err = info.value
+    assert isinstance(err, DibsError) and (err.lot, err.vehicle_id) == ("row", "car")
+    assert lot.occupancy().free == 4  # nothing leaked
+    assert lot.position_of("car") is None
+
+
+def test_park_ends_with_an_error_when_the_vehicle_holds_its_unit_outside_a_parking(
+    store: Store,
+) -> None:
+    lot = Lot(store, "row", 4)
+    assert store.claim(Unit("lot:row", "vehicle:car"), holder="car", ttl=60)
+    with pytest.raises(VehicleBlocked):
+        lot.park("car")
+    assert lot.position_of("car") is None  # not a parking: no position, no crash
+    with pytest.raises(NotParked):
+        lot.remove("car")
+    assert lot.occupancy().free == 4
+
+
+def test_a_lot_can_keep_its_units_under_another_resource(store: Store) -> None:
+    lot = Lot(store, "row", 3, resource="dibs.lot:row")
+    assert lot.park("car", 2) == 0
+    assert store.holder_of(Unit("dibs.lot:row", "slot:1")) == "car"
+    assert store.holder_of(Unit("lot:row", "slot:1")) is None
+    assert lot.position_of("car") == 0 and lot.remove("car") == 0
+    with pytest.raises(InvalidInput):
+        Lot(store, "row", 3, resource="")

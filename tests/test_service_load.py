@@ -1,6 +1,6 @@
-"""The service under pressure: 64 HTTP clients racing for seats, and schemathesis fuzzing.
+"""The service under pressure: 64 HTTP clients racing for seats (fuzzing: test_service_fuzz.py).
 
-Both run against ``python -m dibs.service serve`` in a subprocess on a SQLite
+It runs against ``python -m dibs.service serve`` in a subprocess on a SQLite
 file, as deployed; the verdicts are read back from the store itself.
 """
 
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ import pytest
 import dibs
 from dibs import Unit
 from dibs.service import Showing
+from dibs.service._ids import ClaimIds
 from test_service_support import Running, serve_in_process
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,7 +29,14 @@ ATTEMPTS = 12
 SHOW = Showing("show-load", 8, 12)
 
 
-def _args() -> list[str]:
+SECRET = b"the load test's claim-ID secret"
+
+
+def _args(tmp: Path) -> list[str]:
+    # One claim-ID secret for every instance, as docs/service.md asks; the
+    # test needs it too, to find the store claims behind the wire IDs.
+    secret = tmp / "id-secret"
+    secret.write_bytes(SECRET)
     return [
         "--showing",
         f"{SHOW.slot}:{SHOW.rows}x{SHOW.cols}",
@@ -38,6 +44,8 @@ def _args() -> list[str]:
         "1000",
         "--burst",
         "1000",
+        "--id-secret-file",
+        str(secret),
     ]
 
 
@@ -45,7 +53,7 @@ def _args() -> list[str]:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str]]:
     tmp = tmp_path_factory.mktemp("load")
     url = f"sqlite:///{tmp / 'dibs.db'}"
-    with serve_in_process(url, tmp / "keys.json", *_args()) as running:
+    with serve_in_process(url, tmp / "keys.json", *_args(tmp)) as running:
         yield running, url
 
 
@@ -59,8 +67,8 @@ def test_64_clients_on_two_instances_over_one_postgresql(
 ) -> None:
     keys = tmp_path / "keys.json"
     with (
-        serve_in_process(pg_schema_url, keys, *_args()) as one,
-        serve_in_process(pg_schema_url, keys, *_args()) as two,
+        serve_in_process(pg_schema_url, keys, *_args(tmp_path)) as one,
+        serve_in_process(pg_schema_url, keys, *_args(tmp_path)) as two,
     ):
         _race([one, two], pg_schema_url)
 
@@ -98,7 +106,8 @@ def _race(instances: list[Running], url: str) -> None:
                     )
                     with lock:
                         statuses[r.status_code] += 1
-                    if r.status_code != 201:
+                    # 200: a fan re-claimed exactly what it holds (the natural key).
+                    if r.status_code not in (200, 201):
                         continue
                     doc = r.json()
                     if rng.random() < 0.3:  # give some back: more seats to fight over
@@ -120,7 +129,7 @@ def _race(instances: list[Running], url: str) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    assert set(statuses) <= {201, 409}, statuses
+    assert set(statuses) <= {200, 201, 409}, statuses
     assert statuses[201] > 0 and statuses[409] > 0  # there was a race, and it was decided
 
     granted = [g for g in granted if g[1] not in released]
@@ -129,40 +138,16 @@ def _race(instances: list[Running], url: str) -> None:
         live = [c for i in range(CLIENTS) for c in store.claims_of(f"fan-{i}")]
         per_seat = Counter(u for c in live for u in c.units)
         assert [u for u, n in per_seat.items() if n > 1] == []  # 0 double bookings
-        for holder, claim_id, wanted in granted:
+        ids = ClaimIds(SECRET)
+        for holder, wire_id, wanted in granted:
+            claim_id = ids.from_wire(wire_id)
+            assert claim_id is not None
             claim = store.get(claim_id)
             assert claim is not None and claim.holder == holder
             assert claim.state in ("held", "confirmed")
             for x in wanted:
                 assert store.holder_of(Unit(x, SHOW.slot)) == holder
-        assert sorted(c.id for c in live) == sorted({g[1] for g in granted})
-
-
-def test_schemathesis_finds_no_server_errors(served: tuple[Running, str], tmp_path: Path) -> None:
-    s, _ = served
-    token = s.token("fuzzer")
-    cli = shutil.which("schemathesis") or shutil.which("st")
-    assert cli is not None, "schemathesis is in the test extra: pip install -e '.[test]'"
-    # positive_data_acceptance is left out: the API rightly refuses some
-    # schema-valid input on rules JSON Schema cannot state (a span's start
-    # before its end, a key reused with another body, fence in body or query).
-    result = subprocess.run(
-        [
-            cli, "run", f"{s.url}/openapi.json",
-            "-H", f"Authorization: Bearer {token}",
-            "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-            "--exclude-path", "/v1/showings/{slot}/events",  # a stream that never ends
-            "--max-examples", "30", "--seed", "6", "--generation-database", "none",
-            "--no-color", "--report-dir", str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=tmp_path,  # schemathesis writes a .schemathesis folder where it runs
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "Server error" not in result.stdout
+        assert sorted(ids.to_wire(c.id) for c in live) == sorted({g[1] for g in granted})
 
 
 def test_dibs_serve_logs_json_lines_with_request_ids(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from dibs import Unit
 from dibs.service import ServiceConfig
 from dibs.service._config import LotSpec
 from test_service_support import Running, serve_in_thread
@@ -150,3 +151,16 @@ def test_lot_and_match_need_a_key(svc: Running) -> None:
             ("POST", "/v1/match"),
         ]:
             assert anon.request(method, path).status_code == 401, path
+
+
+def test_a_park_blocked_outside_the_api_answers_409_at_once(svc: Running) -> None:
+    # A library caller on the same store holds the vehicle unit (the API cannot
+    # reach it): the park ends with 409 rather than spinning until the timeout.
+    assert svc.service is not None
+    store = svc.service.store
+    assert store.claim(Unit("dibs.lot:row", "vehicle:dibs.4:dave:van-1"), holder="mallory")
+    with svc.client("dave") as d:
+        r = d.post("/v1/lots/row/vehicles", json={"vehicle": "van-1"})
+        assert r.status_code == 409 and r.json()["error"] == "vehicle_blocked"
+        assert d.post("/v1/lots/row/vehicles", json={"vehicle": "van-2"}).status_code == 201
+        assert d.delete("/v1/lots/row/vehicles/van-2").status_code == 200

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+import dibs
 from dibs import FakeClock
 from dibs.service import KeyRing, ServiceConfig
 from dibs.stores.memory import MemoryStore
@@ -57,7 +58,15 @@ def test_cross_holder_matrix_has_no_successes(
 ) -> None:
     s, store, clock = world
     claims = _alice_claims(s, clock)
-    before = {c["id"]: store.get(c["id"]) for c in claims.values()}
+    assert s.service is not None
+    ids = s.service.api.ids
+
+    def stored(wire_id: str) -> dibs.Claim | None:
+        store_id = ids.from_wire(wire_id)
+        assert store_id is not None
+        return store.get(store_id)
+
+    before = {c["id"]: stored(c["id"]) for c in claims.values()}
     attempts: list[tuple[str, httpx.Response]] = []
     with s.client("bob") as b:
         for state, c in claims.items():
@@ -125,7 +134,7 @@ def test_cross_holder_matrix_has_no_successes(
         assert a.get("/v1/lots/lot-1/vehicles/car-9").status_code == 200
     assert all(c["holder"] == "bob" for c in mine)
     # And nothing of Alice's changed, but for Bob's fair takeover of her dead hold.
-    after = {c["id"]: store.get(c["id"]) for c in claims.values()}
+    after = {c["id"]: stored(c["id"]) for c in claims.values()}
     dead = claims["expiring"]["id"]
     assert after.pop(dead).taken_over and not before.pop(dead).taken_over  # type: ignore[union-attr]
     assert after == before

@@ -28,7 +28,7 @@ from dibs.exceptions import (
     StoreUnavailable,
     UnknownScheme,
 )
-from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy
+from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
@@ -70,6 +70,7 @@ __all__ = [
     "Target",
     "Unit",
     "UnknownScheme",
+    "VehicleBlocked",
     "booking",
     "match",
     "open",

@@ -19,6 +19,7 @@ promises::
     │   raised by the patterns, defined beside them:
     ├── lot.NotParked (LookupError)        removing a vehicle that holds no slots
     ├── lot.AlreadyParked (ValueError)     re-parking a vehicle with another length
+    ├── lot.VehicleBlocked (RuntimeError)  a vehicle's unit is held outside a parking of it
     ├── booking.ResourceBusy (TimeoutError) exclusive() waited too long for a resource
     ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
     └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,

@@ -29,9 +29,12 @@ from dibs._model import Claim, Unit
 from dibs.exceptions import DibsError, InvalidInput
 from dibs.stores.base import Store
 
-__all__ = ["AlreadyParked", "Lot", "NotParked", "Occupancy"]
+__all__ = ["AlreadyParked", "Lot", "NotParked", "Occupancy", "VehicleBlocked"]
 
 Fit = Literal["first", "best"]
+# How often one park may find its vehicle unit taken and then free again
+# (concurrent parks and removes of the same vehicle) before it gives up.
+_VEHICLE_RACES = 8
 
 
 class NotParked(DibsError, LookupError):
@@ -51,6 +54,18 @@ class AlreadyParked(DibsError, ValueError):
     vehicle_id: str
     position: int
     parked_length: int
+
+
+class VehicleBlocked(DibsError, RuntimeError):
+    """Raised by :meth:`Lot.park` when the vehicle's own unit is held outside a parking of it.
+
+    Another claim (of any holder) that holds ``Unit("lot:<lot>", "vehicle:<id>")``
+    but is not this vehicle's parking in this lot keeps the vehicle from parking
+    until that claim ends.
+    """
+
+    lot: str
+    vehicle_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +104,20 @@ class Lot:
     ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
     start of the smallest run that fits, which leaves longer runs for longer
     vehicles. Every process that opens a lot of one name must give it the
-    same size. Raises :class:`~dibs.InvalidInput` for a bad name, size or fit.
+    same size. ``resource`` names the resource of the lot's units (default
+    ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
+    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
     """
 
-    def __init__(self, store: Store, name: str, size: int, *, fit: Fit = "first") -> None:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        size: int,
+        *,
+        fit: Fit = "first",
+        resource: str | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInput(
                 f"lot name must be a non-empty string, got {name!r}", field="name", value=name
@@ -109,7 +134,13 @@ class Lot:
         self.name = name
         self.size = size
         self.fit: Fit = fit
-        self._resource = f"lot:{name}"
+        if resource is not None and (not isinstance(resource, str) or not resource):
+            raise InvalidInput(
+                f"resource must be a non-empty string, got {resource!r}",
+                field="resource",
+                value=resource,
+            )
+        self._resource = f"lot:{name}" if resource is None else resource
         self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
@@ -131,8 +162,9 @@ class Lot:
         that is already parked here returns its position and takes nothing new.
 
         Raises :class:`AlreadyParked` if it is parked with a different length,
-        :class:`~dibs.InvalidInput` for an empty ID or a length outside
-        ``1..size``, and what the store raises.
+        :class:`VehicleBlocked` if a claim that is not its parking here holds
+        its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
+        length outside ``1..size``, and what the store raises.
         """
         self._check_vehicle(vehicle_id)
         if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
@@ -144,6 +176,7 @@ class Lot:
         me = self._vehicle_unit(vehicle_id)
         occupied = self._hinted()
         fresh = False
+        races = 0
         while True:
             start = self._choose(occupied, length)
             if start is None:
@@ -170,7 +203,19 @@ class Lot:
                 existing = self._claim_of(vehicle_id)
                 if existing is not None:
                     return self._same_vehicle(existing, vehicle_id, length)
-                continue  # it left again meanwhile; search on
+                # No parking of this vehicle holds its unit, so some other claim
+                # does; waiting for it would spin for as long as it lives. Only a
+                # unit freed meanwhile (a concurrent remove) is worth a retry, and
+                # a bounded number of them, so that park always ends.
+                races += 1
+                if races > _VEHICLE_RACES or self.store.holder_of(me) is not None:
+                    raise VehicleBlocked(
+                        f"vehicle {vehicle_id!r} cannot park in lot {self.name!r}: its "
+                        "vehicle unit is held by a claim that is not its parking here",
+                        lot=self.name,
+                        vehicle_id=vehicle_id,
+                    )
+                continue
             # Every loss marks at least one slot, so the search always ends.
             taken = [self._index(u) for u in result.taken if isinstance(u, Unit)] or list(
                 range(start, start + length)
@@ -269,9 +314,13 @@ class Lot:
         return int(unit.slot.removeprefix("slot:"))
 
     def _claim_of(self, vehicle_id: str) -> Claim | None:
+        """The vehicle's parking here: its claim on its vehicle unit and on slots of this lot."""
         me = self._vehicle_unit(vehicle_id)
         for claim in self.store.claims_of(vehicle_id):
-            if me in claim.units:
+            units = claim.units
+            if me in units and any(
+                u.resource == self._resource and u.slot.startswith("slot:") for u in units
+            ):
                 return claim
         return None
 

@@ -17,6 +17,9 @@ NotHolder           404     ``not_found`` (existence does not leak)
 HoldLost            409     ``hold_lost``, with ``reason``
 StoreUnavailable    503     ``unavailable``, with ``Retry-After``
 ==================  ======  =============================================
+
+Messages are the service's own: a store's message may name its claim IDs
+(which the API keeps opaque) or how another holder uses a resource.
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ import asyncio
 import hashlib
 import json
 import math
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dibs._model import ClaimResult, ClaimState, Span, Target, Unit, target_to_json
+from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, target_to_json
 from dibs.exceptions import (
     ClaimNotFound,
     HoldLost,
@@ -41,23 +46,28 @@ from dibs.exceptions import (
     InvalidInput,
     NotHolder,
     RequestConflict,
+    SpanKindMismatch,
     StoreClosed,
     StoreUnavailable,
 )
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
+from dibs.service._ids import ClaimIds
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._wire import (
-    check_name,
+    RESERVED,
     claim_to_wire,
     parse_fence,
     parse_json_object,
+    parse_query_bound,
+    parse_query_fence,
     parse_target,
     parse_targets,
     parse_ttl,
     request_id_for,
     target_to_wire,
+    time_to_wire,
 )
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base import Store
@@ -68,8 +78,26 @@ _T = TypeVar("_T")
 _RETRY = {"Retry-After": "1"}
 
 
-def _not_found(claim_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"you have no claim {claim_id!r}")
+_HOLD_LOST = {
+    HoldLostReason.EXPIRED: "the hold expired",
+    HoldLostReason.TAKEN_OVER: "the hold expired and another claim took its targets",
+    HoldLostReason.RELEASED: "the claim was released",
+    HoldLostReason.FENCE: "the fence is not this claim's fence",
+}
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "not_found", "you have no such claim")
+
+
+def _media_type_is_json(header: str | None) -> bool:
+    """Whether a Content-Type is ``application/json`` (with at most ``charset=utf-8``)."""
+    if header is None:
+        return False
+    media, *params = (part.strip().lower() for part in header.split(";"))
+    if media != "application/json":
+        return False
+    return all(p.replace(" ", "") in ("charset=utf-8", 'charset="utf-8"') for p in params)
 
 
 class Api:
@@ -88,6 +116,9 @@ class Api:
         self.config = config
         self.metrics = metrics
         self.limiter = RateLimiter(config.rate, config.burst)
+        # Without a configured secret the wire IDs of this instance are its own:
+        # instances sharing a store must share the secret (docs/service.md).
+        self.ids = ClaimIds(config.id_secret or secrets.token_bytes(32))
         # Claims are frozen dataclasses: share them, no copies.
         self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
         self._on_change = on_change
@@ -98,7 +129,8 @@ class Api:
         """The caller's key; raises 401 without a valid bearer token, 429 over its rate."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         key = self.keys.authenticate(token.strip()) if scheme.lower() == "bearer" else None
-        if key is None:
+        # A hand-edited keys file must not hand out the service's own holders.
+        if key is None or key.holder.startswith(RESERVED):
             raise ApiError(
                 401,
                 "unauthorized",
@@ -118,10 +150,17 @@ class Api:
         return key
 
     async def read_body(self, request: Request) -> dict[str, Any]:
-        """The request's JSON object body; 413 past ``max_body``, 408 if it is too slow."""
+        """The request's JSON object body (none is ``{}``).
+
+        Raises 413 past ``max_body``, 408 if it arrives too slowly, 415 for a
+        body that is not ``application/json``, 400 for one that is not a
+        strict JSON object.
+        """
         limit = self.config.max_body
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        if declared is not None and (
+            not declared.isascii() or not declared.isdigit() or int(declared) > limit
+        ):
             raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
 
         async def read() -> bytes:
@@ -139,15 +178,22 @@ class Api:
                 raw = await read()
         except TimeoutError:
             raise ApiError(408, "timeout", "the request body arrived too slowly") from None
+        if raw and not _media_type_is_json(request.headers.get("content-type")):
+            raise ApiError(
+                415, "unsupported_media_type", "send the body as Content-Type: application/json"
+            )
         try:
             return parse_json_object(raw)
         except InvalidInput as exc:
             raise invalid(exc) from None
 
-    async def call(self, operation: str, work: Callable[[], _T]) -> _T:
+    async def call(
+        self, operation: str, work: Callable[[], _T], targets: Sequence[Target] = ()
+    ) -> _T:
         """Run one store call in a worker thread, bounded by ``request_timeout``.
 
-        Translates the store's errors into :class:`ApiError` (see the module table).
+        Translates the store's errors into :class:`ApiError` (see the module
+        table); ``targets`` are the request's, to name the one at fault.
         """
         started = time.perf_counter()
         try:
@@ -159,24 +205,41 @@ class Api:
             raise ApiError(
                 503, "timeout", "the store did not answer in time; retry", headers=_RETRY
             ) from None
-        except (StoreUnavailable, StoreClosed) as exc:
-            raise ApiError(503, "unavailable", str(exc), headers=_RETRY) from None
+        except (StoreUnavailable, StoreClosed):
+            raise ApiError(
+                503, "unavailable", "the store is unavailable; retry", headers=_RETRY
+            ) from None
         except RequestConflict:
             raise ApiError(
                 422,
                 "idempotency_key_reused",
-                "this Idempotency-Key was used with a different request body",
+                "this Idempotency-Key was used with a different request",
             ) from None
-        except (ClaimNotFound, NotHolder) as exc:
-            raise _not_found(getattr(exc, "claim_id", "")) from None
+        except (ClaimNotFound, NotHolder):
+            raise _not_found() from None
         except HoldLost as exc:
             reason = HoldLostReason(exc.reason)
             self.metrics.hold_lost.labels(operation, str(reason)).inc()
             if reason is HoldLostReason.TAKEN_OVER:
                 self.metrics.holds_taken_over.inc()
-            raise ApiError(409, "hold_lost", str(exc), {"reason": str(reason)}) from None
+            raise ApiError(409, "hold_lost", _HOLD_LOST[reason], {"reason": str(reason)}) from None
+        except SpanKindMismatch as exc:
+            # A live span of the other kind (numbers or times) blocks the
+            # resource like an overlap would: the same answer as any loss, so
+            # nothing tells how another holder uses the resource.
+            blocked = [t for t in targets if t == exc.value] or targets
+            raise ApiError(
+                409,
+                "taken",
+                "another holder has some of these targets",
+                {"taken": [target_to_wire(t) for t in blocked if isinstance(t, Span)]},
+            ) from None
         except InvalidInput as exc:
-            raise invalid(exc) from None
+            # Every input was checked before the call; a store that still
+            # refuses one gets a message of ours, not its repr of the value.
+            raise ApiError(
+                400, "invalid", f"{exc.field} is not valid here", {"field": exc.field}
+            ) from None
         finally:
             self.metrics.observe_store(operation, time.perf_counter() - started)
 
@@ -189,14 +252,20 @@ class Api:
         """Raise 400 naming the first field of ``body`` not in ``allowed``."""
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise ApiError(400, "invalid", f"unknown field {unknown[0]!r}", {"field": unknown[0]})
+            raise ApiError(
+                400, "invalid", f"unknown field {json.dumps(unknown[0])}", {"field": unknown[0]}
+            )
 
-    @staticmethod
-    def _claim_id(request: Request) -> str:
-        claim_id: str = request.path_params["claim_id"]
-        if len(claim_id) > 64 or not claim_id.isprintable():
-            raise _not_found(claim_id[:64])
+    def _claim_id(self, request: Request) -> str:
+        """The store claim ID behind the path's wire ID; 404 for one that is not ours."""
+        claim_id = self.ids.from_wire(request.path_params["claim_id"])
+        if claim_id is None:
+            raise _not_found()
         return claim_id
+
+    def claim_to_wire(self, claim: Claim) -> dict[str, Any]:
+        """A claim as JSON, under its opaque wire ID."""
+        return claim_to_wire(claim, self.ids.to_wire(claim.id))
 
     # --- claims -----------------------------------------------------------------------------------
 
@@ -218,6 +287,7 @@ class Api:
             return await self.call(
                 "claim",
                 lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+                targets,
             )
 
         shared = False
@@ -248,13 +318,23 @@ class Api:
             else:
                 answer = await self.flights.call(flight, claim)
             result, shared = answer.value, answer.shared
-        # A waiter that shared the first request's flight got a replay too.
-        replayed = result.replayed or shared
+        # Idempotent-Replayed says only "this key answered before": a waiter
+        # that shared the first request's flight, or the store's request record
+        # for this key. The store also answers a holder re-claiming exactly what
+        # it holds with that claim (the natural key); that is no replay of this
+        # key, and answers 200 (nothing was created).
+        natural = (
+            result.replayed
+            and result.claim is not None
+            and (request_id is None or result.claim.request_id != request_id)
+        )
+        replayed = shared or (result.replayed and not natural)
+        fresh = not (replayed or natural)
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
-        if replayed:
+        if not fresh:
             self.metrics.claims.labels("replayed").inc()
         if not result:
-            if not replayed:
+            if fresh:
                 self.metrics.claims.labels("taken").inc()
             return JSONResponse(
                 {
@@ -266,11 +346,12 @@ class Api:
                 headers=headers,
             )
         assert result.claim is not None
-        if not replayed:
+        if fresh:
             self.metrics.claims.labels("granted").inc()
             self._on_change(result.claim.targets)
-        headers["Location"] = f"/v1/claims/{result.claim.id}"
-        return JSONResponse(claim_to_wire(result.claim), status_code=201, headers=headers)
+        wire = self.claim_to_wire(result.claim)
+        headers["Location"] = f"/v1/claims/{wire['id']}"
+        return JSONResponse(wire, status_code=200 if natural else 201, headers=headers)
 
     async def get_claim(self, request: Request) -> Response:
         """``GET /v1/claims/{id}``: one of the caller's claims."""
@@ -280,22 +361,18 @@ class Api:
         # A released claim is gone, as DELETE promised; an expired one stays
         # readable so its holder can learn why (until the sweeper purges it).
         if claim is None or claim.holder != key.holder or claim.state is ClaimState.RELEASED:
-            raise _not_found(claim_id)
-        return JSONResponse(claim_to_wire(claim))
+            raise _not_found()
+        return JSONResponse(self.claim_to_wire(claim))
 
     async def list_claims(self, request: Request) -> Response:
         """``GET /v1/claims?holder=me``: the caller's live claims, a snapshot."""
         key = self.authorize(request)
-        unknown = sorted(set(request.query_params) - {"holder"})
-        if unknown:
-            raise ApiError(
-                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
-            )
+        self.parameters(request, {"holder"})
         wanted = request.query_params.get("holder", "me")
         if wanted not in ("me", key.holder):
             raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
         claims = await self.call("claims_of", lambda: self.store.claims_of(key.holder))
-        return JSONResponse({"snapshot": True, "claims": [claim_to_wire(c) for c in claims]})
+        return JSONResponse({"snapshot": True, "claims": [self.claim_to_wire(c) for c in claims]})
 
     async def confirm(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""
@@ -308,7 +385,7 @@ class Api:
             "confirm", lambda: self.store.confirm(claim_id, holder=key.holder, fence=fence)
         )
         self._on_change(claim.targets)
-        return JSONResponse(claim_to_wire(claim))
+        return JSONResponse(self.claim_to_wire(claim))
 
     async def extend(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/extend``: push the caller's live hold's expiry."""
@@ -327,29 +404,32 @@ class Api:
             lambda: self.store.extend(claim_id, holder=key.holder, fence=fence, ttl=ttl),
         )
         self._on_change(claim.targets)
-        return JSONResponse(claim_to_wire(claim))
+        return JSONResponse(self.claim_to_wire(claim))
 
     async def release(self, request: Request) -> Response:
-        """``DELETE /v1/claims/{id}``: give up the caller's claim (fence in body or query)."""
+        """``DELETE /v1/claims/{id}``: give up the caller's claim (fence in body or query).
+
+        Idempotent: a claim that already ended answers ``released: false``.
+        """
         key = self.authorize(request)
         claim_id = self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence"})
-        unknown = sorted(set(request.query_params) - {"fence"})
-        if unknown:
-            raise ApiError(
-                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
-            )
-        if "fence" in body and "fence" in request.query_params:
+        self.parameters(request, {"fence"})
+        query = request.query_params.get("fence")
+        if "fence" in body and query is not None:
             raise ApiError(
                 400,
                 "invalid",
                 "give the fence in the body or the query, not both",
                 {"field": "fence"},
             )
-        fence = self._fence(body.get("fence", request.query_params.get("fence")))
+        try:
+            fence = parse_fence(body.get("fence")) if query is None else parse_query_fence(query)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
 
-        def release() -> tuple[bool, Any]:
+        def release() -> tuple[bool, Claim | None]:
             released = self.store.release(claim_id, holder=key.holder, fence=fence)
             return released, self.store.get(claim_id)
 
@@ -357,8 +437,21 @@ class Api:
         if released and claim is not None:
             self._on_change(claim.targets)
         return JSONResponse(
-            {"released": released, "claim": None if claim is None else claim_to_wire(claim)}
+            {"released": released, "claim": None if claim is None else self.claim_to_wire(claim)}
         )
+
+    @staticmethod
+    def parameters(request: Request, allowed: set[str]) -> None:
+        """Raise 400 naming the first query parameter not in ``allowed``, or a repeated one."""
+        params = request.query_params
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise ApiError(
+                400, "invalid", f"unknown parameter {json.dumps(unknown[0])}", {"field": unknown[0]}
+            )
+        for name in params:
+            if len(params.getlist(name)) > 1:
+                raise ApiError(400, "invalid", f"{name} is given twice", {"field": name})
 
     @staticmethod
     def _fence(value: object) -> int:
@@ -372,16 +465,12 @@ class Api:
     async def resource(self, request: Request) -> Response:
         """``GET /v1/resources/{resource}?slot=…`` or ``?start=…&end=…``: free or not, now."""
         key = self.authorize(request)
+        self.parameters(request, {"slot", "start", "end"})
         params = request.query_params
-        unknown = sorted(set(params) - {"slot", "start", "end"})
-        if unknown:
-            raise ApiError(
-                400, "invalid", f"unknown parameter {unknown[0]!r}", {"field": unknown[0]}
-            )
         item: dict[str, Any] = {"resource": request.path_params["resource"]}
         if "start" in params or "end" in params:
-            item["start"] = _query_bound(params.get("start"))
-            item["end"] = _query_bound(params.get("end"))
+            item["start"] = parse_query_bound(params.get("start", ""))
+            item["end"] = parse_query_bound(params.get("end", ""))
         else:
             item["slot"] = params.get("slot", "")
         try:
@@ -393,31 +482,16 @@ class Api:
             ) from None
         assert isinstance(target, Unit | Span)
 
-        def read() -> tuple[str | None, Any]:
+        def read() -> tuple[str | None, datetime]:
             return self.store.holder_of(target), self.store.now()
 
-        holder, now = await self.call("holder_of", read)
+        holder, now = await self.call("holder_of", read, [target])
         state = "free" if holder is None else "yours" if holder == key.holder else "taken"
         return JSONResponse(
             {
                 "snapshot": True,
-                "as_of": now.isoformat().replace("+00:00", "Z"),
+                "as_of": time_to_wire(now),
                 "target": target_to_wire(target),
                 "state": state,
             }
         )
-
-
-def _query_bound(text: str | None) -> object:
-    if text is None:
-        return None
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if number.is_integer() and abs(number) < 2**53 else number
-
-
-def check_resource_name(value: str) -> str:
-    """Path segments name resources; same rule as in bodies."""
-    return check_name(value, "resource")

@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -35,6 +36,7 @@ from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
+from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
 
 __all__ = ["Service", "create_app"]
@@ -159,7 +161,7 @@ class Service:
 
     async def readiness(self, request: Request) -> Response:
         """``GET /readyz``: the store answers a read within the request timeout."""
-        probe = Unit("dibs-readiness-probe", "")
+        probe = Unit(f"{RESERVED}readiness-probe", "")
         try:
             await self.api.call("ready", lambda: self.store.holder_of(probe))
         except ApiError as exc:
@@ -183,13 +185,21 @@ class Service:
             slot = self.config.showings[0].slot
         return HTMLResponse(seat_map_page(slot, [s.slot for s in self.config.showings]))
 
+    def document(self) -> dict[str, Any]:
+        """This instance's OpenAPI document: its limits, and its lots and showings as examples."""
+        return openapi_document(
+            self.config.max_targets,
+            tuple(lot.name for lot in self.config.lots),
+            tuple(showing.slot for showing in self.config.showings),
+        )
+
     async def openapi(self, request: Request) -> Response:
         """``GET /openapi.json``."""
-        return JSONResponse(openapi_document())
+        return JSONResponse(self.document())
 
     async def docs(self, request: Request) -> Response:
         """``GET /docs``: the OpenAPI document rendered as one self-contained page."""
-        return HTMLResponse(render_docs(openapi_document()))
+        return HTMLResponse(render_docs(self.document()))
 
 
 def create_app(
@@ -262,6 +272,8 @@ def create_app(
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        if exc.status_code >= 500:  # Starlette raises none today; never let one pass as ours
+            error = "internal"
         return JSONResponse(
             {"error": error, "message": str(exc.detail)},
             status_code=exc.status_code,
@@ -273,6 +285,9 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={ApiError: api_error, HTTPException: http_error},
     )
+    # A path that matches no route answers a JSON 404, never a redirect to
+    # another path (/v1/claims/%2f used to answer 307).
+    app.router.redirect_slashes = False
     app.state.service = service
     app.add_middleware(AccessLog, service=service)
     return app

@@ -103,9 +103,23 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--forwarded-allow-ips", default="127.0.0.1", help="proxies to trust (default 127.0.0.1)"
     )
+    p.add_argument(
+        "--id-secret-file",
+        metavar="FILE",
+        help="a file whose bytes key the opaque claim IDs (default $DIBS_ID_SECRET, else "
+        "random per process); every instance on one store needs the same",
+    )
     p.add_argument("--root-path", default="", help="path prefix when mounted behind a proxy")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(run=_run_serve)
+
+
+def _id_secret(path: str | None) -> bytes | None:
+    """The claim-ID secret: the file's bytes, else $DIBS_ID_SECRET, else None (random)."""
+    if path is not None:
+        return Path(path).read_bytes().strip()
+    secret = os.environ.get("DIBS_ID_SECRET")
+    return None if not secret else secret.encode()
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -141,6 +155,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         sweep_interval=args.sweep_interval,
         threads=args.threads,
         public_map=not args.private_map,
+        id_secret=_id_secret(args.id_secret_file),
     )
     app = create_app(config)
     uvicorn.run(

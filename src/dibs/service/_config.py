@@ -99,7 +99,10 @@ class ServiceConfig:
     second, and the most that may arrive at once). ``request_timeout`` bounds a
     store call, ``body_timeout`` the reading of a request body, and
     ``idempotency_wait`` how long a duplicate of an in-flight Idempotency-Key
-    waits for the first request before it is answered ``409``.
+    waits for the first request before it is answered ``409``. ``id_secret``
+    keys the permutation that makes claim IDs opaque on the wire; when None,
+    each instance draws its own, so instances that share a store (or a
+    restarted instance whose clients kept claim IDs) need one set.
     """
 
     store_url: str = "sqlite:///dibs.db"
@@ -117,3 +120,10 @@ class ServiceConfig:
     poll_interval: float = 0.2
     threads: int = 32
     public_map: bool = True
+    id_secret: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.id_secret is not None and len(self.id_secret) < 16:
+            raise InvalidInput(
+                "id_secret must have at least 16 bytes", field="id_secret", value=None
+            )

@@ -54,12 +54,15 @@ def check_holder_name(holder: object) -> str:
     if (
         not isinstance(holder, str)
         or not holder
-        or len(holder) > 200
         or not holder.isprintable()
+        or len(holder.encode("utf-8", "surrogatepass")) > 200
         or holder != holder.strip()
+        # The service's own holders (parked vehicles) start with "dibs.".
+        or holder.startswith("dibs.")
     ):
         raise InvalidInput(
-            f"holder must be 1-200 printable characters without surrounding spaces, got {holder!r}",
+            "holder must be 1-200 bytes of printable UTF-8 without surrounding spaces, "
+            f"not starting with 'dibs.', got {holder!r}",
             field="holder",
             value=holder,
         )

@@ -13,24 +13,38 @@ import json
 from functools import cache
 from typing import Any
 
-from dibs.service._guard import KEY_PATTERN
+from dibs.service._guard import KEY_PATTERN, MAX_KEY
+from dibs.service._ids import WIRE_ID_PATTERN
+from dibs.service._wire import (
+    BOUND_PATTERN,
+    MAX_BOUND,
+    MAX_FENCE,
+    MAX_NAME,
+    MAX_TTL,
+    MIN_TTL,
+    NAME_PATTERN,
+    RESERVED,
+)
 
 __all__ = ["openapi_document", "render_docs"]
 
-_NAME = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 200,
-    "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
-}
+# Every limit below comes from _wire (or _guard, _ids), where the parsers enforce it.
+_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NAME_PATTERN}
 _SLOT = {**_NAME, "minLength": 0}
+_RESOURCE = {
+    **_NAME,
+    "not": {"pattern": "^" + RESERVED.replace(".", "\\.")},
+    "description": f"Names starting with `{RESERVED}` are reserved for the service.",
+}
 _BOUND = {
     "oneOf": [
-        {"type": "number", "minimum": -(2**53), "maximum": 2**53},
-        {"type": "string", "format": "date-time"},
+        {"type": "number", "minimum": -MAX_BOUND, "maximum": MAX_BOUND},
+        {"type": "string", "format": "date-time", "pattern": BOUND_PATTERN},
     ],
     "description": "A number, or an RFC 3339 time with an offset; both bounds of one kind.",
 }
+_TTL = {"type": "number", "minimum": MIN_TTL, "maximum": MAX_TTL}
+_FENCE = {"type": "integer", "minimum": 1, "maximum": MAX_FENCE}
 _TIME = {"type": ["string", "null"], "format": "date-time"}
 
 
@@ -60,15 +74,17 @@ _COMMON = {
     "400": _error("Bad input; `field` names it."),
     "401": _error("No valid API key.", **{"WWW-Authenticate": "Bearer challenge."}),
     "413": _error("The request body is larger than the limit."),
+    "415": _error("The request has a body that is not `application/json`."),
     "429": _error("This key's rate limit was exceeded.", **{"Retry-After": _RETRY}),
     "503": _error("The store did not answer in time or is unreachable.", **{"Retry-After": _RETRY}),
 }
-_READ = {k: v for k, v in _COMMON.items() if k != "413"}
+_READ = {k: v for k, v in _COMMON.items() if k not in ("413", "415")}
 _CLAIM_ID = {
     "name": "claim_id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "minLength": 1, "maxLength": 64},
+    "description": "The claim's opaque ID, as the API gave it.",
+    "schema": {"type": "string", "pattern": WIRE_ID_PATTERN},
 }
 _SLOT_PARAM = {"name": "slot", "in": "path", "required": True, "schema": _NAME}
 _KEY_HEADER = {
@@ -76,7 +92,7 @@ _KEY_HEADER = {
     "in": "header",
     "required": False,
     "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
-    "schema": {"type": "string", "maxLength": 255, "pattern": KEY_PATTERN},
+    "schema": {"type": "string", "maxLength": MAX_KEY, "pattern": KEY_PATTERN},
 }
 _LOT = {"name": "lot", "in": "path", "required": True, "schema": _NAME}
 _VEHICLE = {"name": "vehicle", "in": "path", "required": True, "schema": _NAME}
@@ -88,176 +104,242 @@ def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
-_SCHEMAS: dict[str, Any] = {
-    "Unit": {
-        "type": "object",
-        "description": "One indivisible key, e.g. a seat for a showing.",
-        "properties": {"resource": _NAME, "slot": _SLOT},
-        "required": ["resource"],
-        "additionalProperties": False,
-    },
-    "Span": {
-        "type": "object",
-        "description": "A half-open interval [start, end) on a resource; start < end.",
-        "properties": {"resource": _NAME, "start": _BOUND, "end": _BOUND},
-        "required": ["resource", "start", "end"],
-        "additionalProperties": False,
-    },
-    "Target": {"oneOf": [_ref("Unit"), _ref("Span")]},
-    "ClaimRequest": {
-        "type": "object",
-        "properties": {
-            "targets": {"type": "array", "items": _ref("Target"), "minItems": 1, "maxItems": 100},
-            "ttl": {
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "maximum": 366 * 24 * 3600,
-                "description": "Seconds to hold before confirming; null or absent: confirmed now.",
-            },
+def _schemas(max_targets: int) -> dict[str, Any]:
+    return {
+        "Unit": {
+            "type": "object",
+            "description": "One indivisible key, e.g. a seat for a showing.",
+            "properties": {"resource": _RESOURCE, "slot": _SLOT},
+            "required": ["resource"],
+            "additionalProperties": False,
         },
-        "required": ["targets"],
-        "additionalProperties": False,
-    },
-    "FenceRequest": {
-        "type": "object",
-        "properties": {"fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}},
-        "required": ["fence"],
-        "additionalProperties": False,
-    },
-    "ExtendRequest": {
-        "type": "object",
-        "properties": {
-            "fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-            "ttl": {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600},
+        "Span": {
+            "type": "object",
+            "description": "A half-open interval [start, end) on a resource; start < end.",
+            "properties": {"resource": _RESOURCE, "start": _BOUND, "end": _BOUND},
+            "required": ["resource", "start", "end"],
+            "additionalProperties": False,
         },
-        "required": ["fence", "ttl"],
-        "additionalProperties": False,
-    },
-    "Claim": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "holder": {"type": "string"},
-            "targets": {"type": "array", "items": _ref("Target")},
-            "state": {"enum": ["held", "confirmed", "released", "expired"]},
-            "fence": {"type": "integer"},
-            "expires_at": _TIME,
-            "idempotency_key": {"type": ["string", "null"]},
-            "created_at": {"type": "string", "format": "date-time"},
-            "updated_at": {"type": "string", "format": "date-time"},
-            "taken_over": {"type": "boolean"},
-        },
-        "required": [
-            "id",
-            "holder",
-            "targets",
-            "state",
-            "fence",
-            "expires_at",
-            "idempotency_key",
-            "created_at",
-            "updated_at",
-            "taken_over",
-        ],
-    },
-    "Error": {
-        "type": "object",
-        "properties": {
-            "error": {
-                "type": "string",
-                "description": "A stable code: invalid, unauthorized, forbidden, not_found, "
-                "taken, hold_lost, in_progress, idempotency_key_reused, too_large, "
-                "rate_limited, timeout, unavailable, method_not_allowed, internal.",
-            },
-            "message": {"type": "string"},
-            "field": {"type": "string", "description": "With `invalid`: the field at fault."},
-            "reason": {
-                "enum": ["expired", "taken_over", "released", "fence"],
-                "description": "With `hold_lost`.",
-            },
-            "taken": {
-                "type": "array",
-                "items": _ref("Target"),
-                "description": "With `taken`: your targets that someone else holds.",
-            },
-        },
-        "required": ["error", "message"],
-    },
-    "ParkRequest": {
-        "type": "object",
-        "properties": {
-            "vehicle": _NAME,
-            "length": {"type": "integer", "minimum": 1, "default": 1},
-        },
-        "required": ["vehicle"],
-        "additionalProperties": False,
-    },
-    "Parked": {
-        "type": "object",
-        "properties": {
-            "lot": {"type": "string"},
-            "vehicle": {"type": "string"},
-            "position": {"type": "integer"},
-            "length": {"type": "integer"},
-        },
-        "required": ["lot", "vehicle", "position"],
-    },
-    "LotMap": {
-        "type": "object",
-        "properties": {
-            "snapshot": {"const": True},
-            "name": {"type": "string"},
-            "size": {"type": "integer"},
-            "free": {"type": "integer"},
-            "largest_free_run": {"type": "integer"},
-            "slots": {
-                "type": "array",
-                "items": {
+        "Target": {"oneOf": [_ref("Unit"), _ref("Span")]},
+        "ClaimedTarget": {
+            "description": "A target as stored: a unit, or a span (bounds: numbers or times).",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"resource": {"type": "string"}, "slot": {"type": "string"}},
+                    "required": ["resource", "slot"],
+                    "additionalProperties": False,
+                },
+                {
                     "type": "object",
                     "properties": {
-                        "state": {"enum": ["free", "yours", "taken"]},
-                        "vehicle": {"type": "string"},
+                        "resource": {"type": "string"},
+                        "start": {"type": ["number", "string"]},
+                        "end": {"type": ["number", "string"]},
                     },
-                    "required": ["state"],
+                    "required": ["resource", "start", "end"],
+                    "additionalProperties": False,
+                },
+            ],
+        },
+        "ClaimRequest": {
+            "type": "object",
+            "properties": {
+                "targets": {
+                    "type": "array",
+                    "items": _ref("Target"),
+                    "minItems": 1,
+                    "maxItems": max_targets,
+                },
+                "ttl": {
+                    **_TTL,
+                    "type": ["number", "null"],
+                    "description": "Seconds to hold before confirming; null or absent: "
+                    "confirmed now.",
                 },
             },
+            "required": ["targets"],
+            "additionalProperties": False,
         },
-        "required": ["snapshot", "name", "size", "free", "largest_free_run", "slots"],
-    },
-    "MatchRequest": {
-        "type": "object",
-        "properties": {
-            "candidates": {"type": "array", "items": _ref("Unit"), "minItems": 1, "maxItems": 100},
-            "ttl": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600},
+        "FenceRequest": {
+            "type": "object",
+            "properties": {"fence": _FENCE},
+            "required": ["fence"],
+            "additionalProperties": False,
         },
-        "required": ["candidates"],
-        "additionalProperties": False,
-    },
-    "Seat": {
-        "type": "object",
-        "properties": {"state": {"enum": ["free", "held", "confirmed"]}, "expires_at": _TIME},
-        "required": ["state", "expires_at"],
-    },
-    "SeatMap": {
-        "type": "object",
-        "properties": {
-            "slot": {"type": "string"},
-            "rows": {"type": "integer"},
-            "cols": {"type": "integer"},
-            "snapshot": {"const": True},
-            "now": {"type": "string", "format": "date-time"},
-            "version": {"type": "integer"},
-            "seats": {"type": "object", "additionalProperties": _ref("Seat")},
+        "ExtendRequest": {
+            "type": "object",
+            "properties": {"fence": _FENCE, "ttl": _TTL},
+            "required": ["fence", "ttl"],
+            "additionalProperties": False,
         },
-        "required": ["slot", "rows", "cols", "snapshot", "now", "seats"],
+        "Claim": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "pattern": WIRE_ID_PATTERN},
+                "holder": {"type": "string"},
+                "targets": {"type": "array", "items": _ref("ClaimedTarget")},
+                "state": {"enum": ["held", "confirmed", "released", "expired"]},
+                "fence": {"type": "integer"},
+                "expires_at": _TIME,
+                "idempotency_key": {"type": ["string", "null"]},
+                "created_at": {"type": "string", "format": "date-time"},
+                "updated_at": {"type": "string", "format": "date-time"},
+                "taken_over": {"type": "boolean"},
+            },
+            "required": [
+                "id",
+                "holder",
+                "targets",
+                "state",
+                "fence",
+                "expires_at",
+                "idempotency_key",
+                "created_at",
+                "updated_at",
+                "taken_over",
+            ],
+        },
+        "Error": {
+            "type": "object",
+            "properties": {
+                "error": {
+                    "type": "string",
+                    "description": "A stable code: invalid, unauthorized, forbidden, not_found, "
+                    "taken, hold_lost, in_progress, idempotency_key_reused, too_large, "
+                    "unsupported_media_type, rate_limited, timeout, unavailable, "
+                    "method_not_allowed, full, already_parked, vehicle_blocked, none_free, "
+                    "internal.",
+                },
+                "message": {"type": "string"},
+                "field": {"type": "string", "description": "With `invalid`: the field at fault."},
+                "reason": {
+                    "enum": ["expired", "taken_over", "released", "fence"],
+                    "description": "With `hold_lost`.",
+                },
+                "taken": {
+                    "type": "array",
+                    "items": _ref("ClaimedTarget"),
+                    "description": "With `taken`: your targets that someone else holds.",
+                },
+            },
+            "required": ["error", "message"],
+        },
+        "ParkRequest": {
+            "type": "object",
+            "properties": {
+                "vehicle": _NAME,
+                "length": {"type": "integer", "minimum": 1, "default": 1},
+            },
+            "required": ["vehicle"],
+            "additionalProperties": False,
+        },
+        "Parked": {
+            "type": "object",
+            "properties": {
+                "lot": {"type": "string"},
+                "vehicle": {"type": "string"},
+                "position": {"type": "integer"},
+                "length": {"type": "integer"},
+            },
+            "required": ["lot", "vehicle", "position"],
+        },
+        "LotMap": {
+            "type": "object",
+            "properties": {
+                "snapshot": {"const": True},
+                "name": {"type": "string"},
+                "size": {"type": "integer"},
+                "free": {"type": "integer"},
+                "largest_free_run": {"type": "integer"},
+                "slots": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "state": {"enum": ["free", "yours", "taken"]},
+                            "vehicle": {"type": "string"},
+                        },
+                        "required": ["state"],
+                    },
+                },
+            },
+            "required": ["snapshot", "name", "size", "free", "largest_free_run", "slots"],
+        },
+        "MatchRequest": {
+            "type": "object",
+            "properties": {
+                "candidates": {
+                    "type": "array",
+                    "items": _ref("Unit"),
+                    "minItems": 1,
+                    "maxItems": max_targets,
+                },
+                "ttl": {**_TTL, "type": ["number", "null"]},
+            },
+            "required": ["candidates"],
+            "additionalProperties": False,
+        },
+        "Seat": {
+            "type": "object",
+            "properties": {"state": {"enum": ["free", "held", "confirmed"]}, "expires_at": _TIME},
+            "required": ["state", "expires_at"],
+        },
+        "SeatMap": {
+            "type": "object",
+            "properties": {
+                "slot": {"type": "string"},
+                "rows": {"type": "integer"},
+                "cols": {"type": "integer"},
+                "snapshot": {"const": True},
+                "now": {"type": "string", "format": "date-time"},
+                "version": {"type": "integer"},
+                "seats": {"type": "object", "additionalProperties": _ref("Seat")},
+            },
+            "required": ["slot", "rows", "cols", "snapshot", "now", "seats"],
+        },
+    }
+
+
+_CLAIM_OK = _json(_ref("Claim"), "The claim as stored now.")
+# For stateful testing (and readers): what a new claim's ID and fence lead to.
+_CLAIM_ID_LINK = {"claim_id": "$response.body#/id"}
+_CLAIM_LINKS = {
+    "GetClaim": {"operationId": "getClaim", "parameters": _CLAIM_ID_LINK},
+    "ConfirmClaim": {
+        "operationId": "confirmClaim",
+        "parameters": _CLAIM_ID_LINK,
+        "requestBody": {"fence": "$response.body#/fence"},
+    },
+    "ExtendClaim": {
+        "operationId": "extendClaim",
+        "parameters": _CLAIM_ID_LINK,
+        "requestBody": {"fence": "$response.body#/fence", "ttl": 60},
+    },
+    "ReleaseClaim": {
+        "operationId": "releaseClaim",
+        "parameters": {**_CLAIM_ID_LINK, "fence": "$response.body#/fence"},
     },
 }
 
-_CLAIM_OK = _json(_ref("Claim"), "The claim as stored now.")
+
+def _named(param: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """A path parameter that names one of this service's lots or showings."""
+    if not names:
+        return param
+    return {**param, "schema": {**param["schema"], "examples": list(names)}, "example": names[0]}
 
 
-def _paths() -> dict[str, Any]:
+def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
+    lot, slot = _named(_LOT, lots), _named(_SLOT_PARAM, showings)
+    parked_links = {
+        name: {
+            "operationId": op,
+            "parameters": {"lot": "$request.path.lot", "vehicle": "$response.body#/vehicle"},
+        }
+        for name, op in (("GetVehicle", "getVehicle"), ("UnparkVehicle", "unparkVehicle"))
+    }
     return {
         "/v1/claims": {
             "post": {
@@ -266,18 +348,33 @@ def _paths() -> dict[str, Any]:
                 "before it expires; without, it is confirmed at once. Send an "
                 "`Idempotency-Key` to make retries safe: the same key and body replay the "
                 "first answer (`Idempotent-Replayed: true`); a concurrent duplicate waits "
-                "for the first request's answer.",
+                "for the first request's answer. Re-claiming exactly the targets of a "
+                "live claim of yours answers that claim with `200` (the natural key).",
                 "operationId": "createClaim",
                 "security": auth,
                 "parameters": [_KEY_HEADER],
                 "requestBody": _body(_ref("ClaimRequest")),
                 "responses": {
-                    "201": _json(
-                        _ref("Claim"),
-                        "Granted (or replayed).",
-                        Location="The claim's URL.",
-                        **{"Idempotent-Replayed": "`true` when an earlier request answered."},
-                    ),
+                    "201": {
+                        **_json(
+                            _ref("Claim"),
+                            "Granted (or this Idempotency-Key's replay).",
+                            Location="The claim's URL.",
+                            **{
+                                "Idempotent-Replayed": "`true` when this Idempotency-Key "
+                                "answered before."
+                            },
+                        ),
+                        "links": _CLAIM_LINKS,
+                    },
+                    "200": {
+                        **_json(
+                            _ref("Claim"),
+                            "You already hold exactly these targets: that claim.",
+                            Location="The claim's URL.",
+                        ),
+                        "links": _CLAIM_LINKS,
+                    },
                     "409": _error(
                         "`taken`: someone else holds some targets (listed, never who); or "
                         "`in_progress`: a request with this key is still running.",
@@ -327,8 +424,9 @@ def _paths() -> dict[str, Any]:
             },
             "delete": {
                 "summary": "Release your claim",
-                "description": "Idempotent: releasing an ended claim answers `released: false`. "
-                "The fence goes in the body or in `?fence=`.",
+                "description": "Idempotent: releasing a claim of yours that already ended "
+                "(released or expired) answers `200` with `released: false`, until the "
+                "sweeper purges it. The fence goes in the body or in `?fence=`.",
                 "operationId": "releaseClaim",
                 "security": auth,
                 "parameters": [
@@ -337,7 +435,7 @@ def _paths() -> dict[str, Any]:
                         "name": "fence",
                         "in": "query",
                         "required": False,
-                        "schema": {"type": "integer", "minimum": 1},
+                        "schema": _FENCE,
                     },
                 ],
                 "requestBody": _body(_ref("FenceRequest"), required=False),
@@ -387,7 +485,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getResource",
                 "security": auth,
                 "parameters": [
-                    {"name": "resource", "in": "path", "required": True, "schema": _NAME},
+                    {"name": "resource", "in": "path", "required": True, "schema": _RESOURCE},
                     {"name": "slot", "in": "query", "required": False, "schema": _SLOT},
                     {"name": "start", "in": "query", "required": False, "schema": _BOUND},
                     {"name": "end", "in": "query", "required": False, "schema": _BOUND},
@@ -433,7 +531,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Each slot of a lot: free, yours or taken (a snapshot)",
                 "operationId": "getLot",
                 "security": auth,
-                "parameters": [_LOT],
+                "parameters": [lot],
                 "responses": {
                     "200": _json(_ref("LotMap"), "The slots now; never whose."),
                     "404": _error("No such lot."),
@@ -449,14 +547,18 @@ def _paths() -> dict[str, Any]:
                 "holder's `car-1` is another vehicle.",
                 "operationId": "parkVehicle",
                 "security": auth,
-                "parameters": [_LOT],
+                "parameters": [lot],
                 "requestBody": _body(_ref("ParkRequest")),
                 "responses": {
-                    "201": _json(_ref("Parked"), "Parked; `position` is the first slot."),
+                    "201": {
+                        **_json(_ref("Parked"), "Parked; `position` is the first slot."),
+                        "links": parked_links,
+                    },
                     "404": _error("No such lot."),
                     "409": _error(
                         "`full`: no run of `length` free slots now; `already_parked`: "
-                        "this vehicle is parked with another length."
+                        "this vehicle is parked with another length; `vehicle_blocked`: "
+                        "another claim holds this vehicle's own unit."
                     ),
                     **_COMMON,
                 },
@@ -467,7 +569,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Where your vehicle is parked",
                 "operationId": "getVehicle",
                 "security": auth,
-                "parameters": [_LOT, _VEHICLE],
+                "parameters": [lot, _VEHICLE],
                 "responses": {
                     "200": _json(_ref("Parked"), "Its first slot."),
                     "404": _error("No such lot, or no such vehicle of yours parked there."),
@@ -478,7 +580,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Free every slot of your vehicle at once",
                 "operationId": "unparkVehicle",
                 "security": auth,
-                "parameters": [_LOT, _VEHICLE],
+                "parameters": [lot, _VEHICLE],
                 "responses": {
                     "200": _json(_ref("Parked"), "Where it was."),
                     "404": _error("No such lot, or no such vehicle of yours parked there."),
@@ -532,7 +634,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "Every seat of a showing now (a snapshot)",
                 "operationId": "getShowing",
-                "parameters": [_SLOT_PARAM],
+                "parameters": [slot],
                 "responses": {
                     "200": _json(_ref("SeatMap"), "Seat states; never who holds them."),
                     "404": _error("No such showing."),
@@ -546,7 +648,7 @@ def _paths() -> dict[str, Any]:
                 "description": "A `seats` event with a SeatMap at once and after every change "
                 "(from any client or service instance); comments keep the stream alive.",
                 "operationId": "showingEvents",
-                "parameters": [_SLOT_PARAM],
+                "parameters": [slot],
                 "responses": {
                     "200": {
                         "description": "An event stream.",
@@ -589,7 +691,7 @@ def _paths() -> dict[str, Any]:
 
 
 @cache
-def _document_text() -> str:
+def _document_text(max_targets: int, lots: tuple[str, ...], showings: tuple[str, ...]) -> str:
     return json.dumps(
         {
             "openapi": "3.1.0",
@@ -599,18 +701,20 @@ def _document_text() -> str:
                 "description": "Claim a named, indivisible thing exactly once. The holder is "
                 "always the API key's; another holder's claims answer 404.",
             },
-            "paths": _paths(),
+            "paths": _paths(lots, showings),
             "components": {
-                "schemas": _SCHEMAS,
+                "schemas": _schemas(max_targets),
                 "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             },
         }
     )
 
 
-def openapi_document() -> dict[str, Any]:
-    """A fresh copy of the OpenAPI document."""
-    doc: dict[str, Any] = json.loads(_document_text())
+def openapi_document(
+    max_targets: int = 100, lots: tuple[str, ...] = (), showings: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A fresh copy of the OpenAPI document of a service with these limits, lots and showings."""
+    doc: dict[str, Any] = json.loads(_document_text(max_targets, lots, showings))
     return doc
 
 

@@ -5,10 +5,16 @@ of its claim; a match is keyed by a request ID), so the service namespaces
 those names by the caller's holder exactly as it does Idempotency-Keys: alice's
 ``car-1`` and bob's ``car-1`` are two vehicles, and neither can see or move
 the other's. Every decision is still the store's group claim.
+
+Their internal units live under the reserved resource prefix ``dibs.``, which
+``POST /v1/claims`` refuses: lots are ``dibs.lot:<name>``, match keys
+``dibs.match``. Vehicle holders start with ``dibs.`` too, which no API key's
+holder may, so no client can claim, hold or block another client's internals.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -16,12 +22,16 @@ from starlette.responses import JSONResponse, Response
 
 from dibs._model import Unit
 from dibs.exceptions import InvalidInput
-from dibs.lot import AlreadyParked, Lot, NotParked
-from dibs.matching import match
+from dibs.lot import AlreadyParked, Lot, NotParked, VehicleBlocked
+from dibs.matching import REQUEST_RESOURCE, match
 from dibs.service._api import Api
 from dibs.service._config import LotSpec
 from dibs.service._guard import ApiError, invalid, parse_idempotency_key
-from dibs.service._wire import check_name, claim_to_wire, parse_target, parse_ttl, request_id_for
+from dibs.service._wire import RESERVED, check_name, parse_targets, parse_ttl, request_id_for
+
+# The match pattern's own units must be in the reserved namespace, or a client
+# could claim another's match key through POST /v1/claims.
+assert REQUEST_RESOURCE.startswith(RESERVED)
 
 __all__ = ["Patterns"]
 
@@ -31,7 +41,12 @@ class Patterns:
 
     def __init__(self, api: Api, lots: tuple[LotSpec, ...]) -> None:
         self.api = api
-        self.lots = {spec.name: Lot(api.store, spec.name, spec.size, fit=spec.fit) for spec in lots}
+        self.lots = {
+            spec.name: Lot(
+                api.store, spec.name, spec.size, fit=spec.fit, resource=f"{RESERVED}lot:{spec.name}"
+            )
+            for spec in lots
+        }
 
     def _lot(self, request: Request) -> Lot:
         lot = self.lots.get(request.path_params["lot"])
@@ -46,6 +61,11 @@ class Patterns:
         except InvalidInput as exc:
             raise invalid(exc) from None
 
+    @staticmethod
+    def _holder(holder: str, vehicle: str) -> str:
+        """The store holder of a caller's vehicle: reserved, and namespaced by the caller."""
+        return RESERVED + request_id_for(holder, vehicle)
+
     async def list_lots(self, request: Request) -> Response:
         """``GET /v1/lots``: the lots this service parks in."""
         self.api.authorize(request)
@@ -58,7 +78,7 @@ class Patterns:
         key = self.api.authorize(request)
         lot = self._lot(request)
         occupancy = await self.api.call("lot_occupancy", lot.occupancy)
-        mine = request_id_for(key.holder, "")
+        mine = self._holder(key.holder, "")
         slots: list[dict[str, Any]] = []
         for vehicle in occupancy.slots:
             if vehicle is None:
@@ -90,18 +110,24 @@ class Patterns:
             raise ApiError(
                 400, "invalid", f"length must be an integer in 1..{lot.size}", {"field": "length"}
             )
-        who = request_id_for(key.holder, vehicle)
+        who = self._holder(key.holder, vehicle)
         try:
             position = await self.api.call("park", lambda: lot.park(who, length))
         except AlreadyParked as exc:
             raise ApiError(
                 409,
                 "already_parked",
-                f"{vehicle!r} is parked here with another length",
+                "this vehicle is parked here with another length",
                 {"position": exc.position, "length": exc.parked_length},
             ) from None
+        except VehicleBlocked:
+            raise ApiError(
+                409, "vehicle_blocked", "this vehicle cannot park here now; try again later"
+            ) from None
         if position is None:
-            raise ApiError(409, "full", f"no {length} adjacent free slots in {lot.name!r} now")
+            raise ApiError(
+                409, "full", f"no {length} adjacent free slots in {json.dumps(lot.name)} now"
+            )
         return JSONResponse(
             {"lot": lot.name, "vehicle": vehicle, "position": position, "length": length},
             status_code=201,
@@ -112,10 +138,10 @@ class Patterns:
         key = self.api.authorize(request)
         lot = self._lot(request)
         vehicle = self._vehicle(request.path_params["vehicle"])
-        who = request_id_for(key.holder, vehicle)
+        who = self._holder(key.holder, vehicle)
         position = await self.api.call("lot_position", lambda: lot.position_of(who))
         if position is None:
-            raise ApiError(404, "not_found", f"you have no vehicle {vehicle!r} in this lot")
+            raise ApiError(404, "not_found", "you have no such vehicle in this lot")
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
 
     async def unpark(self, request: Request) -> Response:
@@ -123,13 +149,11 @@ class Patterns:
         key = self.api.authorize(request)
         lot = self._lot(request)
         vehicle = self._vehicle(request.path_params["vehicle"])
-        who = request_id_for(key.holder, vehicle)
+        who = self._holder(key.holder, vehicle)
         try:
             position = await self.api.call("unpark", lambda: lot.remove(who))
         except NotParked:
-            raise ApiError(
-                404, "not_found", f"you have no vehicle {vehicle!r} in this lot"
-            ) from None
+            raise ApiError(404, "not_found", "you have no such vehicle in this lot") from None
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
 
     async def match(self, request: Request) -> Response:
@@ -145,17 +169,8 @@ class Patterns:
             )
         body = await self.api.read_body(request)
         self.api.fields(body, {"candidates", "ttl"})
-        items = body.get("candidates")
-        limit = self.api.config.max_targets
-        if not isinstance(items, list) or not items or len(items) > limit:
-            raise ApiError(
-                400,
-                "invalid",
-                f"candidates must be a list of 1-{limit} units",
-                {"field": "candidates"},
-            )
         try:
-            candidates = [parse_target(item, f"candidates[{i}]") for i, item in enumerate(items)]
+            candidates = parse_targets(body, self.api.config.max_targets, "candidates")
             ttl = parse_ttl(body, required=False)
         except InvalidInput as exc:
             raise invalid(exc) from None
@@ -188,7 +203,7 @@ class Patterns:
         return JSONResponse(
             {
                 "candidate": {"resource": found.candidate.resource, "slot": found.candidate.slot},
-                "claim": claim_to_wire(found.claim),
+                "claim": self.api.claim_to_wire(found.claim),
             },
             status_code=201,
             headers=headers,

@@ -1,0 +1,107 @@
+"""Opaque claim IDs on the wire: the store's claim ID under a keyed pseudorandom permutation.
+
+SQL stores number their claims with the global fence counter, so a client that
+saw two of those IDs could tell how many claims were made in between. The API
+shows instead the store's ID encrypted with a 4-round Feistel network whose
+round function is HMAC-SHA256 under a per-deployment secret (4 rounds of a
+pseudorandom function make a strong pseudorandom permutation, Luby-Rackoff).
+Being a permutation, it needs no lookup table: the service decrypts the ID a
+client sends back. The plaintext starts with four fixed bytes, so an ID that
+was tampered with decrypts to garbage and is refused before any store call
+(a 404, like any claim that is not yours).
+
+Plaintext layout: ``00 00 00 <kind>`` then, for kind 0, a store ID that is a
+decimal integer below 2**63 as 8 big-endian bytes (a 16-character wire ID);
+for kind 1, any other store ID as UTF-8, then ``0x80`` and zeros up to a
+multiple of 12 bytes. Wire IDs are unpadded URL-safe base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+
+__all__ = ["WIRE_ID_PATTERN", "ClaimIds"]
+
+_MAGIC = b"\x00\x00\x00"
+_ROUNDS = 4
+_MAX_STORE_ID = 255  # bytes; store IDs are far shorter (the library allows 1024)
+WIRE_ID_MAX = 4 * (4 + _MAX_STORE_ID + 12) // 3
+WIRE_ID_PATTERN = f"^[A-Za-z0-9_-]{{16,{WIRE_ID_MAX}}}$"
+_WIRE_ID = re.compile(WIRE_ID_PATTERN)
+
+
+class ClaimIds:
+    """Encrypt store claim IDs into wire IDs and back, under ``secret``."""
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the claim ID secret must have at least 16 bytes")
+        self._keys = tuple(
+            hmac.new(secret, b"dibs wire claim id, round %d" % i, hashlib.sha256).digest()
+            for i in range(_ROUNDS)
+        )
+
+    def to_wire(self, claim_id: str) -> str:
+        """The wire ID of a store claim ID."""
+        if claim_id.isascii() and claim_id.isdigit() and str(int(claim_id)) == claim_id:
+            n = int(claim_id)
+            if n < 2**63:
+                return _b64(self._permute(_MAGIC + b"\x00" + n.to_bytes(8, "big"), forward=True))
+        raw = claim_id.encode() + b"\x80"
+        raw += b"\x00" * (-(len(_MAGIC) + 1 + len(raw)) % 12)
+        return _b64(self._permute(_MAGIC + b"\x01" + raw, forward=True))
+
+    def from_wire(self, wire_id: str) -> str | None:
+        """The store claim ID behind a wire ID, or None when it is not one of ours."""
+        if not _WIRE_ID.match(wire_id) or len(wire_id) % 16:
+            return None
+        try:
+            data = base64.urlsafe_b64decode(wire_id)
+        except ValueError:
+            return None
+        plain = self._permute(data, forward=False)
+        if not plain.startswith(_MAGIC):
+            return None
+        kind, body = plain[3], plain[4:]
+        if kind == 0 and len(body) == 8:
+            n = int.from_bytes(body, "big")
+            return str(n) if n < 2**63 else None
+        if kind == 1:
+            text = body.rstrip(b"\x00")
+            if not text.endswith(b"\x80"):
+                return None
+            try:
+                claim_id = text[:-1].decode()
+            except UnicodeDecodeError:
+                return None
+            return claim_id or None
+        return None
+
+    def _permute(self, data: bytes, *, forward: bool) -> bytes:
+        half = len(data) // 2
+        left, right = bytearray(data[:half]), bytearray(data[half:])
+        rounds = range(_ROUNDS) if forward else reversed(range(_ROUNDS))
+        for i in rounds:
+            # Alternating rounds: even ones change the left half, odd ones the right.
+            target, source = (left, right) if i % 2 == 0 else (right, left)
+            pad = self._pad(i, bytes(source), len(target))
+            for j, byte in enumerate(pad):
+                target[j] ^= byte
+        return bytes(left + right)
+
+    def _pad(self, i: int, source: bytes, size: int) -> bytes:
+        out = b""
+        block = 0
+        while len(out) < size:
+            out += hmac.new(
+                self._keys[i], block.to_bytes(4, "big") + source, hashlib.sha256
+            ).digest()
+            block += 1
+        return out[:size]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
