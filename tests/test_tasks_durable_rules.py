@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import StoreMaker
-from dibs import FakeClock, Store, Unit
+from dibs import FakeClock, InvalidInput, Store, Unit
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._jobs import Job
@@ -346,3 +346,31 @@ def test_an_attempt_confirmed_by_a_dead_worker_is_settled_and_released(fleet: Fl
     record = client.job(job_id)
     assert record is not None and record.result == 7 and record.attempt == 1
     assert fleet.runs == []  # settled from the proposal, not run again
+
+
+@pytest.mark.parametrize(
+    "name", ["job\x00id", "caf\udce9", "x" * 1025], ids=["NUL", "lone surrogate", "too long"]
+)
+def test_names_outside_the_domain_are_invalid_input_for_durable_tasks(
+    fleet: Fleet, name: str
+) -> None:
+    # Job IDs, keys and schedule IDs become store names: the same domain, the same error,
+    # never a driver's exception.
+    processor = fleet.host()
+    calls: list[Callable[[], object]] = [
+        lambda: processor.enqueue("tick", key=name),
+        lambda: processor.job(name),
+        lambda: processor.cancel(name),
+        lambda: processor.every(10, "tick", id=name),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidInput):
+            call()
+
+
+def test_a_durable_schedule_id_leaves_room_for_its_occurrences(fleet: Fleet) -> None:
+    processor = fleet.host()
+    with pytest.raises(InvalidInput) as raised:
+        processor.every(10, "tick", id="s" * 1000)
+    assert raised.value.field == "id"
+    processor.every(10, "tick", id="s" * 900)

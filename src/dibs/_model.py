@@ -372,6 +372,12 @@ def _span_sort_key(span: Span) -> tuple[str, str, int | float]:
     return (span.resource, span.kind, span_bound_to_number(span.start))
 
 
+def check_name(value: object, field: str) -> str:
+    """Return ``value``, or raise :class:`InvalidInput` unless it is a non-empty name."""
+    _check_id(field, value)
+    return value  # type: ignore[return-value]
+
+
 def check_holder(holder: object) -> str:
     """Return ``holder`` or raise :class:`InvalidInput` if it is not a non-empty string."""
     _check_id("holder", holder)

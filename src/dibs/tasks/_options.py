@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dibs._model import check_name
 from dibs.exceptions import InvalidInput
 from dibs.tasks._handle import Backoff
 
@@ -18,12 +19,13 @@ def check_fn(fn: object) -> None:
 
 
 def check_id(value: object, field: str) -> str:
-    """Return ``value`` or raise :class:`~dibs.InvalidInput` unless it is a non-empty string."""
-    if not isinstance(value, str) or not value:
-        raise InvalidInput(
-            f"{field} must be a non-empty string, got {value!r}", field=field, value=value
-        )
-    return value
+    """Return ``value`` or raise :class:`~dibs.InvalidInput` unless it is a name in the domain.
+
+    Job IDs, keys and schedule IDs become store names (a job is claimed as
+    ``Unit(job_id, attempt)``), so they obey the same domain: non-empty, at
+    most ``NAME_MAX_BYTES`` in UTF-8, no NUL, no lone surrogates.
+    """
+    return check_name(value, field)
 
 
 def task_options(

@@ -12,6 +12,7 @@ from typing import Any, Self, TypeVar
 
 from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
+from dibs.limits import NAME_MAX_BYTES
 from dibs.stores.base import Store
 from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule
@@ -279,7 +280,7 @@ class TaskProcessor:
 
     def job(self, job_id: str) -> JobRecord | None:
         """A snapshot of durable job ``job_id``, or None if there is none."""
-        return self._require_store().record(job_id)
+        return self._require_store().record(check_id(job_id, "job_id"))
 
     def _require_store(self) -> DurableRunner:
         if self._durable is None:
@@ -463,4 +464,13 @@ class TaskProcessor:
         def make_job(job_id: str, nominal: float) -> Job:
             return durable.new_job(registered, payload, job_id, nominal, schedule_id=schedule_id)
 
-        return DurableSchedule(check_id(schedule_id, "id"), trigger, misfire, max_running, make_job)
+        check_id(schedule_id, "id")
+        # Each occurrence's job ID is the schedule ID, "@" and an ISO 8601 instant.
+        longest = NAME_MAX_BYTES - len("@0001-01-01T00:00:00.000000+00:00")
+        if len(schedule_id.encode()) > longest:
+            raise InvalidInput(
+                f"a durable schedule id must be at most {longest} bytes in UTF-8",
+                field="id",
+                value=schedule_id,
+            )
+        return DurableSchedule(schedule_id, trigger, misfire, max_running, make_job)
