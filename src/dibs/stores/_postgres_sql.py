@@ -5,7 +5,7 @@ identifier checked by the store). Version 1 is the whole schema; a later
 version appends its steps to :data:`MIGRATIONS`, and the store applies the
 missing ones in order under an advisory lock.
 
-Locks, in the one order every transaction here takes them (principle 7):
+Locks, in the one order every transaction here takes them (docs/design.md, principle 7):
 unit rows in ``(resource, slot)`` order, then span rows in ``(resource,
 start)`` order, then claim rows in ``id`` order, then the request row. Names
 compare by code point (``COLLATE "C"``), never by the database's collation,

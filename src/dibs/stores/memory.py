@@ -1,6 +1,6 @@
 """``memory://``: an in-process store for threads. Everything is lost on exit.
 
-Locking (principle 7). Every key that a claim touches maps to one lock of a
+Locking (docs/design.md, principle 7). Every key that a claim touches maps to one lock of a
 striped table: a unit to the stripe of the unit, spans to the stripe of their
 resource, a request ID to the stripe of the ID. An operation takes the stripes
 of all its keys in ascending stripe index — one total order, intrinsic to the

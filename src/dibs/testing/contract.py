@@ -1,4 +1,4 @@
-"""The store contract: every rule of DESIGN.md's principles, as pytest tests.
+"""The store contract: every rule of docs/design.md's principles, as pytest tests.
 
 Written once against the public :class:`~dibs.Store` API and run against every
 store by subclassing (see :mod:`dibs.testing`). Tests receive ``store``, a
