@@ -1,9 +1,9 @@
 """Deliberately broken stores: the checker's negative controls.
 
 Each plant subclasses a real store (memory, SQLite or PostgreSQL) and breaks
-one promise (a principle of docs/design.md) the way a plausible bug would. ``dibs verify --plant NAME`` runs
-the workload on one, and must report anomalies every time; a checker that
-passes a plant is broken.
+one promise (a principle of docs/design.md) the way a plausible bug would.
+``dibs verify --plant NAME`` runs the workload on one, and must report
+anomalies every time; a checker that passes a plant is broken.
 
 * ``check-then-act`` — the claim reads "is it free?" first and then writes
   blindly, so two callers can both win (principle 1);
