@@ -83,6 +83,12 @@ class Op:
             what += f" rid={a.get('rid')}"
         elif self.fn == "holder_of":
             what = f"holder_of {_targets_text([a['target']])}"
+        elif self.fn == "get":
+            what = f"get claim={a['claim_id']}"
+        elif self.fn == "claims_of":
+            what = f"claims_of {a['holder']}"
+        elif self.fn == "sweep":
+            what = "sweep"
         else:
             what = f"{self.fn} claim={a['claim_id']} fence={a['fence']}"
             if self.fn == "extend":
@@ -145,6 +151,9 @@ def _value_text(value: dict[str, Any], origin_us: float) -> str:
         elif k == "taken" and isinstance(v, list):
             if v:
                 parts.append(f"taken={_targets_text(v)}")
+        elif k == "claims" and isinstance(v, list):
+            shown = [f"{c['claim_id']}:{c['state']}" for c in v]
+            parts.append(f"claims=[{', '.join(shown)}]")
         else:
             parts.append(f"{k}={v}")
     return " ".join(parts)
