@@ -34,7 +34,7 @@ from dibs.verify._linear import (
     PartitionResult,
     check_partition,
     describe_ops,
-    describe_state,
+    describe_states,
     explain,
     minimal_witness,
 )
@@ -76,6 +76,7 @@ class Report:
     """Operations by kind (claim, confirm, ..., get, claims_of, sweep)."""
     races: int = 0
     """Confirms and extends that found their hold dead: the expiry races exercised."""
+    notes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def anomalies(self) -> int:
@@ -113,7 +114,7 @@ class Report:
             }
             if p.impossible is not None:
                 item["impossible"] = p.impossible.id
-                item["states_before"] = [describe_state(st, self.origin_us) for st in p.before]
+                item["states_before"] = describe_states(p.before, self.origin_us, p.impossible)
             found.append(item)
         for a in self.log_anomalies or []:
             found.append(
@@ -157,6 +158,7 @@ class Report:
             if self.log_anomalies is None
             else {"rows": self.log_rows, "anomalies": len(self.log_anomalies)},
             "faults": self.faults,
+            "notes": {str(n.get("about")): n.get("count", 0) for n in self.notes},
             "evidence": evidence,
             "check_seconds": round(self.seconds, 3),
         }
@@ -189,6 +191,12 @@ class Report:
         else:
             lines.append(f"log replay: {self.log_rows} claims, {len(self.log_anomalies)} anomalies")
         lines.extend(self._fault_lines())
+        for note in self.notes:
+            lines.append(
+                f"logged by the clients: {note.get('count')} {note.get('about')} warnings "
+                "(connections cut by faults, reopened); first: "
+                + " | ".join(note.get("examples", [])[:1])
+            )
         shown = 0
         for p in self.partitions:
             if p.verdict == ANOMALY:
@@ -251,11 +259,12 @@ class Report:
                 f"no order of the ops before it lets {bad.id} ({bad.fn}) return what it did; "
                 "the model's possible states just before it:"
             )
-            if not p.before:
-                lines.append("  (no state: it could not even be reached)")
-            for i, st in enumerate(p.before, 1):
-                lines.append(f"  state {i}:")
-                lines.extend("    " + line for line in describe_state(st, self.origin_us))
+            states = describe_states(p.before, self.origin_us, bad)
+            if not states:
+                lines.append("  (none recorded)")
+            for i, st in enumerate(states, 1):
+                lines.append(f"  state {i} (claims on its targets):")
+                lines.extend("    " + line for line in st)
         return lines
 
 
@@ -389,6 +398,7 @@ def check_history(
         faults=faults,
         log_rows=len(history.log or []),
         header=history.header,
+        notes=history.notes,
         kinds=kinds,
         races=sum(
             1

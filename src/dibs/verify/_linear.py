@@ -547,14 +547,25 @@ def describe_ops(ops: Sequence[Op], origin_us: float) -> list[str]:
     return lines
 
 
-def describe_state(state: State, origin_us: float) -> list[str]:
-    """A model state as readable lines: each claim, store times in ms from ``origin_us``."""
+def describe_state(state: State, origin_us: float, about: Op | None = None) -> list[str]:
+    """A model state as readable lines: each claim, store times in ms from ``origin_us``.
+
+    With ``about``, only the claims that op can see: on its targets, named by
+    it, or (``claims_of``) of its holder.
+    """
 
     def ms(v: float) -> str:
         return "never" if math.isinf(v) else f"{(v - origin_us) / 1000:.3f}ms"
 
     lines = []
+    near = set() if about is None else keys_of(op_targets(about))
     for cid, rec in sorted(state.claims.items(), key=lambda kv: (kv[1].fence or 0, kv[0])):
+        if about is not None and not (
+            keys_of(rec.targets) & near
+            or cid in (str(about.args.get("claim_id")), str(about.value.get("claim_id")))
+            or (about.fn == "claims_of" and rec.holder == about.args.get("holder"))
+        ):
+            continue
         targets = "+".join(
             f"{t[1]}/{t[2]}" if t[0] == "u" else f"{t[1]}[{t[2]},{t[3]})" for t in rec.targets
         )
@@ -569,5 +580,15 @@ def describe_state(state: State, origin_us: float) -> list[str]:
             text += f" updated_at={ms(rec.updated)}"
         lines.append(text)
     if not lines:
-        lines.append("no claims")
+        lines.append("no claims" if about is None else "no claims on its targets")
     return lines
+
+
+def describe_states(states: Sequence[State], origin_us: float, about: Op | None) -> list[list[str]]:
+    """Distinct descriptions of several states (as ``about`` sees them)."""
+    out: list[list[str]] = []
+    for state in states:
+        lines = describe_state(state, origin_us, about)
+        if lines not in out:
+            out.append(lines)
+    return out

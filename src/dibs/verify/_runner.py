@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -46,6 +47,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.base import Store
+from dibs.verify._client import POOL_PREFIX
 from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import PLANTS, SkewedClock, open_planted, plant_class
@@ -129,6 +131,10 @@ def run_workload(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     nemesis: list[dict[str, Any]] = []
+    pool_logger = logging.getLogger("psycopg.pool")
+    counted = _PoolCount()
+    pool_logger.addHandler(counted)
+    propagate, pool_logger.propagate = pool_logger.propagate, False
     try:
         log: list[Any] | None
         if scheme == "memory":
@@ -144,10 +150,44 @@ def run_workload(
             with open_planted(workload.store, plant) as store:
                 _run_processes(workload, store, scratch, nemesis, progress, restart, scheme)
                 log = _dump(store)
-        _merge(workload, scratch, nemesis, log, history)
+        notes = _client_logs(scratch, counted)
+        _merge(workload, scratch, nemesis, log, history, notes)
     finally:
+        pool_logger.removeHandler(counted)
+        pool_logger.propagate = propagate
         shutil.rmtree(scratch, ignore_errors=True)
     return history
+
+
+class _PoolCount(logging.Handler):
+    """Counts psycopg_pool's warnings in the runner (a pool reconnecting after a fault)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def _client_logs(scratch: Path, counted: _PoolCount) -> list[dict[str, Any]]:
+    """Summarise psycopg_pool's lines of every process; pass any other stderr line through.
+
+    A pool logs a warning each time a fault cuts a connection: hundreds per run,
+    and expected. The history keeps their count and a few examples.
+    """
+    pool = list(counted.lines)
+    for path in sorted(scratch.glob("*.err")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(POOL_PREFIX):
+                    pool.append(line[len(POOL_PREFIX) :].rstrip("\n"))
+                elif line.strip():
+                    sys.stderr.write(f"{path.stem}: {line}")
+    if not pool:
+        return []
+    examples = list(dict.fromkeys(line[:200] for line in pool))[:3]
+    return [{"e": "note", "about": "psycopg.pool", "count": len(pool), "examples": examples}]
 
 
 def _dump(store: Store) -> list[Any] | None:
@@ -164,6 +204,7 @@ def _merge(
     nemesis: list[dict[str, Any]],
     log: list[Any] | None,
     history: Path,
+    notes: list[dict[str, Any]],
 ) -> None:
     with open(history, "w", encoding="utf-8") as out:
         header = {"e": "run", **workload.to_json(), "errors_settle": _errors_settle(workload)}
@@ -174,6 +215,7 @@ def _merge(
                     if line.endswith("\n"):  # a torn last line: the client died writing it
                         out.write(line)
         write_events(out, nemesis)
+        write_events(out, notes)
         if log is not None:
             write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
 
@@ -389,18 +431,20 @@ def _run_processes(
         slot.started = time.monotonic()
         # A fresh interpreter per client: no state inherited, and kill -9 kills only it.
         # Its connections to a server carry its name, so that its backends can be found.
-        slot.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dibs.verify._client",
-                json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
-                str(slot.index),
-                str(slot.incarnation),
-                str(count),
-                str(path),
-            ]
-        )
+        with open(path.with_suffix(".err"), "wb") as err:
+            slot.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dibs.verify._client",
+                    json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
+                    str(slot.index),
+                    str(slot.incarnation),
+                    str(count),
+                    str(path),
+                ],
+                stderr=err,
+            )
 
     for slot in slots:
         start(slot, workload.ops)
@@ -409,9 +453,9 @@ def _run_processes(
     if workload.sweep_interval:
         # Not a target of the nemesis: it stands for the server's own sweeper.
         config = json.dumps({**settings, "store": workload.store})
-        sweeper = subprocess.Popen(
-            [sys.executable, "-m", "dibs.verify._client", config, "-1", "0", "0", str(sweeper_path)]
-        )
+        argv = [sys.executable, "-m", "dibs.verify._client", config, "-1", "0", "0"]
+        with open(sweeper_path.with_suffix(".err"), "wb") as err:
+            sweeper = subprocess.Popen([*argv, str(sweeper_path)], stderr=err)
     counter = _Counter()
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
