@@ -7,7 +7,6 @@ Kept apart from the runner so that the runner is never imported as ``__main__``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import sys
@@ -18,9 +17,16 @@ from typing import Any
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._planted import open_planted
-from dibs.verify._workload import Client, Sweeper, Workload, client_skew, open_events
+from dibs.verify._workload import (
+    Client,
+    Sweeper,
+    Workload,
+    client_skew,
+    mark_pool_logs,
+    open_events,
+)
 
-__all__ = ["POOL_PREFIX", "client_process", "mark_pool_logs", "workload_from_json"]
+__all__ = ["client_process", "workload_from_json"]
 
 
 def _open_when_reachable(workload: Workload, skew: float, patience: float = 60.0) -> Store:
@@ -35,29 +41,6 @@ def _open_when_reachable(workload: Workload, skew: float, patience: float = 60.0
                 raise
             time.sleep(random.uniform(0, delay))  # full jitter
             delay = min(delay * 2, 1.0)
-
-
-POOL_PREFIX = "dibs-verify psycopg.pool: "
-"""Marks a client's psycopg_pool log lines on its stderr, for the runner to count."""
-
-
-class _PoolLines(logging.Handler):
-    """psycopg_pool's warnings (a pool reconnecting after a fault) as one marked line each."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = record.getMessage().replace("\n", " ")
-            sys.stderr.write(f"{POOL_PREFIX}{record.levelname} {message}\n")
-            sys.stderr.flush()
-        except Exception:  # a log line must never kill the client
-            self.handleError(record)
-
-
-def mark_pool_logs() -> None:
-    """Send psycopg_pool's log records to stderr as marked lines instead of free text."""
-    logger = logging.getLogger("psycopg.pool")
-    logger.addHandler(_PoolLines(logging.WARNING))
-    logger.propagate = False
 
 
 def workload_from_json(config: dict[str, Any]) -> Workload:

@@ -47,11 +47,17 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.base import Store
-from dibs.verify._client import POOL_PREFIX
 from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import PLANTS, SkewedClock, open_planted, plant_class
-from dibs.verify._workload import Client, Sweeper, Workload, client_skew, open_events
+from dibs.verify._workload import (
+    POOL_PREFIX,
+    Client,
+    Sweeper,
+    Workload,
+    client_skew,
+    open_events,
+)
 
 __all__ = ["FAULTS", "command_restart", "run_workload"]
 

@@ -16,9 +16,11 @@ believes still live), may be skewed; the store never sees it.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,10 +42,12 @@ from dibs.verify._log import micros
 
 __all__ = [
     "DEFAULT_MIX",
+    "POOL_PREFIX",
     "Client",
     "Sweeper",
     "Workload",
     "client_skew",
+    "mark_pool_logs",
     "open_events",
     "parse_mix",
 ]
@@ -357,6 +361,29 @@ class Client:
         if fn == "claims_of":
             return {"claims": [_full_claim_json(c) for c in result]}
         return {"holder": result}
+
+
+POOL_PREFIX = "dibs-verify psycopg.pool: "
+"""Marks a client's psycopg_pool log lines on its stderr, for the runner to count."""
+
+
+class _PoolLines(logging.Handler):
+    """psycopg_pool's warnings (a pool reconnecting after a fault) as one marked line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage().replace("\n", " ")
+            sys.stderr.write(f"{POOL_PREFIX}{record.levelname} {message}\n")
+            sys.stderr.flush()
+        except Exception:  # a log line must never kill the client
+            self.handleError(record)
+
+
+def mark_pool_logs() -> None:
+    """Send psycopg_pool's log records to stderr as marked lines instead of free text."""
+    logger = logging.getLogger("psycopg.pool")
+    logger.addHandler(_PoolLines(logging.WARNING))
+    logger.propagate = False
 
 
 def client_skew(workload: Workload, index: int) -> float:
