@@ -441,17 +441,28 @@ def test_cli_rejects_faults_that_cannot_apply(
     assert "fault" in capsys.readouterr().err
 
 
-def test_a_long_offending_sub_history_prints_its_last_ops() -> None:
+def test_a_long_offending_sub_history_prints_the_ops_on_the_impossible_ops_targets() -> None:
+    # Shrinking ran out of time: of 130 ops, print those that share a lock with
+    # the impossible op, up to it: the last 60 of them.
     h = Recorder()
     for i in range(100):
+        unit = "1" if i % 4 == 0 else "0"
+        h.op("a", "holder_of", {"res": "u", "target": ["u", "u", unit]}, i, i + 0.5, holder=None)
+    for i in range(100, 130):
         h.op("a", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, i, i + 0.5, holder=None)
     ops = assemble(h.events).ops
-    part = PartitionResult("u", "anomaly", 100, 0.1, witness=ops, witness_note="as found")
-    report = Report(100, 100, 0, 0, [part], None)
+    bad = ops[99]  # on u/0, at 99 ms
+    part = PartitionResult(
+        "u", "anomaly", 130, 0.1, witness=ops, witness_note="as found", impossible=bad
+    )
+    report = Report(130, 130, 0, 0, [part], None, origin_us=us(0))
     text = report.render()
-    assert "its first 40 ops not shown; the last 60, where no order works, follow" in text
-    assert text.count("holder_of") == 60
-    assert "99.000 .." in text and "[    0.000 .." not in text
+    assert (
+        "(70 of its 130 ops not shown: the last 60 on the impossible op's targets follow)" in text
+    )
+    assert text.count("holder_of u/0") == 60 and "holder_of u/1" not in text
+    assert "[   99.000 ..    99.500 ms] a holder_of u/0 -> ok holder=None   <== IMPOSSIBLE" in text
+    assert "100.000 .." not in text
 
 
 def test_a_long_history_shrinks_to_the_two_contradicting_grants() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dibs.verify._check import BOOKKEEPING, Report, partition
-from dibs.verify._history import FAIL, OK, History, Op
+from dibs.verify._history import FAIL, LOCAL_SCHEMES, OK, History, Op
 from dibs.verify._linear import ANOMALY, PartitionResult, describe_ops, describe_states
 
 __all__ = ["write_report"]
@@ -40,7 +40,8 @@ h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; } h3 { font-size
 .verdict-unknown { color: #ef8f00; }
 table { border-collapse: collapse; margin: 8px 0; }
 td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
-pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
+pre { background: #f6f6f6; padding: 8px; font-size: 12px; white-space: pre-wrap;
+      overflow-wrap: anywhere; }
 svg.timeline { border: 1px solid #ddd; background: #fff; display: block; margin: 6px 0; }
 svg.timeline text { font: 11px monospace; fill: #333; }
 .legend span { display: inline-block; margin-right: 14px; }
@@ -75,6 +76,8 @@ def render_html(history: History, report: Report) -> str:
     origin = report.origin
     parts = partition(history.ops)
     verdicts = {p.resource: p for p in report.partitions}
+    # Only a local store's clock is this machine's: elsewhere a tick would need the offset.
+    local = str(history.header.get("store", "")).split("://", 1)[0].lower() in LOCAL_SCHEMES
     body: list[str] = []
     verdict = report.verdict
     body.append(f"<h1>dibs verify: <span class='verdict-{verdict}'>{verdict.upper()}</span></h1>")
@@ -100,8 +103,19 @@ def render_html(history: History, report: Report) -> str:
             f"<h2 id='res-{html.escape(resource)}'>resource {html.escape(resource)}: "
             f"<span class='verdict-{state}'>{state}</span> ({len(ops)} ops)</h2>"
         )
+        shrunk = result is not None and result.verdict == ANOMALY and bool(result.witness)
         body.append(
-            _timeline(ops, history.nemesis, span, origin, report.origin_us, set(), None, resource)
+            _timeline(
+                ops,
+                history.nemesis,
+                span,
+                origin,
+                report.origin_us,
+                {op.id for op in result.witness} if result is not None and shrunk else set(),
+                result.impossible if result is not None else None,
+                resource,
+                local=local,
+            )
         )
         if result is not None and result.verdict == ANOMALY:
             if result.witness:
@@ -118,6 +132,7 @@ def render_html(history: History, report: Report) -> str:
                         result.impossible,
                         resource,
                         zoom=True,
+                        local=local,
                     )
                 )
             body.append(_witness_section(result, report, origin))
@@ -157,6 +172,7 @@ def _legend() -> str:
         (COLOURS["unknown"], "unknown outcome"),
         ("#c62828", "impossible operation"),
         ("rgba(198,40,40,0.15)", "fault (kill, pause, restart, ...)"),
+        ("#000", "tick: the store time the result reported"),
     ]
     spans = "".join(
         f"<span><i class='swatch' style='background:{c}'></i>{html.escape(t)}</span>"
@@ -165,7 +181,8 @@ def _legend() -> str:
     return (
         f"<p class='legend'>{spans}<br>Bars run from invocation to completion; a bar that "
         "runs to the right edge never completed. In an anomalous resource the offending "
-        "sub-history is drawn dark, the rest faded.</p>"
+        "sub-history is outlined in blue, boxed, and zoomed below the whole timeline, "
+        "where the rest is faded.</p>"
     )
 
 
@@ -213,20 +230,26 @@ def _timeline(
     resource: str,
     *,
     zoom: bool = False,
+    local: bool = True,
 ) -> str:
     """An SVG: one lane per client, a bar per op, fault bands behind them.
 
-    ``zoom``: only the time the ``witness`` ops span, each bar labelled.
+    The ``witness`` ops are outlined and ``bad`` is drawn red; ``zoom`` shows
+    only the time the witness spans, the other ops faded and each witness bar
+    labelled. A tick on a bar marks the store time its result reported (a
+    grant's ``created_at``, a confirm's or extend's ``updated_at``) on stores
+    that share this machine's clock.
     """
     drawn = list(ops[:MAX_BARS])
     lo, hi = span
-    if zoom:
-        # Zoom to the offending sub-history, with a little room on either side.
-        mine = [op for op in ops if op.id in witness]
-        lo = min(op.start for op in mine)
-        hi = max(op.end if not math.isinf(op.end) else op.start for op in mine)
-        pad = max((hi - lo) * 0.05, 1e-4)
-        lo, hi = lo - pad, hi + pad
+    mine = [op for op in ops if op.id in witness]
+    if mine:
+        w_lo = min(op.start for op in mine)
+        w_hi = max(op.end if not math.isinf(op.end) else op.start for op in mine)
+        pad = max((w_hi - w_lo) * 0.05, 1e-4)
+        w_lo, w_hi = w_lo - pad, w_hi + pad
+    if zoom and mine:
+        lo, hi = w_lo, w_hi
         drawn = [op for op in ops if op.start <= hi and op.end >= lo][:MAX_BARS]
     clients = sorted({op.client for op in drawn}, key=_client_order)
     lanes = {c: i for i, c in enumerate(clients)}
@@ -248,6 +271,12 @@ def _timeline(
             "stroke='#eee'/>"
         )
     out.extend(_fault_bands(nemesis, lanes, x, lo, hi, height))
+    if mine and not zoom:
+        out.append(
+            f"<rect class='zoom' x='{x(w_lo) - 2:.1f}' y='0' width='{x(w_hi) - x(w_lo) + 4:.1f}' "
+            f"height='{height - 20}' fill='none' stroke='#1565c0' stroke-dasharray='3,2'>"
+            "<title>the offending sub-history (zoomed below)</title></rect>"
+        )
     for op in drawn:
         lane = lanes[op.client]
         x0, x1 = x(op.start), x(op.end if not math.isinf(op.end) else hi)
@@ -257,14 +286,22 @@ def _timeline(
         if bad is not None and op.id == bad.id:
             colour = "#c62828"
             attrs = " stroke='#000' stroke-width='1.5'"
-        elif witness and op.id not in witness:
+        elif zoom and op.id not in witness:
             attrs = " opacity='0.25'"
+        elif op.id in witness:
+            attrs = " stroke='#0d47a1' stroke-width='1'"
         text = html.escape(describe_ops([op], origin_us)[0].strip(), quote=True)
         out.append(
             f"<rect class='op' data-id='{html.escape(op.id)}' data-status='{op.status}' "
             f"data-text='{text}' x='{x0:.1f}' y='{y}' width='{max(x1 - x0, 1.5):.1f}' "
             f"height='{LANE - 7}' fill='{colour}'{attrs}><title>{text}</title></rect>"
         )
+        tick = _store_tick(op, origin_us) if local else None
+        if tick is not None and lo <= tick <= hi:
+            out.append(
+                f"<line class='tick' x1='{x(tick):.1f}' x2='{x(tick):.1f}' y1='{y - 2}' "
+                f"y2='{y + LANE - 5}' stroke='#000' stroke-width='1.5'/>"
+            )
         if zoom and op.id in witness and x1 - x0 > 40:
             label = html.escape(_label(op))
             out.append(
@@ -278,6 +315,22 @@ def _timeline(
     if len(ops) > len(drawn) and not zoom:
         out.append(f"<p>first {len(drawn)} of {len(ops)} ops drawn</p>")
     return "".join(out)
+
+
+def _store_tick(op: Op, origin_us: float) -> float | None:
+    """The monotonic time of the store step a result reported, if it reported one."""
+    v = op.value
+    if op.status != OK:
+        return None
+    if op.fn == "claim" and v.get("granted") and not v.get("replayed"):
+        at = v.get("created_at")
+    elif op.fn in ("confirm", "extend"):
+        at = v.get("updated_at")
+    else:
+        return None
+    if not isinstance(at, int):
+        return None
+    return op.start + (at - op.wall_start) / 1_000_000
 
 
 def _label(op: Op) -> str:
