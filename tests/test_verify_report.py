@@ -202,3 +202,18 @@ def test_short_holds_make_expiry_races_common(capsys: pytest.CaptureFixture[str]
     # Confirms and extends that raced their hold's expiry: more than 1 in 100 ops.
     assert figures["expiry_races"] > figures["operations"] / 100, figures
     assert figures["operation_kinds"]["sweep"] > 0
+
+
+def test_it_says_what_it_runs_on_stderr_and_check_draws_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h.jsonl"
+    argv = ["verify", "--clients", "2", "--ops", "100", "--history", str(path)]
+    assert main([*argv, "--sweep-interval", "0", "--faults", "kill"]) == 0
+    captured = capsys.readouterr()
+    assert "dibs verify: 2 clients x 100 ops on memory://, faults kill, sweeper off" in (
+        captured.err
+    )
+    assert "store: memory://" in captured.out and "faults: kill " in captured.out
+    assert main(["verify", "check", str(path), "--report", str(tmp_path / "r")]) == 0
+    assert "<svg class='timeline'" in (tmp_path / "r" / "index.html").read_text()

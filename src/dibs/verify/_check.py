@@ -221,8 +221,12 @@ class Report:
 
     def _fault_lines(self) -> list[str]:
         named = [str(f) for f in self.header.get("faults", ())]
-        faults = {k: v for k, v in self.faults.items() if k not in BOOKKEEPING}
-        parts = [f"{k} {v}" for k, v in sorted(faults.items())]
+        counts = {k: v for k, v in self.faults.items() if k not in BOOKKEEPING}
+        # A paused client process is a "stop" event (SIGSTOP); a thread's is "pause".
+        counts["pause"] = counts.get("pause", 0) + counts.pop("stop", 0)
+        shown = [f for f in named if f not in ("skew", "integrity")]
+        shown += sorted(k for k, v in counts.items() if v and k not in shown)
+        parts = [f"{k} {counts.get(k, 0)}" for k in shown]
         if "skew" in named:
             parts.append(f"skew ±{self.header.get('skew', 5.0):g} s")
         lines = ["faults: " + (", ".join(parts) if parts else "none")]
