@@ -21,7 +21,7 @@ from dibs.verify._planted import PLANTS
 from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
-from dibs.verify._workload import Workload, parse_mix
+from dibs.verify._workload import Workload, parse_mix, redact
 
 __all__ = ["add_verify_command"]
 
@@ -266,7 +266,7 @@ class _Progress:
         faults = ",".join(w.faults) or "none"
         plant = f", plant {w.plant}" if w.plant else ""
         print(
-            f"dibs verify: {w.clients} clients x {w.ops} ops on {w.store}{plant}, "
+            f"dibs verify: {w.clients} clients x {w.ops} ops on {redact(w.store)}{plant}, "
             f"faults {faults}, sweeper "
             + (f"every {w.sweep_interval:g} s" if w.sweep_interval else "off"),
             file=sys.stderr,

@@ -105,6 +105,12 @@ def _check(workload: Workload) -> str:
         )
     if workload.clients < 1 or workload.ops < 1:
         raise InvalidInput("clients and ops must be at least 1", field="clients", value=workload)
+    if not workload.ttl_spread or workload.ttl * min(workload.ttl_spread) < 0.001:
+        raise InvalidInput(
+            "the shortest hold, ttl x min(ttl_spread), must be at least 0.001 s (the least TTL)",
+            field="ttl_spread",
+            value=workload.ttl_spread,
+        )
     if workload.slots > 10:
         raise InvalidInput("at most 10 slots per resource", field="slots", value=workload.slots)
     return scheme
