@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -710,3 +711,30 @@ def test_the_summary_counts_faults_apart_from_bookkeeping() -> None:
     assert "runner: paused clients resumed 1, SQLite integrity checks 1" in text
     assert "search budget" not in text  # nothing ran out of time
     assert "store: memory://" in text
+
+
+def test_pool_warnings_are_counted_not_printed_and_passwords_kept_out(
+    pg_schema_url: str, pg_admin_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Cutting every connection makes each client's pool log warnings: they are
+    # counted into the history, and stderr stays quiet.
+    workload = Workload(
+        pg_schema_url,
+        clients=2,
+        ops=400,
+        faults=("terminate",),
+        admin_url=pg_admin_url,
+        fault_interval=0.05,
+        sweep_interval=None,
+    )
+    history = read_history(run_workload(workload, tmp_path / "h.jsonl"))
+    report = check_history(history)
+    err = capfd.readouterr().err
+    assert report.verdict == "ok", report.render()
+    assert report.faults["terminate"] > 0
+    (note,) = history.notes
+    assert note["about"] == "psycopg.pool" and note["count"] > 0, err
+    assert "psycopg" not in err and "WARNING" not in err
+    assert "logged by the clients" in report.render()
+    password = urlsplit(pg_schema_url).password
+    assert password and password not in (tmp_path / "h.jsonl").read_text()
