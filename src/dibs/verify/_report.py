@@ -54,7 +54,7 @@ svg.timeline text { font: 11px monospace; fill: #333; }
 _JS = """
 document.querySelectorAll('svg.timeline rect.op').forEach(function (r) {
   r.addEventListener('click', function () {
-    document.getElementById('detail').textContent = r.dataset.text;
+    document.getElementById('detail').textContent = r.querySelector('title').textContent;
   });
 });
 """
@@ -293,7 +293,7 @@ def _timeline(
         text = html.escape(describe_ops([op], origin_us)[0].strip(), quote=True)
         out.append(
             f"<rect class='op' data-id='{html.escape(op.id)}' data-status='{op.status}' "
-            f"data-text='{text}' x='{x0:.1f}' y='{y}' width='{max(x1 - x0, 1.5):.1f}' "
+            f"x='{x0:.1f}' y='{y}' width='{max(x1 - x0, 1.5):.1f}' "
             f"height='{LANE - 7}' fill='{colour}'{attrs}><title>{text}</title></rect>"
         )
         tick = _store_tick(op, origin_us) if local else None

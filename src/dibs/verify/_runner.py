@@ -584,9 +584,9 @@ def _app_name(workload: Workload, slot: _Slot) -> str:
 
 
 def _client_url(workload: Workload, slot: _Slot, scheme: str) -> str:
-    """The store URL one client incarnation opens: on a server, named after it."""
-    if scheme in LOCAL_SCHEMES:
-        return workload.store
+    """The store URL one client incarnation opens: on PostgreSQL, named after it."""
+    if scheme not in ("postgresql", "postgres"):
+        return workload.store  # another store's URL may not take application_name
     parts = urlsplit(workload.store)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
     query = [(k, v) for k, v in query if k != "application_name"]
