@@ -7,6 +7,7 @@ as in tests/test_service_browser.py), driven by Playwright.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -19,7 +20,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
+from dibs import Claim
 from dibs.cli import main
+from dibs.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -224,3 +227,23 @@ def test_it_says_what_it_runs_on_stderr_and_check_draws_a_report(
     assert "store: memory://" in captured.out and "faults: kill " in captured.out
     assert main(["verify", "check", str(path), "--report", str(tmp_path / "r")]) == 0
     assert "<svg class='timeline'" in (tmp_path / "r" / "index.html").read_text()
+
+
+class RestampingMemory(MemoryStore):
+    """A planted bug of a user's own: confirm answers with a fresh ``updated_at``, even
+    for a claim it had already confirmed (as if it rewrote the confirmation)."""
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        claim = super()._confirm(claim_id, holder, fence)
+        return dataclasses.replace(claim, updated_at=self.now())
+
+
+def test_a_second_confirm_that_restamps_the_claim_is_caught(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["verify", "--plant", f"{__name__}:RestampingMemory", "--clients", "4"]
+    argv += ["--ops", "400", "--json", "--quiet", "--shrink", "2", "--witnesses", "1"]
+    assert main(argv) == 1
+    figures = json.loads(capsys.readouterr().out)
+    (witness, *_) = [e for e in figures["evidence"] if e.get("shrunk")]
+    assert witness["impossible"].split(".")[0] in ("c0", "c1", "c2", "c3")
