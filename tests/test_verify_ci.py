@@ -28,7 +28,9 @@ DURABILITY |= {"lost-extend", "fence-reused"}
 
 def _report(workload: Workload, path: Path, **options: Any) -> Report:
     history = read_history(run_workload(workload, path, **options))
-    report = check_history(history, max_witnesses=1, shrink_budget=5.0)
+    # A generous search budget: on a loaded machine the 10 s default can run out
+    # on one resource of 12,000 ops, which would read "unknown", not "ok".
+    report = check_history(history, budget=30.0, max_witnesses=1, shrink_budget=5.0)
     print(json.dumps({"store": workload.store.split("://")[0], **report.to_json()}))
     return report
 
