@@ -65,7 +65,8 @@ def add_verify_command(
         default=",".join(f"{x:g}" for x in d.ttl_spread),
         help=(
             "a hold's TTL is --ttl times one of these, at random (default %(default)s); "
-            "small ones make confirms and extends race the expiry, e.g. 0.005,0.01,0.02,1"
+            "small ones (with --mix transition=70) make confirms and extends race the expiry, "
+            "e.g. 0.005,0.01"
         ),
     )
     p.add_argument(
@@ -82,7 +83,10 @@ def add_verify_command(
         type=float,
         default=d.sweep_interval,
         metavar="SECONDS",
-        help="a sweeper calls sweep() this often, as dibs serve does (0: no sweeper)",
+        help=(
+            "a sweeper calls sweep() this often, as dibs serve does "
+            "(default %(default)s; 0: no sweeper)"
+        ),
     )
     p.add_argument(
         "--fault-interval",
