@@ -75,6 +75,9 @@ def test_postgres_100k_ops_under_kills_terminations_and_restarts(
         faults=("kill", "pause", "skew", "terminate", "restart"),
         fault_interval=0.5,
         admin_url=pg_server.admin_url,
+        # Each sweep scans the claims table: 5 a second keep a sweeper in every
+        # stretch between faults without slowing the clients much.
+        sweep_interval=0.2,
     )
     report = _report(workload, tmp_path / "h.jsonl", restart=pg_server.restart)
     faults = report.faults
