@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -432,7 +433,8 @@ def test_memory_store_passes_under_crashes_pauses_and_skew(tmp_path: Path) -> No
     )
     report = check_history(read_history(run_workload(workload, tmp_path / "h.jsonl")))
     assert report.verdict == "ok", report.render()
-    assert report.operations == 6000
+    assert report.operations - report.kinds["sweep"] == 6000  # and the sweeper's
+    assert min(report.kinds[k] for k in ("sweep", "get", "claims_of", "holder_of")) > 0
     assert report.faults.get("kill", 0) > 0 and report.faults.get("pause", 0) > 0
     assert report.log_anomalies == []
 
@@ -447,7 +449,7 @@ def test_sqlite_store_passes_under_kill_9_pauses_and_skew(tmp_path: Path) -> Non
     )
     report = check_history(read_history(run_workload(workload, tmp_path / "h.jsonl")))
     assert report.verdict == "ok", report.render()
-    assert report.operations == 4500
+    assert report.operations - report.kinds["sweep"] == 4500
     assert report.faults.get("kill", 0) > 0
     assert report.faults.get("integrity_check", 0) == report.faults["kill"]
     assert report.log_anomalies == []
@@ -457,7 +459,11 @@ def test_cli_verify_then_check_again(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "h.jsonl"
     code = main(["verify", "--clients", "2", "--ops", "200", "--history", str(path), "--json"])
     figures = json.loads(capsys.readouterr().out)
-    assert code == 0 and figures["verdict"] == "ok" and figures["operations"] == 400
+    assert (
+        code == 0
+        and figures["verdict"] == "ok"
+        and figures["operations"] - figures["operation_kinds"]["sweep"] == 400
+    )
     assert main(["verify", "check", str(path)]) == 0
     assert "verdict: OK" in capsys.readouterr().out
 
@@ -491,17 +497,28 @@ def test_cli_rejects_faults_that_cannot_apply(
     assert "fault" in capsys.readouterr().err
 
 
-def test_a_long_offending_sub_history_prints_its_last_ops() -> None:
+def test_a_long_offending_sub_history_prints_the_ops_on_the_impossible_ops_targets() -> None:
+    # Shrinking ran out of time: of 130 ops, print those that share a lock with
+    # the impossible op, up to it: the last 60 of them.
     h = Recorder()
     for i in range(100):
+        unit = "1" if i % 4 == 0 else "0"
+        h.op("a", "holder_of", {"res": "u", "target": ["u", "u", unit]}, i, i + 0.5, holder=None)
+    for i in range(100, 130):
         h.op("a", "holder_of", {"res": "u", "target": ["u", "u", "0"]}, i, i + 0.5, holder=None)
     ops = assemble(h.events).ops
-    part = PartitionResult("u", "anomaly", 100, 0.1, witness=ops, witness_note="as found")
-    report = Report(100, 100, 0, 0, [part], None)
+    bad = ops[99]  # on u/0, at 99 ms
+    part = PartitionResult(
+        "u", "anomaly", 130, 0.1, witness=ops, witness_note="as found", impossible=bad
+    )
+    report = Report(130, 130, 0, 0, [part], None, origin_us=us(0))
     text = report.render()
-    assert "its first 40 ops not shown; the last 60, where no order works, follow" in text
-    assert text.count("holder_of") == 60
-    assert "99.000 .." in text and "[    0.000 .." not in text
+    assert (
+        "(70 of its 130 ops not shown: the last 60 on the impossible op's targets follow)" in text
+    )
+    assert text.count("holder_of u/0") == 60 and "holder_of u/1" not in text
+    assert "[   99.000 ..    99.500 ms] a holder_of u/0 -> ok holder=None   <== IMPOSSIBLE" in text
+    assert "100.000 .." not in text
 
 
 def test_a_long_history_shrinks_to_the_two_contradicting_grants() -> None:
@@ -575,3 +592,204 @@ def test_cli_restart_fault_needs_a_restart_command(capsys: pytest.CaptureFixture
     argv = ["verify", "--store", "postgresql://nowhere.invalid/db", "--faults", "restart"]
     assert main(argv) == 2
     assert "--restart-command" in capsys.readouterr().err
+
+
+# --- second edition: fields, reads, sweeps, explanations -----------------------------------------
+
+
+def confirmed(at: float, cid: str = "1", created: float = 0.5, **kw: Any) -> dict[str, Any]:
+    """A confirm's result: the claim confirmed at ``at`` ms (store time)."""
+    value = {"fence": int(cid), "state": "confirmed", "created_at": us(created)}
+    value.update(updated_at=us(at), expires_at=None, holder="a")
+    value.update(kw)
+    return value
+
+
+def test_a_second_confirm_shows_the_first_ones_updated_at() -> None:
+    # The store never rewrites a confirmed claim: a second confirm (a retry
+    # after a lost acknowledgement) returns the first one's updated_at.
+    def history(second: float, **kw: Any) -> Recorder:
+        h = Recorder()
+        h.grant("a", "0", 0, 1, "1", at=0.5)
+        h.op("a", "confirm", on_claim("a", "1"), 2, 3, **confirmed(2.5))
+        h.op("a", "confirm", on_claim("a", "1"), 4, 5, **confirmed(second, **kw))
+        return h
+
+    assert history(2.5).check().verdict == "ok"
+    assert history(4.5).check().verdict == "anomaly"  # restamped
+    assert history(2.5, created_at=us(0.7)).check().verdict == "anomaly"  # creation moved
+    assert history(2.5, fence=9).check().verdict == "anomaly"
+    assert history(2.5, expires_at=us(99)).check().verdict == "anomaly"
+
+
+def test_a_confirm_is_stamped_inside_its_own_window_while_the_hold_lives() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=0.01)  # expires at 10.5 ms
+    h.op("a", "confirm", on_claim("a", "1"), 8, 12, **confirmed(11.0))  # after the expiry
+    assert h.check().verdict == "anomaly"
+    late = Recorder()
+    late.grant("a", "0", 0, 1, "1", at=0.5)
+    late.op("a", "confirm", on_claim("a", "1"), 2, 3, **confirmed(3.5))  # after it returned
+    assert late.check().verdict == "anomaly"
+
+
+def got(cid: str, state: str, created: float, expires: float | None, updated: float) -> Any:
+    return {
+        "found": True,
+        "fence": int(cid),
+        "state": state,
+        "created_at": us(created),
+        "updated_at": us(updated),
+        "expires_at": None if expires is None else us(expires),
+        "holder": "a",
+    }
+
+
+def get_args(cid: str) -> dict[str, Any]:
+    return {"res": "u", "targets": [["u", "u", "0"]], "claim_id": cid}
+
+
+@pytest.mark.parametrize(
+    ("at", "state", "verdict"),
+    [(2, "held", "ok"), (2, "expired", "anomaly"), (20, "expired", "ok"), (20, "held", "anomaly")],
+)
+def test_get_shows_the_state_the_model_allows_at_that_moment(
+    at: float, state: str, verdict: str
+) -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=0.01)  # expires at 10.5 ms
+    h.op("b", "get", get_args("1"), at, at + 1, **got("1", state, 0.5, 10.5, 0.5))
+    assert h.check().verdict == verdict
+
+
+def test_get_of_a_claim_never_granted_finds_nothing() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5)
+    h.op("a", "release", on_claim("a", "1"), 2, 3, released=True)
+    h.op("b", "get", get_args("1"), 4, 5, **got("1", "released", 0.5, None, 2.5))
+    assert h.check().verdict == "ok"
+    wrong = Recorder()
+    wrong.grant("a", "0", 0, 1, "1", at=0.5)
+    wrong.op("a", "release", on_claim("a", "1"), 2, 3, released=True)
+    wrong.op("b", "get", get_args("1"), 4, 5, **got("1", "held", 0.5, 100.5, 0.5))
+    assert wrong.check().verdict == "anomaly"
+
+
+def listed(cid: str, state: str = "held", expires: float | None = 100.5) -> dict[str, Any]:
+    shown = got(cid, state, 0.5, expires, 0.5)
+    del shown["found"]
+    return {"claim_id": cid, "targets": [["u", "u", "0"]], **shown}
+
+
+@pytest.mark.parametrize(
+    ("holder", "claims", "verdict"),
+    [("a", ["1"], "ok"), ("a", [], "anomaly"), ("b", [], "ok"), ("b", ["1"], "anomaly")],
+)
+def test_claims_of_lists_exactly_the_holders_live_claims(
+    holder: str, claims: list[str], verdict: str
+) -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5)
+    shown = [{**listed(cid), "holder": holder} for cid in claims]
+    h.op("c", "claims_of", {"res": "*", "holder": holder}, 2, 3, claims=shown)
+    assert h.check().verdict == verdict
+
+
+def test_claims_of_may_show_a_grant_nobody_learned_under_its_own_id() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, status="unknown")
+    h.op("c", "claims_of", {"res": "*", "holder": "a"}, 2, 3, claims=[listed("7")])
+    assert h.check().verdict == "ok"
+    h.op("c", "claims_of", {"res": "*", "holder": "a"}, 4, 5, claims=[listed("7"), listed("8")])
+    assert h.check().verdict == "anomaly"  # one unknown grant cannot be two claims
+
+
+def test_sweeps_are_in_no_resources_history() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=0.001)
+    h.op("s", "sweep", {"res": "*"}, 5, 6, expired=1, purged_claims=0, purged_requests=0)
+    h.op("a", "confirm", on_claim("a", "1"), 8, 9, "fail", error="HoldLost", reason="expired")
+    report = h.check()
+    assert report.verdict == "ok", report.render()
+    assert [p.resource for p in report.partitions] == ["u"]
+    assert report.kinds["sweep"] == 1 and report.races == 1
+
+
+def test_an_anomaly_names_the_impossible_op_and_the_states_before_it() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5)
+    h.grant("b", "0", 2, 3, "2", at=2.5)  # a's hold lives 100 ms
+    report = h.check()
+    text = report.render()
+    (bad,) = [line for line in text.splitlines() if "<== IMPOSSIBLE" in line]
+    assert " b claim u/0 " in bad
+    assert "the model's possible states just before it:" in text
+    assert "claim 1 a u/0 held fence=1 expires 100.500ms" in text
+    (item,) = report.to_json()["evidence"]
+    assert item["kind"] == "not-linearizable" and item["resource"] == "u"
+    assert sorted(item["ops"]) == ["a.1", "b.2"] and item["impossible"] == "b.2"
+    assert any("fence=1" in line for state in item["states_before"] for line in state)
+    assert report.to_json()["anomaly_kinds"] == {"not-linearizable": 1}
+
+
+def test_log_anomalies_print_under_their_own_limit() -> None:
+    h = Recorder()
+    for i in range(8):
+        h.grant("a", str(i), i * 10, i * 10 + 1, str(i + 1), at=i * 10 + 0.5)
+        h.grant("b", str(i), i * 10 + 2, i * 10 + 3, str(i + 11), at=i * 10 + 2.5)
+    history = assemble(h.events)
+    unit = [("u", "u", str(i)) for i in range(8)]
+    history.log = [
+        LogRow(
+            str(f), f, "ab"[f // 10], (unit[f % 10 - 1],), "held", us(f), us(f + 99), us(f), False
+        )
+        for f in [*range(1, 9), *range(11, 19)]
+    ]
+    report = check_history(history, max_witnesses=8, shrink_budget=1)
+    text = report.render(limit=5, log_limit=3)
+    # One resource, so one witness; the log anomalies print after it, under their own limit.
+    assert text.count("NOT LINEARIZABLE") == 1 and text.count("<== IMPOSSIBLE") == 1
+    assert report.log_anomalies is not None and len(report.log_anomalies) >= 8
+    assert text.count("\nLOG: ") == 3 and "more log anomalies (--log-anomalies N)" in text
+    no_witness = report.render(limit=0, log_limit=3)
+    assert "<== IMPOSSIBLE" not in no_witness and no_witness.count("\nLOG: ") == 3
+
+
+def test_the_summary_counts_faults_apart_from_bookkeeping() -> None:
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5)
+    h.events[0].update(faults=["kill", "pause", "skew"], skew=5.0)
+    for f in ("kill", "settle", "stop", "cont", "integrity_check"):
+        h.events.append({"e": "nemesis", "f": f, "t": 0.5, "w": T0, "result": "ok"})
+    text = h.check().render()
+    assert "faults: kill 1, pause 1, skew ±5 s" in text
+    assert "runner: paused clients resumed 1, SQLite integrity checks 1" in text
+    assert "search budget" not in text  # nothing ran out of time
+    assert "store: memory://" in text
+
+
+def test_pool_warnings_are_counted_not_printed_and_passwords_kept_out(
+    pg_schema_url: str, pg_admin_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Cutting every connection makes each client's pool log warnings: they are
+    # counted into the history, and stderr stays quiet.
+    workload = Workload(
+        pg_schema_url,
+        clients=2,
+        ops=400,
+        faults=("terminate",),
+        admin_url=pg_admin_url,
+        fault_interval=0.05,
+        sweep_interval=None,
+    )
+    history = read_history(run_workload(workload, tmp_path / "h.jsonl"))
+    report = check_history(history)
+    err = capfd.readouterr().err
+    assert report.verdict == "ok", report.render()
+    assert report.faults["terminate"] > 0
+    (note,) = history.notes
+    assert note["about"] == "psycopg.pool" and note["count"] > 0, err
+    assert "psycopg" not in err and "WARNING" not in err
+    assert "logged by the clients" in report.render()
+    password = urlsplit(pg_schema_url).password
+    assert password and password not in (tmp_path / "h.jsonl").read_text()

@@ -28,7 +28,9 @@ DURABILITY |= {"lost-extend", "fence-reused"}
 
 def _report(workload: Workload, path: Path, **options: Any) -> Report:
     history = read_history(run_workload(workload, path, **options))
-    report = check_history(history, max_witnesses=1, shrink_budget=5.0)
+    # A generous search budget: on a loaded machine the 10 s default can run out
+    # on one resource of 12,000 ops, which would read "unknown", not "ok".
+    report = check_history(history, budget=30.0, max_witnesses=1, shrink_budget=5.0)
     print(json.dumps({"store": workload.store.split("://")[0], **report.to_json()}))
     return report
 
@@ -39,7 +41,7 @@ def test_memory_100k_ops_under_crashes_pauses_and_skew(tmp_path: Path) -> None:
     )
     report = _report(workload, tmp_path / "h.jsonl")
     assert report.verdict == "ok", report.render()
-    assert report.operations == 100_000
+    assert report.operations - report.kinds["sweep"] == 100_000
 
 
 def test_sqlite_100k_ops_under_kill_9_pauses_skew_and_integrity_checks(tmp_path: Path) -> None:
@@ -52,7 +54,7 @@ def test_sqlite_100k_ops_under_kill_9_pauses_skew_and_integrity_checks(tmp_path:
     )
     report = _report(workload, tmp_path / "h.jsonl")
     assert report.verdict == "ok", report.render()
-    assert report.operations == 100_000
+    assert report.operations - report.kinds["sweep"] == 100_000
     faults = report.faults
     assert faults["kill"] > 0 and faults["integrity_check"] == faults["kill"]
 
@@ -73,6 +75,9 @@ def test_postgres_100k_ops_under_kills_terminations_and_restarts(
         faults=("kill", "pause", "skew", "terminate", "restart"),
         fault_interval=0.5,
         admin_url=pg_server.admin_url,
+        # Each sweep scans the claims table: 5 a second keep a sweeper in every
+        # stretch between faults without slowing the clients much.
+        sweep_interval=0.2,
     )
     report = _report(workload, tmp_path / "h.jsonl", restart=pg_server.restart)
     faults = report.faults
@@ -82,4 +87,4 @@ def test_postgres_100k_ops_under_kills_terminations_and_restarts(
     lost = [a for a in report.log_anomalies or [] if a.kind in DURABILITY]
     assert lost == [], report.render()
     assert report.verdict == "ok", report.render()
-    assert report.operations == 100_000
+    assert report.operations - report.kinds["sweep"] == 100_000

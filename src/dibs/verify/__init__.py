@@ -10,13 +10,15 @@
 Two checkers read the history: a per-resource linearizability search against a
 pure model of the claim rules (:mod:`dibs.verify._linear`), and an O(n)
 replay of the store's own claim log in fence order (:mod:`dibs.verify._log`).
-``dibs verify`` runs both from the command line; docs/reliability.md says
-what they prove and what they cannot.
+``dibs verify`` runs both from the command line, and
+:func:`write_report` draws a checked history as one offline HTML page;
+docs/reliability.md says what they prove and what they cannot.
 """
 
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import History, LogRow, Op, read_history
 from dibs.verify._planted import PLANTS, open_planted
+from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, run_workload
 from dibs.verify._tasks import TaskReport, verify_tasks
 from dibs.verify._workload import Workload
@@ -35,4 +37,5 @@ __all__ = [
     "read_history",
     "run_workload",
     "verify_tasks",
+    "write_report",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dibs.verify._history import FAIL, LOCAL_SCHEMES, OK, UNKNOWN, History, Op
@@ -34,15 +34,24 @@ from dibs.verify._linear import (
     PartitionResult,
     check_partition,
     describe_ops,
+    describe_states,
+    explain,
     minimal_witness,
 )
 from dibs.verify._log import LogAnomaly, describe_row, replay_log
-from dibs.verify._model import TOLERANCE
+from dibs.verify._model import TOLERANCE, keys_of, op_targets
 
 __all__ = ["Report", "check_history"]
 
 WITNESS_LINES = 60
-"""At most this many ops of an offending sub-history are printed (its last ones)."""
+"""At most this many ops of an offending sub-history are printed."""
+
+BOOKKEEPING = {
+    "settle": "killed clients' server work seen ended",
+    "cont": "paused clients resumed",
+    "integrity_check": "SQLite integrity checks",
+}
+"""Nemesis events that are no faults: what the runner did around one."""
 
 
 @dataclass
@@ -60,7 +69,14 @@ class Report:
     origin: float = 0.0
     origin_us: int = 0
     faults: dict[str, int] = field(default_factory=dict)
+    """Every nemesis event by kind, bookkeeping (:data:`BOOKKEEPING`) included."""
     log_rows: int = 0
+    header: dict[str, Any] = field(default_factory=dict)
+    kinds: dict[str, int] = field(default_factory=dict)
+    """Operations by kind (claim, confirm, ..., get, claims_of, sweep)."""
+    races: int = 0
+    """Confirms and extends that found their hold dead: the expiry races exercised."""
+    notes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def anomalies(self) -> int:
@@ -83,15 +99,55 @@ class Report:
             return "anomaly"
         return "unknown" if self.inconclusive else "ok"
 
+    def evidence(self) -> list[dict[str, Any]]:
+        """Every anomaly as a JSON-able dict: its kind, the ops (by ID) and claims that show it."""
+        found: list[dict[str, Any]] = []
+        for p in self.partitions:
+            if p.verdict != ANOMALY:
+                continue
+            item: dict[str, Any] = {
+                "kind": "not-linearizable",
+                "resource": p.resource,
+                "ops": [op.id for op in p.witness],
+                "shrunk": bool(p.witness),
+                "note": p.witness_note,
+            }
+            if p.impossible is not None:
+                item["impossible"] = p.impossible.id
+                item["states_before"] = describe_states(p.before, self.origin_us, p.impossible)
+            found.append(item)
+        for a in self.log_anomalies or []:
+            found.append(
+                {
+                    "kind": a.kind,
+                    "message": a.message,
+                    "claims": [r.id for r in a.rows],
+                    "ops": [op.id for op in a.ops],
+                }
+            )
+        for msg in self.other_anomalies:
+            kind = "clock" if msg.startswith("CLOCK") else "integrity"
+            found.append({"kind": kind, "message": msg})
+        return found
+
     def to_json(self) -> dict[str, Any]:
-        """The figures as a JSON-able dict."""
+        """The figures as a JSON-able dict, with every anomaly's evidence."""
+        evidence = self.evidence()
+        kinds: dict[str, int] = {}
+        for item in evidence:
+            kinds[item["kind"]] = kinds.get(item["kind"], 0) + 1
         return {
             "verdict": self.verdict,
+            "store": self.header.get("store"),
+            "plant": self.header.get("plant"),
             "operations": self.operations,
             "acknowledged": self.acknowledged,
             "failed": self.failed,
             "unknown": self.unknown,
+            "operation_kinds": self.kinds,
+            "expiry_races": self.races,
             "anomalies": self.anomalies,
+            "anomaly_kinds": kinds,
             "linearizability": {
                 "resources": len(self.partitions),
                 "ok": sum(1 for p in self.partitions if p.verdict == "ok"),
@@ -102,52 +158,118 @@ class Report:
             if self.log_anomalies is None
             else {"rows": self.log_rows, "anomalies": len(self.log_anomalies)},
             "faults": self.faults,
+            "notes": {str(n.get("about")): n.get("count", 0) for n in self.notes},
+            "evidence": evidence,
             "check_seconds": round(self.seconds, 3),
         }
 
-    def render(self, limit: int = 5) -> str:
-        """The report as text, with up to ``limit`` anomalies shown in full."""
+    def render(self, limit: int = 5, log_limit: int = 10) -> str:
+        """The report as text: up to ``limit`` witnesses and ``log_limit`` log anomalies in full."""
         j = self.to_json()
         lin = j["linearizability"]
-        lines = [
-            f"verdict: {self.verdict.upper()}",
+        lines = [f"verdict: {self.verdict.upper()}"]
+        if self.header.get("store"):
+            plant = self.header.get("plant")
+            lines.append(f"store: {self.header['store']}" + (f" (plant {plant})" if plant else ""))
+        lines.append(
             f"operations {self.operations}: acknowledged {self.acknowledged} "
-            f"(of which definite failures {self.failed}), unknown {self.unknown}",
-            f"linearizability: {lin['resources']} resources, {lin['ok']} ok, "
-            f"{lin['anomaly']} anomalous, {lin['unknown']} unknown (search budget exceeded)",
-        ]
+            f"(of which definite failures {self.failed}), unknown {self.unknown}"
+        )
+        if self.kinds:
+            lines.append(
+                "  by kind: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(self.kinds.items()))
+                + f"; expiry races (confirm/extend after the hold died) {self.races}"
+            )
+        verdicts = f"linearizability: {lin['resources']} resources, {lin['ok']} ok, "
+        verdicts += f"{lin['anomaly']} anomalous"
+        if lin["unknown"]:
+            verdicts += f", {lin['unknown']} unknown (search budget exceeded)"
+        lines.append(verdicts)
         if self.log_anomalies is None:
             lines.append("log replay: not run (no log in the history)")
         else:
             lines.append(f"log replay: {self.log_rows} claims, {len(self.log_anomalies)} anomalies")
-        if self.faults:
-            lines.append("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())))
+        lines.extend(self._fault_lines())
+        for note in self.notes:
+            lines.append(
+                f"logged by the clients: {note.get('count')} {note.get('about')} warnings "
+                "(connections cut by faults, reopened); first: "
+                + " | ".join(note.get("examples", [])[:1])
+            )
         shown = 0
         for p in self.partitions:
-            if p.verdict == ANOMALY and shown < limit:
-                shown += 1
+            if p.verdict == ANOMALY:
                 lines.append(f"\nNOT LINEARIZABLE on resource {p.resource} ({p.ops} ops)")
-                if p.witness:
-                    lines.append(f"offending sub-history ({p.witness_note}):")
-                    shown_ops = p.witness[-WITNESS_LINES:]
-                    if len(shown_ops) < len(p.witness):
-                        # The contradiction is at the end: no order explains its last op.
-                        lines.append(
-                            f"  ... its first {len(p.witness) - len(shown_ops)} ops not shown; "
-                            f"the last {len(shown_ops)}, where no order works, follow"
-                        )
-                    lines.extend(describe_ops(shown_ops, self.origin_us))
+                if p.witness and shown < limit:
+                    shown += 1
+                    lines.extend(self._witness_lines(p))
                 else:
-                    lines.append("(sub-history not shrunk: only the first anomalies are)")
+                    lines.append("(sub-history not shown: raise --witnesses to shrink more)")
             elif p.verdict == INCONCLUSIVE:
                 lines.append(f"\nresource {p.resource}: search budget exceeded, verdict unknown")
-        for a in (self.log_anomalies or [])[: max(0, limit - shown)]:
+        logged = self.log_anomalies or []
+        for a in logged[:log_limit]:
             lines.append(f"\nLOG: {a.kind}: {a.message}")
             lines.extend(describe_row(r, self.origin_us) for r in a.rows)
             lines.extend(describe_ops(a.ops[-8:], self.origin_us))
+        if len(logged) > log_limit:
+            lines.append(f"\n... {len(logged) - log_limit} more log anomalies (--log-anomalies N)")
         lines.extend(f"\n{msg}" for msg in self.other_anomalies)
         lines.append(f"\nchecked in {self.seconds:.1f} s")
         return "\n".join(lines)
+
+    def _fault_lines(self) -> list[str]:
+        named = [str(f) for f in self.header.get("faults", ())]
+        counts = {k: v for k, v in self.faults.items() if k not in BOOKKEEPING}
+        # A paused client process is a "stop" event (SIGSTOP); a thread's is "pause".
+        counts["pause"] = counts.get("pause", 0) + counts.pop("stop", 0)
+        shown = [f for f in named if f not in ("skew", "integrity")]
+        shown += sorted(k for k, v in counts.items() if v and k not in shown)
+        parts = [f"{k} {counts.get(k, 0)}" for k in shown]
+        if "skew" in named:
+            parts.append(f"skew ±{self.header.get('skew', 5.0):g} s")
+        lines = ["faults: " + (", ".join(parts) if parts else "none")]
+        kept = [f"{BOOKKEEPING[k]} {v}" for k, v in sorted(self.faults.items()) if k in BOOKKEEPING]
+        if kept:
+            lines.append("  runner: " + ", ".join(kept))
+        return lines
+
+    def _witness_lines(self, p: PartitionResult) -> list[str]:
+        lines = [f"offending sub-history ({p.witness_note}):"]
+        ops = sorted(p.witness, key=lambda o: o.start)
+        bad = p.impossible
+        if len(ops) > WITNESS_LINES:
+            # Too long to read whole: the ops that share a lock with the impossible
+            # one (or read the whole resource) up to it, which is where the orders fail.
+            if bad is not None:
+                near = keys_of(op_targets(bad))
+                ops = [
+                    o
+                    for o in ops
+                    if o.start <= bad.end and (o.fn == "claims_of" or keys_of(op_targets(o)) & near)
+                ]
+            hidden = len(p.witness) - len(ops[-WITNESS_LINES:])
+            ops = ops[-WITNESS_LINES:]
+            lines.append(
+                f"  ({hidden} of its {len(p.witness)} ops not shown: the last {len(ops)} "
+                "on the impossible op's targets follow)"
+            )
+        described = describe_ops(ops, self.origin_us)
+        for op, text in zip(ops, described, strict=True):
+            lines.append(text + ("   <== IMPOSSIBLE" if bad is not None and op is bad else ""))
+        if bad is not None:
+            lines.append(
+                f"no order of the ops before it lets {bad.id} ({bad.fn}) return what it did; "
+                "the model's possible states just before it:"
+            )
+            states = describe_states(p.before, self.origin_us, bad)
+            if not states:
+                lines.append("  (none recorded)")
+            for i, st in enumerate(states, 1):
+                lines.append(f"  state {i} (claims on its targets):")
+                lines.extend("    " + line for line in st)
+        return lines
 
 
 def _offset(ops: Sequence[Op], local: bool) -> tuple[float, float, list[str]]:
@@ -183,6 +305,32 @@ def _offset(ops: Sequence[Op], local: bool) -> tuple[float, float, list[str]]:
     return low, high, []
 
 
+def partition(ops: Sequence[Op]) -> dict[str, list[Op]]:
+    """The ops of each resource, in invocation order.
+
+    A sweep touches every resource, and the model gives it no step (see
+    :mod:`dibs.verify._model`): it is in no part. A ``claims_of`` read is
+    split: each resource gets the claims it showed on that resource.
+    """
+    parts: dict[str, list[Op]] = {}
+    spread: list[Op] = []
+    for op in ops:
+        if op.fn == "sweep":
+            continue
+        if op.fn == "claims_of":
+            spread.append(op)
+            continue
+        parts.setdefault(op.resource, []).append(op)
+    for op in spread:
+        for resource, part in parts.items():
+            claims = [c for c in op.value.get("claims", ()) if c["targets"][0][1] == resource]
+            value = {**op.value, "claims": claims} if "claims" in op.value else op.value
+            part.append(replace(op, args={**op.args, "res": resource}, value=value))
+    for part in parts.values():
+        part.sort(key=lambda o: o.start)
+    return parts
+
+
 def check_history(
     history: History, *, budget: float = 10.0, shrink_budget: float = 10.0, max_witnesses: int = 3
 ) -> Report:
@@ -211,9 +359,7 @@ def check_history(
             return lo, math.inf
         return lo, op.wall_end + high
 
-    parts: dict[str, list[Op]] = {}
-    for op in ops:
-        parts.setdefault(op.resource, []).append(op)
+    parts = partition(ops)
     results = []
     witnesses = 0
     for resource in sorted(parts):
@@ -223,7 +369,10 @@ def check_history(
         result = PartitionResult(resource, verdict, len(part), time.monotonic() - start)
         if verdict == ANOMALY and witnesses < max_witnesses:
             witnesses += 1
-            result.witness, result.witness_note = minimal_witness(part, window, shrink_budget)
+            result.witness, result.witness_note, failing = minimal_witness(
+                part, window, shrink_budget
+            )
+            result.impossible, result.before = explain(failing, window, max(1.0, shrink_budget))
         results.append(result)
     log_anomalies = None if history.log is None else replay_log(ops, history.log)
     faults: dict[str, int] = {}
@@ -234,6 +383,9 @@ def check_history(
             other.append(
                 f"SQLITE: PRAGMA integrity_check after a kill said {event.get('result')!r}"
             )
+    kinds: dict[str, int] = {}
+    for op in ops:
+        kinds[op.fn] = kinds.get(op.fn, 0) + 1
     origin = min((op.start for op in ops), default=0.0)
     origin_us = min((op.wall_start for op in ops), default=0)
     return Report(
@@ -249,4 +401,13 @@ def check_history(
         origin_us=origin_us,
         faults=faults,
         log_rows=len(history.log or []),
+        header=history.header,
+        notes=history.notes,
+        kinds=kinds,
+        races=sum(
+            1
+            for op in ops
+            if op.fn in ("confirm", "extend")
+            and op.value.get("reason") in ("expired", "taken_over")
+        ),
     )

@@ -14,12 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from dibs.exceptions import InvalidInput
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
 from dibs.verify._planted import PLANTS
+from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
-from dibs.verify._workload import Workload
+from dibs.verify._workload import Workload, parse_mix, redact
 
 __all__ = ["add_verify_command"]
 
@@ -43,7 +45,12 @@ def add_verify_command(
             "out of time. See docs/reliability.md."
         ),
     )
-    p.add_argument("--store", metavar="URL", default="memory://", help="store to verify")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        default="memory://",
+        help="store to verify: any URL dibs.open takes (default memory://)",
+    )
     p.add_argument("--clients", type=_positive, default=d.clients, help="client processes")
     p.add_argument("--ops", type=_positive, default=d.ops, help="operations per client")
     p.add_argument(
@@ -52,10 +59,61 @@ def add_verify_command(
         help=f"comma-separated faults: {', '.join(FAULTS)} (default none)",
     )
     p.add_argument("--ttl", type=float, default=d.ttl, help="base hold TTL in seconds")
+    p.add_argument(
+        "--ttl-spread",
+        metavar="X,Y,...",
+        default=",".join(f"{x:g}" for x in d.ttl_spread),
+        help=(
+            "a hold's TTL is --ttl times one of these, at random (default %(default)s); "
+            "small ones (with --mix transition=70) make confirms and extends race the expiry, "
+            "e.g. 0.005,0.01"
+        ),
+    )
+    p.add_argument(
+        "--mix",
+        metavar="KIND=W,...",
+        default="",
+        help=(
+            "relative weights of the clients' ops, replacing the defaults' "
+            f"({', '.join(f'{k}={w:g}' for k, w in d.mix)})"
+        ),
+    )
+    p.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=d.sweep_interval,
+        metavar="SECONDS",
+        help=(
+            "a sweeper calls sweep() this often, as dibs serve does "
+            "(default %(default)s; 0: no sweeper)"
+        ),
+    )
+    p.add_argument(
+        "--fault-interval",
+        type=float,
+        default=d.fault_interval,
+        metavar="SECONDS",
+        help="seconds between fault rounds (default %(default)s)",
+    )
+    p.add_argument(
+        "--restart-every",
+        type=_positive,
+        default=d.restart_every,
+        metavar="N",
+        help="the restart fault restarts the server every N fault rounds (default %(default)s)",
+    )
     p.add_argument("--resources", type=_positive, default=d.resources, help="unit resources")
     p.add_argument("--seed", type=int, default=0, help="seed for the clients' choices")
     p.add_argument("--history", metavar="FILE", help="keep the history here (JSON lines)")
-    p.add_argument("--plant", choices=PLANTS, help="run on a deliberately broken store")
+    p.add_argument(
+        "--plant",
+        metavar="NAME|module:Class",
+        help=(
+            f"run on a deliberately broken store: {', '.join(PLANTS)}, or module:Class, "
+            "any importable Store subclass with from_url(url, **options)"
+        ),
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr while it runs")
     p.add_argument(
         "--admin-url",
         metavar="URL",
@@ -121,7 +179,30 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds spent shrinking each offending sub-history (default 10)",
     )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--witnesses",
+        type=int,
+        default=3,
+        metavar="N",
+        help="shrink and explain the first N non-linearizable resources (default 3)",
+    )
+    p.add_argument(
+        "--log-anomalies",
+        type=int,
+        default=10,
+        metavar="N",
+        help="print the first N log-replay anomalies in full (default 10)",
+    )
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write a self-contained HTML report (timeline, witnesses, figures) into DIR",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the figures, anomaly kinds, witnesses and their op IDs as JSON",
+    )
 
 
 def _positive(text: str) -> int:
@@ -132,6 +213,16 @@ def _positive(text: str) -> int:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
+    try:
+        spread = tuple(float(x) for x in args.ttl_spread.split(",") if x.strip())
+    except ValueError:
+        spread = ()
+    if not spread or not all(0 < x < float("inf") for x in spread):
+        raise InvalidInput(
+            "--ttl-spread takes positive numbers, e.g. 0.02,0.1,1",
+            field="ttl_spread",
+            value=args.ttl_spread,
+        )
     workload = Workload(
         store=args.store,
         clients=args.clients,
@@ -142,17 +233,60 @@ def _run_verify(args: argparse.Namespace) -> int:
         faults=tuple(f for f in args.faults.split(",") if f),
         plant=args.plant,
         admin_url=args.admin_url,
+        fault_interval=args.fault_interval,
+        restart_every=args.restart_every,
+        mix=parse_mix(args.mix),
+        ttl_spread=spread,
+        sweep_interval=args.sweep_interval or None,
     )
     restart = None
     if args.restart_command:
         restart = command_restart(args.restart_command, args.admin_url or args.store)
+    progress = None if args.quiet else _Progress(workload)
+    if progress is not None:
+        progress.start()
     began = time.monotonic()
     if args.history:
-        path = run_workload(workload, args.history, restart=restart)
+        path = run_workload(workload, args.history, restart=restart, progress=progress)
         return _finish(path, args, time.monotonic() - began)
     with tempfile.TemporaryDirectory() as scratch:
-        path = run_workload(workload, Path(scratch) / "history.jsonl", restart=restart)
+        path = run_workload(
+            workload, Path(scratch) / "history.jsonl", restart=restart, progress=progress
+        )
         return _finish(path, args, time.monotonic() - began)
+
+
+class _Progress:
+    """Progress lines on stderr while the workload runs: at most one every few seconds."""
+
+    def __init__(self, workload: Workload, every: float = 5.0) -> None:
+        self.workload = workload
+        self.every = every
+        self.began = time.monotonic()
+        self.last = self.began
+
+    def start(self) -> None:
+        w = self.workload
+        faults = ",".join(w.faults) or "none"
+        plant = f", plant {w.plant}" if w.plant else ""
+        print(
+            f"dibs verify: {w.clients} clients x {w.ops} ops on {redact(w.store)}{plant}, "
+            f"faults {faults}, sweeper "
+            + (f"every {w.sweep_interval:g} s" if w.sweep_interval else "off"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        print(
+            f"dibs verify: {done}/{total} ops invoked, {now - self.began:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _run_check(args: argparse.Namespace) -> int:
@@ -180,7 +314,18 @@ def _run_tasks(args: argparse.Namespace) -> int:
 
 
 def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> int:
-    report = check_history(read_history(path), budget=args.budget, shrink_budget=args.shrink)
+    if not args.json and not getattr(args, "quiet", True):
+        print("dibs verify: checking the history", file=sys.stderr, flush=True)
+    history = read_history(path)
+    report = check_history(
+        history,
+        budget=args.budget,
+        shrink_budget=args.shrink,
+        max_witnesses=max(0, args.witnesses),
+    )
+    if args.report:
+        written = write_report(history, report, args.report)
+        print(f"dibs verify: report written to {written}", file=sys.stderr)
     if args.json:
         figures = report.to_json()
         if run_seconds is not None:
@@ -193,7 +338,7 @@ def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> 
                 f"ran {report.operations} ops in {run_seconds:.1f} s "
                 f"({report.operations / run_seconds:.0f} ops/s)"
             )
-        print(report.render())
+        print(report.render(limit=max(0, args.witnesses), log_limit=max(0, args.log_anomalies)))
     return _exit_code(report)
 
 

@@ -1,5 +1,6 @@
 """Entry point of one client process: ``python -m dibs.verify._client CONFIG INDEX INC COUNT PATH``.
 
+``INDEX`` -1 is the sweeper: it sweeps until the file ``PATH.stop`` exists.
 Kept apart from the runner so that the runner is never imported as ``__main__``.
 """
 
@@ -16,9 +17,16 @@ from typing import Any
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._planted import open_planted
-from dibs.verify._workload import Client, Workload, client_skew, open_events
+from dibs.verify._workload import (
+    Client,
+    Sweeper,
+    Workload,
+    client_skew,
+    mark_pool_logs,
+    open_events,
+)
 
-__all__ = ["client_process"]
+__all__ = ["client_process", "workload_from_json"]
 
 
 def _open_when_reachable(workload: Workload, skew: float, patience: float = 60.0) -> Store:
@@ -35,6 +43,15 @@ def _open_when_reachable(workload: Workload, skew: float, patience: float = 60.0
             delay = min(delay * 2, 1.0)
 
 
+def workload_from_json(config: dict[str, Any]) -> Workload:
+    """The workload back from ``dataclasses.asdict`` sent as JSON (tuples came back lists)."""
+    config = dict(config)
+    config["faults"] = tuple(config["faults"])
+    config["mix"] = tuple((str(k), float(w)) for k, w in config["mix"])
+    config["ttl_spread"] = tuple(config["ttl_spread"])
+    return Workload(**config)
+
+
 def client_process(
     config: dict[str, Any], index: int, incarnation: int, count: int, path: str
 ) -> None:
@@ -48,8 +65,18 @@ def client_process(
         os._exit(1)
 
     threading.Thread(target=orphaned, daemon=True).start()
-    config["faults"] = tuple(config["faults"])
-    workload = Workload(**config)
+    mark_pool_logs()
+    workload = workload_from_json(config)
+    if index < 0:
+        store = _open_when_reachable(workload, 0.0)
+        fd = open_events(path)
+        try:
+            stop = path + ".stop"
+            Sweeper(workload, store, fd, incarnation).run(lambda: os.path.exists(stop))
+        finally:
+            os.close(fd)
+            store.close()
+        return
     skew = client_skew(workload, index)
     store = _open_when_reachable(workload, skew)
     fd = open_events(path)

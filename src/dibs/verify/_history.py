@@ -13,6 +13,8 @@ A history file is one JSON object per line:
   ``"killed"`` for a client the nemesis killed, with ``v.settled`` when its
   server-side work was seen to end, at this event's time);
 * ``{"e": "nemesis", "f": "kill" | "stop" | "cont" | ..., ...}`` — a fault;
+* ``{"e": "note", "about": ..., "count": ...}`` — something the runner counted
+  that is no anomaly (psycopg_pool's warnings about connections cut by faults);
 * ``{"e": "log", ...}`` — one claim row of the store's durable log, dumped
   after the workload, for the log replay.
 
@@ -83,6 +85,12 @@ class Op:
             what += f" rid={a.get('rid')}"
         elif self.fn == "holder_of":
             what = f"holder_of {_targets_text([a['target']])}"
+        elif self.fn == "get":
+            what = f"get claim={a['claim_id']}"
+        elif self.fn == "claims_of":
+            what = f"claims_of {a['holder']}"
+        elif self.fn == "sweep":
+            what = "sweep"
         else:
             what = f"{self.fn} claim={a['claim_id']} fence={a['fence']}"
             if self.fn == "extend":
@@ -128,6 +136,8 @@ class History:
     ops: list[Op]
     nemesis: list[dict[str, Any]]
     log: list[LogRow] | None
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    """What the runner noticed that is no anomaly (e.g. psycopg_pool's warnings, counted)."""
 
 
 def _targets_text(targets: Iterable[list[Any]]) -> str:
@@ -145,6 +155,9 @@ def _value_text(value: dict[str, Any], origin_us: float) -> str:
         elif k == "taken" and isinstance(v, list):
             if v:
                 parts.append(f"taken={_targets_text(v)}")
+        elif k == "claims" and isinstance(v, list):
+            shown = [f"{c['claim_id']}:{c['state']}" for c in v]
+            parts.append(f"claims=[{', '.join(shown)}]")
         else:
             parts.append(f"{k}={v}")
     return " ".join(parts)
@@ -177,6 +190,7 @@ def assemble(events: Iterable[dict[str, Any]]) -> History:
     header: dict[str, Any] = {}
     ops: dict[str, Op] = {}
     nemesis: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
     log: list[LogRow] | None = None
     for event in events:
         kind = event["e"]
@@ -220,10 +234,12 @@ def assemble(events: Iterable[dict[str, Any]]) -> History:
             )
         elif kind == "log-empty":
             log = log or []
+        elif kind == "note":
+            notes.append(event)
     ordered = sorted(ops.values(), key=lambda op: op.start)
     for i, op in enumerate(ordered):
         op.index = i
-    return History(header, ordered, nemesis, log)
+    return History(header, ordered, nemesis, log, notes)
 
 
 def read_history(path: str | Path) -> History:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dibs.verify._history import OK, UNKNOWN, Op
-from dibs.verify._model import State, keys_of, op_targets, successors
+from dibs.verify._model import READS, READS_ALL, State, keys_of, op_targets, successors
 
 __all__ = ["PartitionResult", "check_partition", "minimal_witness"]
 
@@ -52,6 +52,11 @@ class PartitionResult:
     seconds: float
     witness: list[Op] = field(default_factory=list)
     witness_note: str = ""
+    impossible: Op | None = None
+    """The op of the sub-history no order could apply: the search always got
+    stuck at its completion."""
+    before: list[State] = field(default_factory=list)
+    """Model states the search reached just before ``impossible`` (a sample)."""
 
 
 class _Budget(Exception):
@@ -69,12 +74,33 @@ def check_partition(ops: Sequence[Op], window: Window, deadline: float) -> str:
         return INCONCLUSIVE
 
 
-def _search(ops: Sequence[Op], window: Window, deadline: float) -> float | None:
+class _Trace:
+    """Where the search got stuck last: the op at the frontier and the states before it."""
+
+    def __init__(self, limit: int = 4) -> None:
+        self.limit = limit
+        self.op: int | None = None
+        self.end = -math.inf
+        self.states: list[State] = []
+        self._keys: set[tuple[object, ...]] = set()
+
+    def stuck(self, i: int, end: float, state: State) -> None:
+        if end > self.end:
+            self.op, self.end, self.states, self._keys = i, end, [], set()
+        if i == self.op and len(self.states) < self.limit and state.key() not in self._keys:
+            self._keys.add(state.key())
+            self.states.append(state)
+
+
+def _search(
+    ops: Sequence[Op], window: Window, deadline: float, trace: _Trace | None = None
+) -> float | None:
     """None if the ops are linearizable; else the frontier: the latest completion
     time (``Op.end``) at which some branch of the search got stuck.
 
     No prefix of the history that ends before the frontier can contradict, so
     the shrinker starts looking for the shortest failing prefix there.
+    ``trace``, if given, keeps the op stuck at the frontier and the states before it.
     """
     n = len(ops)
     windows = [window(op) for op in ops]
@@ -184,6 +210,8 @@ def _search(ops: Sequence[Op], window: Window, deadline: float) -> float | None:
         # A completion of an op not yet applied (or the end): backtrack.
         if entry != -1:
             frontier = max(frontier, ops[entry - n - 1].end)
+            if trace is not None and ops[entry - n - 1].status != UNKNOWN:
+                trace.stuck(entry - n - 1, ops[entry - n - 1].end, state)
         while True:
             if not stack:
                 return frontier
@@ -222,6 +250,8 @@ def _references(ops: Sequence[Op]) -> tuple[dict[str, int], dict[str, int]]:
         seen = op.value.get("claim_id")
         if seen is not None:
             claims[str(seen)] = claims.get(str(seen), 0) | bit
+        for shown in op.value.get("claims", ()):
+            claims[str(shown["claim_id"])] = claims.get(str(shown["claim_id"]), 0) | bit
         rid = op.args.get("rid")
         if rid is not None:
             requests[rid] = requests.get(rid, 0) | bit
@@ -246,11 +276,13 @@ class _Readers:
         per_key: dict[Any, list[tuple[float, int]]] = {}
         self.keys: list[tuple[Any, ...]] = []
         for i, op in enumerate(ops):
-            writes = op.fn != "holder_of" and (
+            writes = op.fn not in READS and (
                 op.fn != "claim"
                 or (op.status == OK and op.value.get("granted") and not op.value.get("replayed"))
             )
             mine = () if writes else tuple(keys_of(op_targets(op)))
+            if op.fn == "claims_of":
+                mine = (READS_ALL,)
             self.keys.append(mine)
             for k in mine:
                 per_key.setdefault(k, []).append((windows[i][0], i))
@@ -281,7 +313,7 @@ class _Readers:
 
     def settled(self, keys: set[Any], expiry: float, bits: int) -> bool:
         """Whether every read of ``keys`` whose window opens before ``expiry`` is in ``bits``."""
-        for k in keys:
+        for k in [*keys, READS_ALL]:
             p = self.first.get(k)
             if p is None:
                 continue
@@ -315,7 +347,24 @@ def _collect(
     return state.drop(gone_claims, gone_requests)
 
 
-def minimal_witness(ops: Sequence[Op], window: Window, budget: float) -> tuple[list[Op], str]:
+def explain(ops: Sequence[Op], window: Window, budget: float) -> tuple[Op | None, list[State]]:
+    """The op of a failing history that no order can apply, and model states just before it.
+
+    Searches ``ops`` again, keeping where it got stuck last; (None, []) if
+    the search ran out of ``budget`` seconds or found the ops linearizable.
+    """
+    trace = _Trace()
+    try:
+        if _search(ops, window, time.monotonic() + budget, trace) is None:
+            return None, []
+    except _Budget:
+        return None, []
+    return (None if trace.op is None else ops[trace.op]), trace.states
+
+
+def minimal_witness(
+    ops: Sequence[Op], window: Window, budget: float
+) -> tuple[list[Op], str, list[Op]]:
     """Shrink a non-linearizable history to a few ops whose outcomes already contradict.
 
     Shrinking only ever *forgets* outcomes (an op becomes unknown: it may or
@@ -341,13 +390,18 @@ def minimal_witness(ops: Sequence[Op], window: Window, budget: float) -> tuple[l
 
     full_seconds = [0.0]  # how long the search of the whole history took
 
+    failing = [list(ordered)]  # the smallest history known to fail
+
     def fails_ops(sub: list[Op]) -> bool:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Budget
         # A prefix takes at most about as long as the whole history did.
         step = min(remaining, max(0.2, budget / 40, 2 * full_seconds[0]))
-        return check_partition(sub, window, time.monotonic() + step) == ANOMALY
+        failed = check_partition(sub, window, time.monotonic() + step) == ANOMALY
+        if failed:
+            failing[0] = sub
+        return failed
 
     def fails(known: set[int], cut: float) -> bool:
         return fails_ops(build(known, cut))
@@ -394,11 +448,11 @@ def minimal_witness(ops: Sequence[Op], window: Window, budget: float) -> tuple[l
     except _Budget:
         note = "shrinking stopped at its time budget; the sub-history may not be minimal"
         items = known if "items" not in locals() else items
-    witness = [o for o in build(set(items), cut) if o.status != UNKNOWN]
-    forgotten = sum(1 for o in ordered if o.start <= cut) - len(witness)
+    witness = [o for o in failing[0] if o.status != UNKNOWN]
+    forgotten = len(failing[0]) - len(witness)
     if forgotten:
         note += f"; {forgotten} other ops on this resource were taken as unknown"
-    return witness, note
+    return witness, note, failing[0]
 
 
 def _component(ops: list[Op], cut: float, fails: Callable[[list[Op]], bool]) -> list[Op]:
@@ -419,6 +473,8 @@ def _component(ops: list[Op], cut: float, fails: Callable[[list[Op]], bool]) -> 
         return x
 
     def keys(op: Op) -> list[Any]:
+        if op.fn == "claims_of":
+            return [READS_ALL]  # joined to every group below
         found: list[Any] = sorted(keys_of(op_targets(op)), key=repr)
         if op.args.get("rid") is not None:
             found.append(("rid", op.args["rid"]))
@@ -428,6 +484,9 @@ def _component(ops: list[Op], cut: float, fails: Callable[[list[Op]], bool]) -> 
         first, *rest = keys(op)
         for k in rest:
             parent[find(k)] = find(first)
+    if any(op.fn == "claims_of" for op in live):
+        for op in live:
+            parent[find(keys(op)[0])] = find(READS_ALL)
     groups: dict[Any, list[Op]] = {}
     for op in live:
         groups.setdefault(find(keys(op)[0]), []).append(op)
@@ -454,6 +513,8 @@ def _closed(ops: list[Op]) -> list[Op]:
     for op in sorted(ops, key=lambda o: o.start):
         cid = op.args.get("claim_id")
         if cid is not None and str(cid) not in granted:
+            continue
+        if any(str(c["claim_id"]) not in granted for c in op.value.get("claims", ())):
             continue
         if op.fn == "claim":
             rid = op.args.get("rid")
@@ -484,3 +545,50 @@ def describe_ops(ops: Sequence[Op], origin_us: float) -> list[str]:
         end = "      ?" if math.isinf(op.wall_end) else f"{(op.wall_end - origin_us) / 1000:9.3f}"
         lines.append(f"  [{start:9.3f} .. {end} ms] {op.describe(origin_us)}")
     return lines
+
+
+def describe_state(state: State, origin_us: float, about: Op | None = None) -> list[str]:
+    """A model state as readable lines: each claim, store times in ms from ``origin_us``.
+
+    With ``about``, only the claims that op can see: on its targets, named by
+    it, or (``claims_of``) of its holder.
+    """
+
+    def ms(v: float) -> str:
+        return "never" if math.isinf(v) else f"{(v - origin_us) / 1000:.3f}ms"
+
+    lines = []
+    near = set() if about is None else keys_of(op_targets(about))
+    for cid, rec in sorted(state.claims.items(), key=lambda kv: (kv[1].fence or 0, kv[0])):
+        if about is not None and not (
+            keys_of(rec.targets) & near
+            or cid in (str(about.args.get("claim_id")), str(about.value.get("claim_id")))
+            or (about.fn == "claims_of" and rec.holder == about.args.get("holder"))
+        ):
+            continue
+        targets = "+".join(
+            f"{t[1]}/{t[2]}" if t[0] == "u" else f"{t[1]}[{t[2]},{t[3]})" for t in rec.targets
+        )
+        text = f"claim {cid} {rec.holder} {targets} {rec.state} fence={rec.fence}"
+        if rec.state == "held":
+            text += " expires " + (
+                ms(rec.elo) if rec.elo == rec.ehi else f"in [{ms(rec.elo)}, {ms(rec.ehi)}]"
+            )
+        if rec.taken_over:
+            text += " taken_over"
+        if rec.updated is not None:
+            text += f" updated_at={ms(rec.updated)}"
+        lines.append(text)
+    if not lines:
+        lines.append("no claims" if about is None else "no claims on its targets")
+    return lines
+
+
+def describe_states(states: Sequence[State], origin_us: float, about: Op | None) -> list[list[str]]:
+    """Distinct descriptions of several states (as ``about`` sees them)."""
+    out: list[list[str]] = []
+    for state in states:
+        lines = describe_state(state, origin_us, about)
+        if lines not in out:
+            out.append(lines)
+    return out

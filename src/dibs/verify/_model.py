@@ -41,7 +41,12 @@ from typing import Any, NamedTuple
 
 from dibs.verify._history import FAIL, OK, UNKNOWN, Op
 
-__all__ = ["TOLERANCE", "State", "keys_of", "successors", "target_keys"]
+__all__ = ["READS", "READS_ALL", "TOLERANCE", "State", "keys_of", "successors", "target_keys"]
+
+READS = frozenset({"holder_of", "get", "claims_of"})
+"""Operations that take no lock and write nothing."""
+READS_ALL = ("*",)
+"""The key under which a read of a whole resource (``claims_of``) waits to be applied."""
 
 TOLERANCE = 2
 """µs of slack around a store-reported time: the stores round to whole µs."""
@@ -54,7 +59,11 @@ _MAX_AMBIGUOUS = 4
 
 
 class Rec(NamedTuple):
-    """A claim in the model; ``elo``/``ehi`` bound a hold's expiry (µs)."""
+    """A claim in the model; ``elo``/``ehi`` bound a hold's expiry (µs).
+
+    ``created``/``updated`` are the store's ``created_at``/``updated_at`` once
+    a result showed them (None: not known yet); every later result must agree.
+    """
 
     holder: str
     targets: tuple[Target, ...]
@@ -63,6 +72,8 @@ class Rec(NamedTuple):
     elo: float
     ehi: float
     taken_over: bool
+    created: int | None = None
+    updated: int | None = None
 
 
 class Request(NamedTuple):
@@ -168,6 +179,8 @@ def op_targets(op: Op) -> tuple[Target, ...]:
     a = op.args
     if op.fn == "holder_of":
         return (tuple(a["target"]),)
+    if op.fn == "claims_of":
+        return ()  # every claim of a holder on the resource: see ``READS_ALL``
     return tuple(tuple(t) for t in a["targets"])
 
 
@@ -267,6 +280,12 @@ def _apply(
             yield new, _granted(state, new)
     elif op.fn == "holder_of":
         for new in _holder_of(state, op, targets[0], now):
+            yield new, False
+    elif op.fn == "get":
+        for new in _get(state, op, now):
+            yield new, False
+    elif op.fn == "claims_of":
+        for new in _claims_of(state, op, now):
             yield new, False
     elif op.fn in ("confirm", "extend", "release"):
         for new in _transition(state, op, now, hi):
@@ -390,9 +409,11 @@ def _claim(
         exp = math.inf if v.get("expires_at") is None else int(v["expires_at"])
         if (ttl is None) != (v.get("expires_at") is None):
             continue
-        new.claims[cid] = Rec(
-            holder, targets, _CONFIRMED if ttl is None else _HELD, fence, exp, exp, False
-        )
+        state_now = _CONFIRMED if ttl is None else _HELD
+        if v.get("state", state_now) != state_now or v.get("holder", holder) != holder:
+            continue
+        created, updated = int(v["created_at"]), int(v["updated_at"])
+        new.claims[cid] = Rec(holder, targets, state_now, fence, exp, exp, False, created, updated)
         yield _remember(new, rid, fp, cid, frozenset())
 
 
@@ -407,6 +428,9 @@ def _remember(
 def _bind(state: State, cid: str, v: dict[str, Any]) -> State | None:
     """A replay names the claim its first request got; learn an unacknowledged one's ID."""
     seen = str(v["claim_id"])
+    rec = state.claims.get(cid)
+    if rec is not None and not _same(rec.created, v.get("created_at")):
+        return None  # a replay shows the first grant: its creation time never changes
     if cid == seen:
         return state.copy()
     if not cid.startswith("?") or seen in state.claims:
@@ -470,21 +494,163 @@ def _transition(state: State, op: Op, now: float, hi: float) -> Iterator[State]:
             continue
         new = state.copy()
         if op.fn == "confirm":
-            if status == UNKNOWN or (status == OK and v.get("state") == _CONFIRMED):
+            if status == UNKNOWN:
+                if rec.state == _HELD:
+                    rec = rec._replace(updated=None)
                 new.claims[cid] = rec._replace(state=_CONFIRMED, elo=math.inf, ehi=math.inf)
                 yield new
+            elif status == OK and v.get("state") == _CONFIRMED:
+                fit = _written(rec, v, now, hi, rewrites=rec.state == _HELD)
+                if fit is not None:
+                    new.claims[cid] = fit._replace(state=_CONFIRMED, elo=math.inf, ehi=math.inf)
+                    yield new
         elif op.fn == "extend":
             if rec.state == _CONFIRMED:
                 if status == UNKNOWN or (status == OK and v.get("state") == _CONFIRMED):
-                    yield new
+                    fit = rec if status == UNKNOWN else _written(rec, v, now, hi, rewrites=False)
+                    if fit is not None:
+                        new.claims[cid] = fit
+                        yield new
             elif status == UNKNOWN:
                 ttl_us = op.args["ttl"] * 1_000_000
-                new.claims[cid] = rec._replace(elo=now + ttl_us, ehi=hi + ttl_us)
+                new.claims[cid] = rec._replace(elo=now + ttl_us, ehi=hi + ttl_us, updated=None)
                 yield new
             elif status == OK and v.get("state") == _HELD:
                 exp = int(v["expires_at"])
-                new.claims[cid] = rec._replace(elo=exp, ehi=exp)
-                yield new
+                fit = _written(rec, v, now, hi, rewrites=True)
+                if fit is not None:
+                    new.claims[cid] = fit._replace(elo=exp, ehi=exp)
+                    yield new
         elif status == UNKNOWN or (status == OK and v.get("released") is True):  # release
-            new.claims[cid] = rec._replace(state=_RELEASED, elo=math.inf, ehi=math.inf)
+            new.claims[cid] = rec._replace(
+                state=_RELEASED, elo=math.inf, ehi=math.inf, updated=None
+            )
             yield new
+
+
+# --- the fields of a result, and the reads get() and claims_of() ----------------------------------
+
+
+def _same(known: int | None, shown: Any) -> bool:
+    """Whether a store time a result shows agrees with the one the model knows (if any)."""
+    return known is None or shown is None or int(shown) == known
+
+
+def _written(rec: Rec, v: dict[str, Any], now: float, hi: float, *, rewrites: bool) -> Rec | None:
+    """The claim after a confirm or extend that returned ``v``, or None if ``v`` cannot be.
+
+    Every field the model knows must agree: holder, fence, creation time. A
+    write that changed the claim (``rewrites``) stamps ``updated_at`` with the
+    store time of its step, inside the op's window and before the hold's
+    expiry; one that found the claim already confirmed leaves it alone, so a
+    second confirm shows the first one's ``updated_at``.
+    """
+    if v.get("holder", rec.holder) != rec.holder:
+        return None
+    if rec.fence is not None and v.get("fence", rec.fence) != rec.fence:
+        return None
+    if not _same(rec.created, v.get("created_at")):
+        return None
+    if v.get("state") == _CONFIRMED and v.get("expires_at") is not None:
+        return None
+    updated = v.get("updated_at")
+    if updated is None:
+        return rec
+    updated = int(updated)
+    if rewrites:
+        if not (now - TOLERANCE <= updated <= hi + TOLERANCE) or updated > rec.ehi + TOLERANCE:
+            return None
+    elif not _same(rec.updated, updated):
+        return None
+    created = rec.created if rec.created is not None else v.get("created_at")
+    return rec._replace(updated=updated, created=None if created is None else int(created))
+
+
+def _shown_fits(rec: Rec, c: dict[str, Any], state: str) -> bool:
+    """Whether a claim a read returned matches the model's record judged ``state``."""
+    if c.get("state") != state or c.get("holder", rec.holder) != rec.holder:
+        return False
+    if rec.fence is not None and c.get("fence", rec.fence) != rec.fence:
+        return False
+    if not _same(rec.created, c.get("created_at")):
+        return False
+    expires = c.get("expires_at")
+    if state == _CONFIRMED:
+        if expires is not None:
+            return False
+    elif (
+        state in (_HELD, _EXPIRED)
+        and rec.state in (_HELD, _EXPIRED)
+        and (expires is None or not (rec.elo - TOLERANCE <= expires <= rec.ehi + TOLERANCE))
+    ):
+        return False
+    # A sweep or a takeover restamps an expired claim; a held or confirmed one
+    # shows the time of the last write on it.
+    return state not in (_HELD, _CONFIRMED) or _same(rec.updated, c.get("updated_at"))
+
+
+def _judged(rec: Rec, live: bool) -> str:
+    """The state a read shows for a record judged live or dead."""
+    if rec.state == _HELD:
+        return _HELD if live else _EXPIRED
+    return rec.state
+
+
+def _get(state: State, op: Op, now: float) -> Iterator[State]:
+    v = op.value
+    cid = str(op.args["claim_id"])
+    rec = state.claims.get(cid)
+    if op.status == UNKNOWN:
+        yield state.copy()
+        return
+    if op.status != OK:
+        return
+    if rec is None:
+        if not v.get("found"):
+            yield state.copy()
+        return
+    if not v.get("found"):
+        return
+    for live in _judgements(state, [cid], now):
+        if _shown_fits(rec, v, _judged(rec, live[cid])):
+            yield state.copy()
+            return
+
+
+def _claims_of(state: State, op: Op, now: float) -> Iterator[State]:
+    if op.status == UNKNOWN:
+        yield state.copy()
+        return
+    if op.status != OK:
+        return
+    holder = op.args["holder"]
+    shown = {str(c["claim_id"]): c for c in op.value.get("claims", [])}
+    mine = [
+        cid
+        for cid, rec in state.claims.items()
+        if rec.holder == holder and rec.state in (_HELD, _CONFIRMED)
+    ]
+    for live in _judgements(state, mine, now):
+        expected = {cid for cid in mine if live[cid]}
+        # A grant whose outcome no one learned is named "?op" in the model: a
+        # claim shown under an ID the model does not know may be one of them.
+        unnamed = [cid for cid in expected if cid.startswith("?")]
+        fits = True
+        for cid, c in shown.items():
+            rec = state.claims.get(cid)
+            if rec is None:
+                targets = tuple(tuple(t) for t in c.get("targets", []))
+                match = next((u for u in unnamed if state.claims[u].targets == targets), None)
+                if match is None:
+                    fits = False
+                    break
+                unnamed.remove(match)
+                expected.discard(match)
+                continue
+            if cid not in expected or not _shown_fits(rec, c, _judged(rec, live=True)):
+                fits = False
+                break
+            expected.discard(cid)
+        if fits and not expected:
+            yield state.copy()
+            return

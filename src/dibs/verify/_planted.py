@@ -11,10 +11,15 @@ anomalies every time; a checker that passes a plant is broken.
   checking its fence, its state or its expiry (principle 4);
 * ``client-clock`` — expiry judged on each client's clock, skewed by ± the
   skew, instead of on the store's one clock (principle 4).
+
+A plant may also be ``module:Class``: any importable :class:`~dibs.Store`
+subclass with ``from_url(url, **options)``, so that users and auditors can
+bring their own broken (or suspect) stores.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +32,7 @@ from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
 
-__all__ = ["PLANTS", "SkewedClock", "open_planted"]
+__all__ = ["PLANTS", "SkewedClock", "open_planted", "plant_class"]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
 
@@ -145,15 +150,42 @@ def _postgres_plant(plant: str) -> type[Store]:
     }[plant]
 
 
+def plant_class(spec: str) -> type[Store]:
+    """Import ``module:Class``, a :class:`~dibs.Store` subclass with ``from_url``.
+
+    Raises :class:`~dibs.InvalidInput` if it cannot be imported or is no such class.
+    """
+    module_name, _, name = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise InvalidInput(
+            f"cannot import plant {spec!r}: {exc}", field="plant", value=spec
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Store) and hasattr(obj, "from_url")):
+        raise InvalidInput(
+            f"plant {spec!r} is not a Store subclass with from_url(url, **options)",
+            field="plant",
+            value=spec,
+        )
+    return obj
+
+
 def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: Any) -> Store:
     """Open ``url`` as the real store, or with the planted bug ``plant``.
 
-    ``skew`` is the client clock offset the ``client-clock`` plant judges
-    expiry by. Raises :class:`~dibs.InvalidInput` for an unknown plant or a
-    store it has no broken twin for.
+    ``plant`` is a built-in plant's name or ``module:Class``. ``skew`` is the
+    client clock offset the ``client-clock`` plant judges expiry by. Raises
+    :class:`~dibs.InvalidInput` for an unknown plant or a store it has no
+    broken twin for.
     """
     if plant is None:
         return dibs.open(url, **options)
+    if ":" in plant:
+        custom: Callable[..., Store] = plant_class(plant).from_url  # type: ignore[attr-defined]
+        return custom(url, **options)
     scheme = url.split("://", 1)[0].lower()
     cls = _CLASSES.get((plant, scheme))
     if cls is None and plant in PLANTS and scheme in ("postgresql", "postgres"):

@@ -27,7 +27,9 @@ Afterwards the store's claims are dumped into the history for the log replay.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -47,8 +49,15 @@ from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
-from dibs.verify._planted import PLANTS, SkewedClock, open_planted
-from dibs.verify._workload import Client, Workload, client_skew, open_events
+from dibs.verify._planted import PLANTS, SkewedClock, open_planted, plant_class
+from dibs.verify._workload import (
+    POOL_PREFIX,
+    Client,
+    Sweeper,
+    Workload,
+    client_skew,
+    open_events,
+)
 
 __all__ = ["FAULTS", "command_restart", "run_workload"]
 
@@ -66,17 +75,22 @@ def _check(workload: Workload) -> str:
             field="faults",
             value=workload.faults,
         )
-    if workload.plant is not None and workload.plant not in PLANTS:
+    if workload.plant is not None and workload.plant not in PLANTS and ":" not in workload.plant:
         raise InvalidInput(
-            f"unknown plant {workload.plant!r}; plants: {', '.join(PLANTS)}",
+            f"unknown plant {workload.plant!r}; plants: {', '.join(PLANTS)}, "
+            "or module:Class (a Store subclass with from_url)",
             field="plant",
             value=workload.plant,
         )
+    if workload.plant is not None and ":" in workload.plant:
+        plant_class(workload.plant)  # fail here, not in every client
     applies = {
         "memory": {"kill", "pause", "skew"},
         "sqlite": {"kill", "pause", "skew", "integrity"},
+        "postgresql": {"kill", "pause", "skew", "terminate", "restart"},
+        "postgres": {"kill", "pause", "skew", "terminate", "restart"},
     }
-    allowed = applies.get(scheme, {"kill", "pause", "skew", "terminate", "restart"})
+    allowed = applies.get(scheme, {"kill", "pause", "skew"})
     misplaced = set(workload.faults) - allowed
     if misplaced:
         raise InvalidInput(
@@ -91,6 +105,12 @@ def _check(workload: Workload) -> str:
         )
     if workload.clients < 1 or workload.ops < 1:
         raise InvalidInput("clients and ops must be at least 1", field="clients", value=workload)
+    if not workload.ttl_spread or workload.ttl * min(workload.ttl_spread) < 0.001:
+        raise InvalidInput(
+            "the shortest hold, ttl x min(ttl_spread), must be at least 0.001 s (the least TTL)",
+            field="ttl_spread",
+            value=workload.ttl_spread,
+        )
     if workload.slots > 10:
         raise InvalidInput("at most 10 slots per resource", field="slots", value=workload.slots)
     return scheme
@@ -123,31 +143,80 @@ def run_workload(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     nemesis: list[dict[str, Any]] = []
+    pool_logger = logging.getLogger("psycopg.pool")
+    counted = _PoolCount()
+    pool_logger.addHandler(counted)
+    propagate, pool_logger.propagate = pool_logger.propagate, False
     try:
+        log: list[Any] | None
         if scheme == "memory":
             store = open_planted(workload.store, workload.plant)
             try:
                 _run_threads(workload, store, scratch, nemesis, progress)
-                log = dump_log(store)
+                log = _dump(store)
             finally:
                 store.close()
         else:
             # The schema is created once here, before the clients race to open it.
-            with open_planted(workload.store, None) as store:
+            plant = workload.plant if workload.plant and ":" in workload.plant else None
+            with open_planted(workload.store, plant) as store:
                 _run_processes(workload, store, scratch, nemesis, progress, restart, scheme)
-                log = dump_log(store)
-        _merge(workload, scratch, nemesis, log, history)
+                log = _dump(store)
+        notes = _client_logs(scratch, counted)
+        _merge(workload, scratch, nemesis, log, history, notes)
     finally:
+        pool_logger.removeHandler(counted)
+        pool_logger.propagate = propagate
         shutil.rmtree(scratch, ignore_errors=True)
     return history
+
+
+class _PoolCount(logging.Handler):
+    """Counts psycopg_pool's warnings in the runner (a pool reconnecting after a fault)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def _client_logs(scratch: Path, counted: _PoolCount) -> list[dict[str, Any]]:
+    """Summarise psycopg_pool's lines of every process; pass any other stderr line through.
+
+    A pool logs a warning each time a fault cuts a connection: hundreds per run,
+    and expected. The history keeps their count and a few examples.
+    """
+    pool = list(counted.lines)
+    for path in sorted(scratch.glob("*.err")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(POOL_PREFIX):
+                    pool.append(line[len(POOL_PREFIX) :].rstrip("\n"))
+                elif line.strip():
+                    sys.stderr.write(f"{path.stem}: {line}")
+    if not pool:
+        return []
+    examples = list(dict.fromkeys(line[:200] for line in pool))[:3]
+    return [{"e": "note", "about": "psycopg.pool", "count": len(pool), "examples": examples}]
+
+
+def _dump(store: Store) -> list[Any] | None:
+    """The store's claim log, or None for a store whose log this module cannot read."""
+    try:
+        return dump_log(store)
+    except TypeError:
+        return None
 
 
 def _merge(
     workload: Workload,
     scratch: Path,
     nemesis: list[dict[str, Any]],
-    log: list[Any],
+    log: list[Any] | None,
     history: Path,
+    notes: list[dict[str, Any]],
 ) -> None:
     with open(history, "w", encoding="utf-8") as out:
         header = {"e": "run", **workload.to_json(), "errors_settle": _errors_settle(workload)}
@@ -158,7 +227,9 @@ def _merge(
                     if line.endswith("\n"):  # a torn last line: the client died writing it
                         out.write(line)
         write_events(out, nemesis)
-        write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
+        write_events(out, notes)
+        if log is not None:
+            write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
 
 
 def _errors_settle(workload: Workload) -> bool:
@@ -173,6 +244,8 @@ def _errors_settle(workload: Workload) -> bool:
     parts = urlsplit(workload.store)
     if parts.scheme.lower() in LOCAL_SCHEMES:
         return True
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        return False  # the argument below is PostgreSQL's; another server may carry on
     hosts = [h for k, v in parse_qsl(parts.query) if k == "host" for h in v.split(",")]
     hosts.append(parts.hostname or "")
     return all(h in ("", "localhost", "::1") or h.startswith(("/", "@", "127.")) for h in hosts)
@@ -277,6 +350,14 @@ def _run_threads(
     ]
     for t in threads:
         t.start()
+    sweeper = None
+    if workload.sweep_interval:
+        sweeper = threading.Thread(
+            target=_sweep_thread,
+            args=(workload, store, scratch, lambda: not any(t.is_alive() for t in threads), errors),
+            daemon=True,
+        )
+        sweeper.start()
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
     while any(t.is_alive() for t in threads):
@@ -296,8 +377,26 @@ def _run_threads(
             nemesis.append(_stamp({"e": "nemesis", "f": "pause", "c": f"c{other}"}))
     for t in threads:
         t.join()
+    if sweeper is not None:
+        sweeper.join()
     if errors:
         raise RuntimeError(f"a client thread failed: {errors[0]!r}") from errors[0]
+
+
+def _sweep_thread(
+    workload: Workload,
+    store: Store,
+    scratch: Path,
+    stopped: Callable[[], bool],
+    errors: list[BaseException],
+) -> None:
+    fd = open_events(str(scratch / "sweeper.jsonl"))
+    try:
+        Sweeper(workload, store, fd).run(stopped)
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        os.close(fd)
 
 
 # --- other stores: processes ---------------------------------------------------------------------
@@ -344,21 +443,32 @@ def _run_processes(
         slot.started = time.monotonic()
         # A fresh interpreter per client: no state inherited, and kill -9 kills only it.
         # Its connections to a server carry its name, so that its backends can be found.
-        slot.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dibs.verify._client",
-                json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
-                str(slot.index),
-                str(slot.incarnation),
-                str(count),
-                str(path),
-            ]
-        )
+        with open(path.with_suffix(".err"), "wb") as err:
+            slot.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dibs.verify._client",
+                    json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
+                    str(slot.index),
+                    str(slot.incarnation),
+                    str(count),
+                    str(path),
+                ],
+                stderr=err,
+            )
 
     for slot in slots:
         start(slot, workload.ops)
+    sweeper: subprocess.Popen[bytes] | None = None
+    sweeper_path = scratch / "sweeper.jsonl"
+    if workload.sweep_interval:
+        # Not a target of the nemesis: it stands for the server's own sweeper.
+        config = json.dumps({**settings, "store": workload.store})
+        argv = [sys.executable, "-m", "dibs.verify._client", config, "-1", "0", "0"]
+        with open(sweeper_path.with_suffix(".err"), "wb") as err:
+            sweeper = subprocess.Popen([*argv, str(sweeper_path)], stderr=err)
+    counter = _Counter()
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
     db_path = getattr(store, "path", None)
@@ -374,7 +484,7 @@ def _run_processes(
                 break
             time.sleep(0.02)
             if progress is not None:
-                progress(-1, workload.clients * workload.ops)
+                progress(counter.count(scratch), workload.clients * workload.ops)
             if time.monotonic() < next_fault:
                 continue
             next_fault += workload.fault_interval
@@ -387,15 +497,50 @@ def _run_processes(
             if "terminate" in workload.faults and workload.admin_url:
                 _terminate(workload.admin_url, workload.store, nemesis)
             rounds += 1
-            if "restart" in workload.faults and restart is not None and rounds % 4 == 0:
+            every = max(1, workload.restart_every)
+            if "restart" in workload.faults and restart is not None and rounds % every == 0:
                 restart()
                 nemesis.append(_stamp({"e": "nemesis", "f": "restart"}))
+        if sweeper is not None:
+            Path(str(sweeper_path) + ".stop").touch()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sweeper.wait(timeout=60)
+            if sweeper.returncode not in (0, None):
+                raise RuntimeError(f"the sweeper exited with {sweeper.returncode}")
     finally:
         for s in slots:
             if s.process is not None and s.process.poll() is None:
                 s.process.send_signal(signal.SIGCONT)
                 s.process.kill()
                 s.process.wait()
+        if sweeper is not None and sweeper.poll() is None:
+            sweeper.kill()
+            sweeper.wait()
+            if sweeper_path.exists():
+                _close_in_flight(sweeper_path, _stamp({}))
+
+
+class _Counter:
+    """Counts the invocations in the clients' event files, reading only what is new."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[Path, int] = {}
+        self.total = 0
+
+    def count(self, scratch: Path) -> int:
+        for path in scratch.glob("c*.jsonl"):
+            offset = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            # Count whole lines only; a torn one is counted when it is complete.
+            chunk = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[path] = offset + len(chunk)
+            self.total += chunk.count(b'"e":"i"')
+        return self.total
 
 
 def _kill(
@@ -416,7 +561,7 @@ def _kill(
     # death: a local store's writes die with the process. A server may still be
     # running it, so the op stays open until the client's backends are gone.
     settled = None
-    if scheme not in LOCAL_SCHEMES:
+    if scheme in ("postgresql", "postgres"):
         settled = _settle(workload, _app_name(workload, slot), nemesis)
     path = slot.files[-1]
     if path.exists():
@@ -439,9 +584,9 @@ def _app_name(workload: Workload, slot: _Slot) -> str:
 
 
 def _client_url(workload: Workload, slot: _Slot, scheme: str) -> str:
-    """The store URL one client incarnation opens: on a server, named after it."""
-    if scheme in LOCAL_SCHEMES:
-        return workload.store
+    """The store URL one client incarnation opens: on PostgreSQL, named after it."""
+    if scheme not in ("postgresql", "postgres"):
+        return workload.store  # another store's URL may not take application_name
     parts = urlsplit(workload.store)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
     query = [(k, v) for k, v in query if k != "application_name"]

@@ -1,6 +1,11 @@
 """One client of the workload: random claims, confirms, extends, releases, retries and reads.
 
-A client is sequential (one op at a time), like a request handler. It records
+A client is sequential (one op at a time), like a request handler. Its mix of
+operations is :attr:`Workload.mix`; a hold's TTL is the base ``ttl`` times one
+of :attr:`Workload.ttl_spread`, chosen at random, so that some holds die
+between a client's ops and its confirms and extends race their expiry. A
+separate sweeper (:class:`Sweeper`) calls ``sweep()`` every
+``sweep_interval`` seconds, as ``dibs serve`` does. It records
 every op's invocation before calling the store and its completion after, as
 JSON lines on a file descriptor it owns, so a ``kill -9`` loses at most the
 completion of the op in flight (which the runner then records as unknown).
@@ -11,14 +16,17 @@ believes still live), may be skewed; the store never sees it.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from dibs._model import Claim, ClaimResult, Span, Target, Unit, target_from_json, target_to_json
 from dibs.exceptions import (
@@ -33,7 +41,56 @@ from dibs.stores.base import Store
 from dibs.verify._history import write_events
 from dibs.verify._log import micros
 
-__all__ = ["Client", "Workload", "client_skew", "open_events"]
+__all__ = [
+    "DEFAULT_MIX",
+    "POOL_PREFIX",
+    "Client",
+    "Sweeper",
+    "Workload",
+    "client_skew",
+    "mark_pool_logs",
+    "open_events",
+    "parse_mix",
+    "redact",
+]
+
+DEFAULT_MIX: tuple[tuple[str, float], ...] = (
+    ("claim", 44.0),
+    ("retry", 6.0),
+    ("transition", 38.0),
+    ("holder_of", 4.0),
+    ("get", 5.0),
+    ("claims_of", 3.0),
+)
+"""Relative weights of a client's ops: fresh claims, retries of an earlier request
+ID (a fifth of them with other input), confirm/extend/release of a claim it
+holds, and the three reads."""
+
+OP_KINDS = tuple(kind for kind, _ in DEFAULT_MIX)
+
+
+def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """``claim=40,get=10``: the default mix with these weights replaced.
+
+    Raises :class:`~dibs.InvalidInput` for an unknown kind or a bad weight.
+    """
+    weights = dict(DEFAULT_MIX)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, value = item.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if kind not in weights or not (0 <= weight < float("inf")):
+            raise InvalidInput(
+                f"bad mix entry {item!r}: give KIND=WEIGHT, KIND one of {', '.join(OP_KINDS)}",
+                field="mix",
+                value=text,
+            )
+        weights[kind] = weight
+    if weights["claim"] <= 0:
+        raise InvalidInput("the mix needs a positive claim weight", field="mix", value=text)
+    return tuple(weights.items())
 
 
 @dataclass(frozen=True)
@@ -54,6 +111,13 @@ class Workload:
     skew: float = 5.0
     fault_interval: float = 0.5
     """Seconds between faults of each kind."""
+    restart_every: int = 4
+    """The ``restart`` fault restarts the server every this many fault rounds."""
+    mix: tuple[tuple[str, float], ...] = DEFAULT_MIX
+    ttl_spread: tuple[float, ...] = (0.02, 0.1, 0.5, 1.0)
+    """A hold's TTL is ``ttl`` times one of these (and 8 % of claims are confirmed at once)."""
+    sweep_interval: float | None = 0.05
+    """Seconds between the sweeper's ``sweep()`` calls; None: no sweeper."""
     admin_url: str | None = None
     """PostgreSQL: a role allowed to ``pg_terminate_backend`` the clients' connections."""
     run: str = field(default_factory=lambda: secrets.token_hex(3))
@@ -63,7 +127,7 @@ class Workload:
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON-able dict (the history header)."""
         return {
-            "store": self.store,
+            "store": redact(self.store),
             "clients": self.clients,
             "ops": self.ops,
             "resources": self.resources,
@@ -75,6 +139,10 @@ class Workload:
             "plant": self.plant,
             "skew": self.skew,
             "fault_interval": self.fault_interval,
+            "restart_every": self.restart_every,
+            "mix": [list(m) for m in self.mix],
+            "ttl_spread": list(self.ttl_spread),
+            "sweep_interval": self.sweep_interval,
             "run": self.run,
         }  # admin_url stays out of the history: it may carry a password
 
@@ -112,6 +180,8 @@ class Client:
         default_factory=list
     )
     seq: int = 0
+    seen: list[tuple[str, str, list[list[Any]]]] = field(default_factory=list)
+    """Claims this client has known (ID, resource, targets), for ``get``."""
 
     def __post_init__(self) -> None:
         w = self.workload
@@ -136,27 +206,35 @@ class Client:
         r, ttl = self.rng.random(), self.workload.ttl
         if r < 0.08:
             return None
-        return self.rng.choice((ttl * 0.02, ttl * 0.1, ttl * 0.5, ttl))
+        return ttl * self.rng.choice(self.workload.ttl_spread)
 
     def next_op(self) -> tuple[str, dict[str, Any], Callable[[], Any]]:
         """Choose the next op: its name, its recorded arguments, and the call."""
         rng, store = self.rng, self.store
         if len(self.mine) > 6:
             return self._transition("release", self.mine[0])
-        r = rng.random()
-        if r < 0.06 and self.requests:
+        kinds, weights = zip(*self.workload.mix, strict=True)
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "retry" and self.requests:
             old_rid, old_targets, ttl, old_res = rng.choice(self.requests[-20:])
             if rng.random() < 0.2:  # misuse: the same request ID with other input
                 ttl = 7.0 if ttl != 7.0 else 8.0
             return self._claim(old_rid, old_targets, ttl, old_res)
-        if r < 0.50 or not self.mine:
+        if kind == "get" and self.seen:
+            cid, res, targets = rng.choice(self.seen[-20:])
+            args = {"res": res, "targets": targets, "claim_id": cid}
+            return "get", args, lambda: store.get(cid)
+        if kind == "claims_of":
+            holder = f"c{rng.randrange(self.workload.clients)}"
+            return "claims_of", {"res": "*", "holder": holder}, lambda: store.claims_of(holder)
+        if kind in ("claim", "retry", "get") or (kind == "transition" and not self.mine):
             res, items = self._span() if rng.random() < 0.2 else self._units()
             ordered: list[Target] = sorted(items, key=_sort_key)
             rid = None
             if rng.random() < 0.8:
                 rid = f"{self.workload.run}-{self.name}.{self.incarnation}.r{self.seq}"
             return self._claim(rid, [target_to_json(t) for t in ordered], self._ttl(), res)
-        if r < 0.9:
+        if kind == "transition":
             now_us = (time.time() + self.skew) * 1_000_000
             believed = [h for h in self.mine if h.expires_at is None or h.expires_at > now_us]
             pool = believed if believed and rng.random() < 0.85 else self.mine
@@ -256,6 +334,8 @@ class Client:
             if claim is not None:
                 value.update(_claim_json(claim))
                 value["claim_id"] = claim.id
+                if not any(s[0] == claim.id for s in self.seen):
+                    self.seen.append((claim.id, args["res"], args["targets"]))
                 if not any(h.id == claim.id for h in self.mine) and claim.state.value in (
                     "held",
                     "confirmed",
@@ -275,7 +355,47 @@ class Client:
         if fn == "release":
             self.mine = [h for h in self.mine if h.id != args["claim_id"]]
             return {"released": bool(result)}
+        if fn == "get":
+            if result is None:
+                return {"found": False}
+            assert isinstance(result, Claim)
+            return {"found": True, **_claim_json(result)}
+        if fn == "claims_of":
+            return {"claims": [_full_claim_json(c) for c in result]}
         return {"holder": result}
+
+
+POOL_PREFIX = "dibs-verify psycopg.pool: "
+"""Marks a client's psycopg_pool log lines on its stderr, for the runner to count."""
+
+
+class _PoolLines(logging.Handler):
+    """psycopg_pool's warnings (a pool reconnecting after a fault) as one marked line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage().replace("\n", " ")
+            sys.stderr.write(f"{POOL_PREFIX}{record.levelname} {message}\n")
+            sys.stderr.flush()
+        except Exception:  # a log line must never kill the client
+            self.handleError(record)
+
+
+def mark_pool_logs() -> None:
+    """Send psycopg_pool's log records to stderr as marked lines instead of free text."""
+    logger = logging.getLogger("psycopg.pool")
+    logger.addHandler(_PoolLines(logging.WARNING))
+    logger.propagate = False
+
+
+def redact(url: str) -> str:
+    """The URL with its password (if any) replaced by ``***``, for histories and reports."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
 def client_skew(workload: Workload, index: int) -> float:
@@ -294,6 +414,15 @@ def _claim_json(claim: Claim) -> dict[str, Any]:
         "created_at": micros(claim.created_at),
         "updated_at": micros(claim.updated_at),
         "expires_at": _us_or_none(claim),
+        "holder": claim.holder,
+    }
+
+
+def _full_claim_json(claim: Claim) -> dict[str, Any]:
+    return {
+        "claim_id": claim.id,
+        "targets": [target_to_json(t) for t in claim.targets],
+        **_claim_json(claim),
     }
 
 
@@ -306,3 +435,53 @@ def _sort_key(t: Target) -> tuple[str, str, float]:
 def open_events(path: str) -> int:
     """Open a client's event file for appending (one ``write`` per event)."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+@dataclass
+class Sweeper:
+    """The sweeper a server runs: ``sweep()`` every ``workload.sweep_interval`` seconds.
+
+    It records each sweep as an op of client ``sweeper`` (on resource ``*``:
+    a sweep touches every resource) until ``stopped()`` says the clients are done.
+    """
+
+    workload: Workload
+    store: Store
+    out: int
+    incarnation: int = 0
+
+    def run(self, stopped: Callable[[], bool]) -> None:
+        """Sweep until ``stopped()``; a sweep that fails is recorded, and sweeping goes on."""
+        seq = 0
+        interval = self.workload.sweep_interval or 0.05
+        while not stopped():
+            op_id = f"sweeper.{self.incarnation}.{seq}"
+            seq += 1
+            invoked: dict[str, Any] = {
+                "e": "i",
+                "id": op_id,
+                "c": "sweeper",
+                "f": "sweep",
+                "a": {"res": "*"},
+            }
+            _emit(self.out, invoked)
+            value: dict[str, Any]
+            try:
+                done = self.store.sweep()
+            except Exception as exc:  # the outcome was not learned
+                status, value = "unknown", {"error": type(exc).__name__}
+            else:
+                status = "ok"
+                value = {
+                    "expired": done.expired,
+                    "purged_claims": done.purged_claims,
+                    "purged_requests": done.purged_requests,
+                }
+            _emit(self.out, {"e": status, "id": op_id, "v": value})
+            time.sleep(interval)
+
+
+def _emit(out: int, event: dict[str, Any]) -> None:
+    event["t"] = time.monotonic()
+    event["w"] = time.time()
+    write_events(out, [event])
