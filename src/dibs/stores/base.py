@@ -11,7 +11,7 @@ import abc
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
@@ -52,9 +52,17 @@ class Store(abc.ABC):
 
     Every method is safe to call from many threads; stores whose docs say so
     are also safe across processes and hosts.
+
+    A backend implements :meth:`from_url` and the ``_``-methods (the claim
+    contract).
     """
 
     scheme: ClassVar[str]
+    """The URL scheme this store is registered under, for display (logs, metrics)."""
+
+    in_process: ClassVar[bool] = False
+    """True when the claims live in this process only: another process opening the same
+    URL gets a different, empty store (memory://). Tools then run their callers as threads."""
 
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
@@ -62,6 +70,20 @@ class Store(abc.ABC):
         self.request_retention = check_retention(request_retention)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._closed = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Open a store from its URL; how :func:`dibs.open` makes every store.
+
+        ``url`` is the whole URL, scheme included (``dibs.open`` has already
+        chosen this class by its scheme). Keyword ``options`` come from the
+        caller (``clock=``, ``request_retention=`` and the backend's own) and
+        win over options in the URL. Raises :class:`~dibs.InvalidInput` for a
+        malformed URL or option, :class:`~dibs.StoreUnavailable` when the store
+        cannot be reached, :class:`~dibs.SchemaError` for a schema newer than
+        the code.
+        """
 
     # --- the contract ---------------------------------------------------------------------------
 

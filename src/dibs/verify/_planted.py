@@ -167,5 +167,5 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
         )
     if plant == "client-clock":
         options["clock"] = SkewedClock(skew)
-    opener: Callable[..., Store] = cls.from_url  # type: ignore[attr-defined]
+    opener: Callable[..., Store] = cls.from_url
     return opener(url, **options)

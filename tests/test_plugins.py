@@ -1,0 +1,106 @@
+"""Stores from other packages: registered by entry point, held to the same contract.
+
+``tests/plugin_store`` is a third-party package in miniature: ``toy_store``
+and a ``.dist-info`` whose ``entry_points.txt`` registers ``toy://`` in the
+``dibs.stores`` group. Putting that directory on ``sys.path`` (and on
+``$PYTHONPATH`` for subprocesses) installs it as far as
+:mod:`importlib.metadata` can tell, without touching the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import dibs
+from dibs import FakeClock, Store
+from dibs.stores import available_schemes, store_class
+from dibs.testing import StoreContract
+
+PLUGIN_DIR = Path(__file__).parent / "plugin_store"
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, where: Path) -> None:
+    monkeypatch.syspath_prepend(str(where))
+    paths = [str(where), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(monkeypatch, PLUGIN_DIR)
+
+
+def _fake_dist(where: Path, name: str, entry_points: str) -> Path:
+    info = where / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[dibs.stores]\n{entry_points}\n")
+    return where
+
+
+@pytest.mark.usefixtures("toy")
+def test_a_plugin_scheme_opens_its_store() -> None:
+    with dibs.open("toy://") as store:
+        assert type(store).__name__ == "ToyStore"
+        assert store.claim(dibs.Unit("seat-1", "show-1"), holder="alice")
+    assert available_schemes()["toy"] == "toy_store:ToyStore"
+
+
+@pytest.mark.usefixtures("toy")
+def test_unknown_scheme_lists_plugins_too() -> None:
+    with pytest.raises(dibs.UnknownScheme) as raised:
+        dibs.open("nosuch://x")
+    assert {"memory", "sqlite", "postgresql", "toy"} <= set(raised.value.schemes)
+    assert "toy" in str(raised.value)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert again.schemes == raised.value.schemes
+
+
+def test_without_the_plugin_its_scheme_is_unknown() -> None:
+    with pytest.raises(dibs.UnknownScheme) as raised:
+        dibs.open("toy://")
+    assert "toy" not in raised.value.schemes
+
+
+def test_a_plugin_cannot_take_over_a_builtin_scheme(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _install(monkeypatch, _fake_dist(tmp_path, "hijack", "sqlite = os:system"))
+    assert store_class("sqlite:///x.db").__name__ == "SQLiteStore"
+    assert available_schemes()["sqlite"] == "dibs.stores.sqlite:SQLiteStore"
+
+
+def test_two_plugins_on_one_scheme_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _install(monkeypatch, _fake_dist(tmp_path / "a", "one", "twin = toy_store:ToyStore"))
+    other = "twin = dibs.stores.memory:MemoryStore"
+    _install(monkeypatch, _fake_dist(tmp_path / "b", "two", other))
+    with pytest.raises(dibs.InvalidInput, match="several installed packages"):
+        dibs.open("twin://")
+
+
+def test_an_entry_point_that_is_not_a_store_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _install(monkeypatch, _fake_dist(tmp_path, "odd", "odd = os:getcwd"))
+    with pytest.raises(dibs.InvalidInput, match=r"not a dibs\.Store subclass"):
+        dibs.open("odd://")
+
+
+class TestToyStoreContract(StoreContract):
+    """The contract suite, as the toy store's own package would run it."""
+
+    @pytest.fixture
+    def store(self, toy: None, clock: FakeClock) -> Iterator[Store]:
+        with dibs.open("toy://", clock=clock) as store:
+            yield store
+
+    @pytest.fixture
+    def reopen(self, store: Store) -> Callable[[], Store]:
+        return lambda: store  # one process, one store object: its only handle
