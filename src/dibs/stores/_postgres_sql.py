@@ -761,6 +761,10 @@ class Statements:
             "created_at, updated_at, coalesce(%s, clock_timestamp()) "
             "FROM {s}.claims WHERE id = %s"
         )
+        self.log = render(
+            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at FROM {s}.claims ORDER BY fence"
+        )
         self.claims_of = render(
             "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
             "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "

@@ -11,7 +11,7 @@ import abc
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
@@ -41,6 +41,10 @@ from dibs.exceptions import (
 )
 from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 
+if TYPE_CHECKING:
+    from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.jobs import JobTable
+
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
 
 DEFAULT_REQUEST_RETENTION = 24 * 3600.0
@@ -54,7 +58,10 @@ class Store(abc.ABC):
     are also safe across processes and hosts.
 
     A backend implements :meth:`from_url` and the ``_``-methods (the claim
-    contract).
+    contract), and may offer optional capabilities by overriding
+    :meth:`job_table`, :meth:`change_feed` and :meth:`claim_log` (see
+    :mod:`dibs.stores.capabilities`); code outside the store asks for those and
+    never looks at a store's scheme or private attributes.
     """
 
     scheme: ClassVar[str]
@@ -206,6 +213,29 @@ class Store(abc.ABC):
     def now(self) -> datetime:
         """The store's current time (the clock that judges expiry), as aware UTC."""
         return datetime.fromtimestamp(self._now(), UTC)
+
+    # --- optional capabilities: None means "this store does not offer it" ----------------------
+
+    def job_table(self) -> JobTable | None:
+        """The durable job table that lives next to this store's claims, or None.
+
+        :mod:`dibs.tasks` durable mode needs one; it raises
+        :class:`~dibs.InvalidInput` for a store that answers None. The same
+        object is returned on every call; closing the store closes it.
+        """
+        return None
+
+    def change_feed(self) -> ChangeFeed | None:
+        """A cheap token that moves whenever anyone may have changed this store, or None.
+
+        Live views (the service's seat map) poll it to know when to refresh;
+        without one they recompute on every poll. The caller closes it.
+        """
+        return None
+
+    def claim_log(self) -> ClaimLog | None:
+        """Every claim row this store keeps, for ``dibs verify``'s log replay, or None."""
+        return None
 
     def __enter__(self) -> Self:
         return self

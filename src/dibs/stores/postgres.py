@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -71,6 +72,7 @@ from dibs.exceptions import (
     StoreClosed,
     StoreUnavailable,
 )
+from dibs.stores._postgres_jobs import PostgresJobs
 from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
@@ -80,6 +82,8 @@ from dibs.stores.base import (
     not_holder,
     parse_serial_id,
 )
+from dibs.stores.capabilities import ChangeFeed, ClaimLog
+from dibs.stores.jobs import JobTable
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
@@ -239,6 +243,9 @@ class PostgresStore(Store):
             open=False,
         )
         self._sql = Statements(schema, test_clock=self._test_clock)
+        self._conninfo = conninfo
+        self._jobs: PostgresJobs | None = None
+        self._jobs_lock = threading.Lock()  # guards _jobs
         try:
             self._pool.open(wait=False)
             self._create_schema(create_extension)
@@ -601,8 +608,74 @@ class PostgresStore(Store):
                     expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
                 )
 
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def job_table(self) -> JobTable:
+        """``jobs`` in this store's schema, on this store's pool (created on first use)."""
+        with self._jobs_lock:
+            if self._jobs is None:
+                self._jobs = PostgresJobs(self.schema, self._pool)
+            return self._jobs
+
+    def change_feed(self) -> ChangeFeed:
+        """The server's WAL position, read on a connection of its own."""
+        return _WalPosition(self._conninfo)
+
+    def claim_log(self) -> ClaimLog:
+        """Every row of the schema's ``claims`` table, in one statement."""
+        return _PostgresLog(self)
+
+    def _log(self) -> list[Claim]:
+        rows = self._call(self._sql.log, (), fetch="all")
+        return [_claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]
+
     def _close(self) -> None:
         self._pool.close()
+
+
+_BEFORE_ANY_EXPIRY = datetime.min.replace(tzinfo=UTC)
+"""A "now" no hold has expired by: the claim log keeps stored states (see ClaimLog)."""
+
+
+class _PostgresLog:
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def claims(self) -> list[Claim]:
+        return self._store._log()
+
+
+class _WalPosition:
+    """PostgreSQL's current WAL position: it moves on every write to the cluster.
+
+    Writes to other databases move it too, which costs a needless refresh,
+    never a missed one. Any error answers "changed" and reconnects next time.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._lock = threading.Lock()  # guards _conn
+        self._conn: psycopg.Connection[TupleRow] | None = None
+
+    def read(self) -> object:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+                row = self._conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                return row[0] if row else object()
+            except psycopg.Error:
+                self._drop()
+                return object()
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -47,6 +48,7 @@ from dibs.exceptions import (
     StoreUnavailable,
 )
 from dibs.stores._sqlite_conn import SQLitePool
+from dibs.stores._sqlite_jobs import SQLiteJobs
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -56,6 +58,8 @@ from dibs.stores.base import (
     not_holder,
     parse_serial_id,
 )
+from dibs.stores.capabilities import ChangeFeed, ClaimLog
+from dibs.stores.jobs import JobTable
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -177,6 +181,8 @@ class SQLiteStore(Store):
         self._pool = SQLitePool(
             self.path, busy_timeout=self.busy_timeout, synchronous=self.synchronous
         )
+        self._jobs: SQLiteJobs | None = None
+        self._jobs_lock = threading.Lock()  # guards _jobs
         try:
             self._create_schema()
         except BaseException:
@@ -645,8 +651,64 @@ class SQLiteStore(Store):
             purged_claims=totals["purged_claims"],
         )
 
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def job_table(self) -> JobTable:
+        """``dibs_jobs`` in this store's file, on its connections (created on first use)."""
+        with self._jobs_lock:
+            if self._jobs is None:
+                self._jobs = SQLiteJobs(self._pool)
+            return self._jobs
+
+    def change_feed(self) -> ChangeFeed:
+        """``PRAGMA data_version`` on a connection of its own, which moves on every commit."""
+        return _DataVersion(self.path)
+
+    def claim_log(self) -> ClaimLog:
+        """Every row of ``dibs_claims``, read in one transaction."""
+        return _SQLiteLog(self)
+
+    def _log(self) -> list[Claim]:
+        def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
+            rows = conn.execute(
+                "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
+                "updated_at, taken_over FROM dibs_claims ORDER BY fence"
+            ).fetchall()
+            # A "now" before every expiry: the log keeps the stored state (see ClaimLog).
+            return [_claim_from_row(row, -(2**62)) for row in rows]
+
+        return self._reading(read)
+
     def _close(self) -> None:
         self._pool.close()
+
+
+class _SQLiteLog:
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+
+    def claims(self) -> list[Claim]:
+        return self._store._log()
+
+
+class _DataVersion:
+    """``PRAGMA data_version`` on a connection that never writes.
+
+    It moves on every commit by any other connection, so every change it sees
+    is someone else's: another process, or this process's store connections.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._lock = threading.Lock()  # serializes reads on the one connection
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def read(self) -> object:
+        with self._lock:
+            return self._conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
 
 
 def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dibs.stores._sqlite_conn import SQLitePool
-from dibs.stores.base import Store
-from dibs.tasks._jobs import COLUMNS, Decide, Job, job_from_row, row_values
+from dibs.stores.jobs import COLUMNS, Decide, Job, job_from_row, row_values
 
 __all__ = ["SQLiteJobs"]
 
@@ -64,9 +63,8 @@ class SQLiteJobs:
     store closes them.
     """
 
-    def __init__(self, store: Store) -> None:
-        self.path: str = getattr(store, "path")  # noqa: B009 - SQLiteStore, typed loosely here
-        self._pool: SQLitePool = getattr(store, "_pool")  # noqa: B009
+    def __init__(self, pool: SQLitePool) -> None:
+        self._pool = pool
 
         def create() -> None:
             # Each statement takes the write lock; IF NOT EXISTS makes racing creators safe.

@@ -23,8 +23,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dibs.exceptions import StoreUnavailable
-from dibs.stores.base import Store
-from dibs.tasks._jobs import COLUMNS, Decide, Job, job_from_row, row_values
+from dibs.stores.jobs import COLUMNS, Decide, Job, job_from_row, row_values
 
 __all__ = ["PostgresJobs"]
 
@@ -66,9 +65,9 @@ _ERRORS = (psycopg.Error, PoolTimeout)
 class PostgresJobs:
     """``jobs`` in the PostgreSQL store's schema, on the store's pool."""
 
-    def __init__(self, store: Store) -> None:
-        self.schema: str = getattr(store, "schema")  # noqa: B009 - PostgresStore, typed loosely
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = getattr(store, "_pool")  # noqa: B009
+    def __init__(self, schema: str, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+        self.schema = schema
+        self._pool = pool
         self.channel = f"dibs_jobs_{self.schema}"
         self._s = sql.Identifier(self.schema)
         self._insert = sql.SQL(
