@@ -9,8 +9,10 @@ and a ``.dist-info`` whose ``entry_points.txt`` registers ``toy://`` in the
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,8 +20,12 @@ import pytest
 
 import dibs
 from dibs import FakeClock, Store
+from dibs.cli import main
 from dibs.stores import available_schemes, store_class
+from dibs.stores.memory import MemoryStore
+from dibs.tasks import TaskProcessor
 from dibs.testing import StoreContract
+from dibs.verify._log import dump_log
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_store"
 
@@ -104,3 +110,47 @@ class TestToyStoreContract(StoreContract):
     @pytest.fixture
     def reopen(self, store: Store) -> Callable[[], Store]:
         return lambda: store  # one process, one store object: its only handle
+
+
+@pytest.mark.usefixtures("toy")
+def test_dibs_verify_checks_the_plugin_store(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify", "--store", "toy://", "--clients", "2", "--ops", "200", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    assert code == 0, figures
+    assert figures["verdict"] == "ok" and figures["operations"] == 400
+
+
+@pytest.mark.usefixtures("toy")
+def test_durable_tasks_run_on_the_plugin_store() -> None:
+    with dibs.open("toy://") as store, TaskProcessor(store=store, workers=1, poll=0.01) as tasks:
+
+        @tasks.task("double")
+        def double(x: int) -> int:
+            return 2 * x
+
+        job = tasks.enqueue("double", 21)
+        deadline = time.monotonic() + 60
+        while (record := tasks.job(job)) is None or record.state != "done":
+            assert time.monotonic() < deadline, record
+            time.sleep(0.01)
+        assert record.result == 42
+
+
+class _Bare(MemoryStore):
+    """A store that offers no capability beyond the claim contract."""
+
+    def job_table(self) -> None:
+        return None
+
+    def claim_log(self) -> None:
+        return None
+
+
+def test_a_store_without_a_job_table_is_refused_by_durable_tasks() -> None:
+    with _Bare() as store, pytest.raises(dibs.InvalidInput, match="job table"):
+        TaskProcessor(store=store)
+
+
+def test_a_store_without_a_claim_log_cannot_be_replayed() -> None:
+    with _Bare() as store, pytest.raises(TypeError, match="durable log"):
+        dump_log(store)

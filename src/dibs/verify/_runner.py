@@ -44,6 +44,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.stores import store_class
 from dibs.stores.base import Store
 from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
@@ -124,7 +125,7 @@ def run_workload(
     scratch.mkdir(parents=True)
     nemesis: list[dict[str, Any]] = []
     try:
-        if scheme == "memory":
+        if store_class(workload.store).in_process:  # memory://: clients are threads
             store = open_planted(workload.store, workload.plant)
             try:
                 _run_threads(workload, store, scratch, nemesis, progress)
