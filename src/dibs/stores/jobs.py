@@ -13,8 +13,8 @@ proposal is official once the confirm succeeded, so a crash between confirm
 and the final row update is finished by the next worker that reads the row.
 
 The table lives next to the store: ``dibs_jobs`` in the SQLite file
-(:mod:`dibs.stores._sqlite_jobs`), ``jobs`` in the PostgreSQL store's schema
-(:mod:`dibs.stores._postgres_jobs`), dicts next to a memory:// store object (here).
+(:mod:`dibs.stores.sqlite._jobs`), ``jobs`` in the PostgreSQL store's schema
+(:mod:`dibs.stores.postgres._jobs`), dicts next to a memory:// store object (here).
 """
 
 from __future__ import annotations

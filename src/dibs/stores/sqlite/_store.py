@@ -43,12 +43,9 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
-    SchemaError,
     SpanKindMismatch,
     StoreUnavailable,
 )
-from dibs.stores._sqlite_conn import SQLitePool
-from dibs.stores._sqlite_jobs import SQLiteJobs
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -60,66 +57,14 @@ from dibs.stores.base import (
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog
 from dibs.stores.jobs import JobTable
+from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._jobs import SQLiteJobs
+from dibs.stores.sqlite._schema import CLAIMS, upgrade
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dibs_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dibs_claims (
-    -- The rowid: SQLite gives max + 1, and sweep never purges the highest
-    -- row, so a fence is never reused (cheaper than AUTOINCREMENT's extra table).
-    fence      INTEGER PRIMARY KEY,                -- also the claim ID
-    holder     TEXT NOT NULL,
-    targets    TEXT NOT NULL,                      -- canonical JSON
-    state      TEXT NOT NULL,
-    expires_at INTEGER,                            -- µs since the epoch, store clock
-    taken_over INTEGER NOT NULL DEFAULT 0,
-    request_id TEXT,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dibs_claims_by_holder
-    ON dibs_claims (holder) WHERE state IN ('held', 'confirmed');
-CREATE INDEX IF NOT EXISTS dibs_claims_held
-    ON dibs_claims (expires_at) WHERE state = 'held';
-CREATE INDEX IF NOT EXISTS dibs_claims_ended
-    ON dibs_claims (updated_at) WHERE state IN ('released', 'expired');
--- One row per unit of a live claim, or of a dead hold until a claimant takes
--- it over or the sweep purges it (the reason rule): the unique key is the arbiter.
-CREATE TABLE IF NOT EXISTS dibs_units (
-    resource TEXT NOT NULL,
-    slot     TEXT NOT NULL,
-    fence    INTEGER NOT NULL,
-    PRIMARY KEY (resource, slot)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dibs_spans (
-    resource TEXT NOT NULL,
-    lo       NOT NULL,                             -- numbers, or µs for datetimes
-    hi       NOT NULL,
-    kind     TEXT NOT NULL,
-    fence    INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dibs_spans_by_resource ON dibs_spans (resource, lo);
-CREATE TABLE IF NOT EXISTS dibs_requests (
-    request_id  TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    fence       INTEGER,                           -- the granted claim, or NULL
-    taken       TEXT,                              -- JSON targets when lost
-    created_at  INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dibs_requests_by_age ON dibs_requests (created_at);
-"""
-
-_SCHEMA_STATEMENTS = [
-    "\n".join(line for line in part.splitlines() if not line.lstrip().startswith("--"))
-    for part in _SCHEMA.split(";")
-    if part.strip()
-]
+SCHEMA_VERSION = CLAIMS.version
+"""The claim schema version this code writes and understands (steps in ``sql/claims/``)."""
 
 _LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
@@ -244,24 +189,7 @@ class SQLiteStore(Store):
             if mode.lower() not in ("wal", "memory"):
                 raise StoreUnavailable(f"cannot switch {self.path!r} to WAL mode (got {mode})")
             with self._immediate() as conn:
-                # executescript() would COMMIT first; run the DDL inside our transaction.
-                for statement in _SCHEMA_STATEMENTS:
-                    conn.execute(statement)
-                row = conn.execute(
-                    "SELECT value FROM dibs_meta WHERE key = 'schema_version'"
-                ).fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO dibs_meta (key, value) VALUES ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
-                elif int(row[0]) > SCHEMA_VERSION:
-                    raise SchemaError(
-                        f"{self.path!r} has dibs schema version {row[0]}, newer than this "
-                        f"dibs understands ({SCHEMA_VERSION}); upgrade dibs",
-                        found=int(row[0]),
-                        supported=SCHEMA_VERSION,
-                    )
+                upgrade(conn, CLAIMS, self.path)
 
         self._retrying(create)
 

@@ -12,42 +12,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dibs.stores._sqlite_conn import SQLitePool
 from dibs.stores.jobs import COLUMNS, Decide, Job, job_from_row, row_values
+from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._schema import JOBS, upgrade
 
 __all__ = ["SQLiteJobs"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dibs_jobs (
-    id               TEXT PRIMARY KEY,
-    name             TEXT NOT NULL,
-    args             TEXT NOT NULL,
-    run_at           REAL NOT NULL,
-    attempt          INTEGER NOT NULL,
-    max_attempts     INTEGER NOT NULL,
-    state            TEXT NOT NULL,
-    fence            INTEGER,
-    claim_id         TEXT,
-    outcome_kind     TEXT,
-    outcome          TEXT,
-    schedule_id      TEXT,
-    retries          INTEGER NOT NULL,
-    failures         INTEGER NOT NULL,
-    key              TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    finished_at      REAL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dibs_jobs_due
-    ON dibs_jobs (run_at) WHERE state IN ('pending', 'running');
-CREATE UNIQUE INDEX IF NOT EXISTS dibs_jobs_live_key
-    ON dibs_jobs (key) WHERE state IN ('pending', 'running');
-CREATE INDEX IF NOT EXISTS dibs_jobs_live_schedule
-    ON dibs_jobs (schedule_id) WHERE state IN ('pending', 'running');
-CREATE TABLE IF NOT EXISTS dibs_job_schedules (
-    id        TEXT PRIMARY KEY,
-    watermark REAL NOT NULL
-) WITHOUT ROWID;
-"""
 _INSERT = f"INSERT INTO dibs_jobs ({COLUMNS}) VALUES ({', '.join('?' * 17)}) ON CONFLICT DO NOTHING"
 _T = TypeVar("_T")
 _STANDING = (
@@ -59,7 +29,7 @@ class SQLiteJobs:
     """``dibs_jobs`` in the SQLite store's file, on the store's own connections.
 
     Sharing the store's pool gives the job table the same fork rules, pragmas, busy
-    retries and bounded connections (see :mod:`dibs.stores._sqlite_conn`); closing the
+    retries and bounded connections (see :mod:`dibs.stores.sqlite._conn`); closing the
     store closes them.
     """
 
@@ -67,9 +37,8 @@ class SQLiteJobs:
         self._pool = pool
 
         def create() -> None:
-            # Each statement takes the write lock; IF NOT EXISTS makes racing creators safe.
-            with self._pool.connection() as conn:
-                conn.executescript(_SCHEMA)
+            with self._pool.transaction("BEGIN IMMEDIATE") as conn:
+                upgrade(conn, JOBS, pool.path)
 
         self._pool.retrying(create)
 

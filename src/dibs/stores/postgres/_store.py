@@ -1,7 +1,7 @@
 """``postgresql://``: the arbiter for many application hosts sharing one PostgreSQL.
 
 Each operation is one statement — a call of a server-side function (see
-:mod:`dibs.stores._postgres_sql`), or for a free single unit one plain
+:mod:`dibs.stores.postgres._sql`), or for a free single unit one plain
 ``INSERT`` CTE — so it is one round trip and one transaction in autocommit
 mode:
 
@@ -72,8 +72,6 @@ from dibs.exceptions import (
     StoreClosed,
     StoreUnavailable,
 )
-from dibs.stores._postgres_jobs import PostgresJobs
-from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -84,6 +82,8 @@ from dibs.stores.base import (
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog
 from dibs.stores.jobs import JobTable
+from dibs.stores.postgres._jobs import PostgresJobs
+from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
@@ -354,7 +354,7 @@ class PostgresStore(Store):
         s = sql.Identifier(self.schema)
         try:
             with self._pool.connection() as conn:
-                version = _schema_version(conn, self.schema)
+                version = schema_version(conn, self.schema)
                 if version == SCHEMA_VERSION:
                     return
                 with conn.transaction():
@@ -363,15 +363,8 @@ class PostgresStore(Store):
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs:{self.schema}",)
                     )
-                    version = _schema_version(conn, self.schema)
-                    if version > SCHEMA_VERSION:
-                        raise SchemaError(
-                            f"PostgreSQL schema {self.schema!r} is at dibs schema version "
-                            f"{version}, newer than this dibs understands ({SCHEMA_VERSION}); "
-                            "upgrade dibs",
-                            found=version,
-                            supported=SCHEMA_VERSION,
-                        )
+                    version = schema_version(conn, self.schema)
+                    CLAIMS.check(version, f"PostgreSQL schema {self.schema!r}")
                     if version == 0:
                         self._ensure_extension(conn, create_extension)
                         exists = conn.execute(
@@ -379,16 +372,7 @@ class PostgresStore(Store):
                         ).fetchone()
                         if not exists:  # a schema made for us needs no CREATE on the database
                             conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
-                    for steps in MIGRATIONS[version:]:
-                        for step in steps:
-                            conn.execute(step.format(s=s.as_string(conn)).encode())
-                    conn.execute(
-                        sql.SQL(
-                            "INSERT INTO {}.meta (key, value) VALUES ('schema_version', %s) "
-                            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-                        ).format(s),
-                        (str(SCHEMA_VERSION),),
-                    )
+                    upgrade(conn, self.schema, CLAIMS)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SchemaError(
                 f"cannot create dibs schema {self.schema!r}: {exc}. Grant CREATE on the "
@@ -438,7 +422,7 @@ class PostgresStore(Store):
             granted = self._claim_free_unit(targets[0], text, holder)
             if granted is not None:
                 return granted
-        # The lock order (see dibs.stores._postgres_sql): units by (resource,
+        # The lock order (see dibs.stores.postgres._sql): units by (resource,
         # slot), spans by (resource, start), str compared by code point as the
         # "C" collation does, whatever the database's default collation is.
         units = sorted((t for t in targets if isinstance(t, Unit)), key=_unit_key)
@@ -676,24 +660,6 @@ class _WalPosition:
     def close(self) -> None:
         with self._lock:
             self._drop()
-
-
-def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
-    # An MVCC scan of the catalog, not to_regclass(): the latter goes through a
-    # cache that may still say "absent" just after another process created it.
-    row = conn.execute(
-        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = 'meta'",
-        (schema,),
-    ).fetchone()
-    if row is None:
-        return 0
-    found = conn.execute(
-        sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(
-            sql.Identifier(schema)
-        )
-    ).fetchone()
-    return int(found[0]) if found else 0
 
 
 def _bad_input(exc: Exception, params: Sequence[Any]) -> InvalidInput:
