@@ -30,10 +30,8 @@ committed: retry with the same request ID to learn which.
 
 from __future__ import annotations
 
-import random
 import re
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -72,6 +70,7 @@ from dibs.exceptions import (
     StoreClosed,
     StoreUnavailable,
 )
+from dibs.stores._retry import retrying
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -285,26 +284,34 @@ class PostgresStore(Store):
         :class:`~dibs.StoreClosed` once the store is closed. ``explain`` may
         translate a server error first (the claim's own SQLSTATEs).
         """
-        delay = 0.002
-        for attempt in range(self.max_retries + 1):
+        answered = False
+
+        def attempt() -> Any:
+            nonlocal answered
             answered = False
-            try:
-                with self._pool.connection() as conn:
-                    cur = conn.execute(query, params)
-                    answered = True
-                    return cur.fetchone() if fetch == "one" else cur.fetchall()
-            except _RETRY as exc:
-                if attempt == self.max_retries:
-                    raise StoreUnavailable(
-                        f"PostgreSQL store: gave up after {attempt + 1} attempts "
-                        f"({exc.sqlstate}: {exc})"
-                    ) from exc
-                time.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 0.25)
-            except (psycopg.Error, UnicodeError) as exc:
-                mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
-                raise (mapped or self._translate(exc, params, answered=answered)) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+            with self._pool.connection() as conn:
+                cur = conn.execute(query, params)
+                answered = True
+                return cur.fetchone() if fetch == "one" else cur.fetchall()
+
+        def gave_up(exc: Exception, tries: int) -> Exception:
+            sqlstate = getattr(exc, "sqlstate", None)
+            return StoreUnavailable(
+                f"PostgreSQL store: gave up after {tries} attempts ({sqlstate}: {exc})"
+            )
+
+        try:
+            return retrying(
+                attempt,
+                transient=lambda exc: isinstance(exc, _RETRY),
+                gave_up=gave_up,
+                attempts=self.max_retries + 1,
+                delay=0.002,
+                max_delay=0.25,
+            )
+        except (psycopg.Error, UnicodeError) as exc:
+            mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
+            raise (mapped or self._translate(exc, params, answered=answered)) from exc
 
     def _translate(
         self, exc: psycopg.Error | UnicodeError, params: Sequence[Any], *, answered: bool
