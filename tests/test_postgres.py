@@ -19,8 +19,8 @@ import pytest
 import dibs
 from dibs import InvalidInput, SchemaError, Span, StoreUnavailable, Unit
 from dibs.stores.postgres import SCHEMA_VERSION, PostgresStore
-from dibs.testing.pgserver import PostgresServer, free_port
 from pg_fixtures import drop_schema, schema_url
+from pgserver import PostgresServer, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
