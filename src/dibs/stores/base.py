@@ -8,10 +8,11 @@ every backend gets the same errors for the same bad input.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
@@ -29,7 +30,9 @@ from dibs._model import (
     check_retention,
     check_ttl,
     is_plain_name,
+    make_claim,
     normalize_targets,
+    targets_from_text,
 )
 from dibs.exceptions import (
     ClaimNotFound,
@@ -37,6 +40,7 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     NotHolder,
+    SpanKindMismatch,
     StoreClosed,
 )
 from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from dibs.stores.jobs import JobTable
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
+
+_T = TypeVar("_T")
 
 DEFAULT_REQUEST_RETENTION = 24 * 3600.0
 """Seconds a request-ID record (and an ended claim) is kept before sweep() purges it."""
@@ -77,6 +83,8 @@ class Store(abc.ABC):
         self.request_retention = check_retention(request_retention)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._closed = False
+        self._made: dict[str, object] = {}
+        self._made_lock = threading.Lock()  # guards _made
 
     @classmethod
     @abc.abstractmethod
@@ -254,6 +262,13 @@ class Store(abc.ABC):
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
 
+    def _once(self, key: str, make: Callable[[], _T]) -> _T:
+        """``make()``'s result, made on the first call for ``key`` only (a capability object)."""
+        with self._made_lock:
+            if key not in self._made:
+                self._made[key] = make()
+            return self._made[key]  # type: ignore[return-value]  # the key fixes the type
+
     def _now(self) -> float:
         """Seconds since the epoch on the store's clock."""
         return self.clock.now()
@@ -330,6 +345,55 @@ def lost_reason(
     if state is ClaimState.EXPIRED or (state is ClaimState.HELD and dead):
         return HoldLostReason.TAKEN_OVER if taken_over else HoldLostReason.EXPIRED
     return None
+
+
+def span_kind_mismatch(span: Span, kind: str) -> SpanKindMismatch:
+    """The error for a span of one kind claimed on a resource holding live spans of the other."""
+    return SpanKindMismatch(
+        f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
+        field="targets",
+        value=span,
+    )
+
+
+def check_seconds(name: str, value: object) -> float:
+    """A positive, finite number of seconds as a float; raises :class:`~dibs.InvalidInput`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 < value < float("inf"))
+    ):
+        raise InvalidInput(
+            f"{name} must be a positive number of seconds, got {value!r}", field=name, value=value
+        )
+    return float(value)
+
+
+def stored_claim(
+    id: str,
+    holder: str,
+    targets: str,
+    state: str,
+    fence: int,
+    expires_at: datetime | None,
+    request_id: str | None,
+    created_at: datetime,
+    updated_at: datetime,
+    taken_over: bool,
+    *,
+    dead: bool,
+) -> Claim:
+    """A SQL store's claim row as a :class:`Claim`; ``dead`` says a held row's expiry passed.
+
+    A hold that died before a sweep marked it reads as expired (derived on read).
+    """
+    claim_state = ClaimState(state)
+    if claim_state is ClaimState.HELD and dead:
+        claim_state = ClaimState.EXPIRED
+    return make_claim(
+        id, holder, targets_from_text(targets), claim_state, fence, expires_at, request_id,
+        created_at, updated_at, bool(taken_over),
+    )  # fmt: skip
 
 
 def parse_serial_id(claim_id: str) -> int | None:

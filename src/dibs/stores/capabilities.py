@@ -19,12 +19,13 @@ durable tasks, the live seat map and ``dibs verify`` by offering them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from dibs._model import Claim
 from dibs.stores.jobs import Job, JobTable
 
-__all__ = ["ChangeFeed", "ClaimLog", "Job", "JobTable", "UnchangingFeed"]
+__all__ = ["ChangeFeed", "ClaimLog", "ClaimReader", "Job", "JobTable", "UnchangingFeed"]
 
 
 class ChangeFeed(Protocol):
@@ -70,3 +71,13 @@ class ClaimLog(Protocol):
         store's, to the microsecond. Raises :class:`~dibs.StoreUnavailable`.
         """
         ...
+
+
+class ClaimReader:
+    """A :class:`ClaimLog` made of a function that reads every claim, as ``claims()`` does."""
+
+    def __init__(self, read: Callable[[], list[Claim]]) -> None:
+        self._read = read
+
+    def claims(self) -> list[Claim]:
+        return self._read()

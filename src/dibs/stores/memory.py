@@ -61,7 +61,6 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
-    SpanKindMismatch,
 )
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
@@ -70,8 +69,9 @@ from dibs.stores.base import (
     hold_lost,
     lost_reason,
     not_holder,
+    span_kind_mismatch,
 )
-from dibs.stores.capabilities import ChangeFeed, ClaimLog, UnchangingFeed
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader, UnchangingFeed
 from dibs.stores.jobs import JobTable, MemoryJobs
 
 __all__ = ["MemoryStore"]
@@ -368,12 +368,7 @@ class MemoryStore(Store):
                         continue
                     if current.live(now):
                         if switch:
-                            raise SpanKindMismatch(
-                                f"resource {target.resource!r} holds {span.kind} spans; "
-                                f"cannot claim {target!r}",
-                                field="targets",
-                                value=target,
-                            )
+                            raise span_kind_mismatch(target, span.kind)
                         if taken is None or blockers is None:
                             taken, blockers = [], set()
                         if target not in taken:
@@ -590,7 +585,13 @@ class MemoryStore(Store):
 
     def claim_log(self) -> ClaimLog:
         """Every claim this object keeps, read in place."""
-        return _MemoryLog(self._claims)
+        return ClaimReader(self._log)
+
+    def _log(self) -> list[Claim]:
+        # list() copies the values in one step under the GIL; no stripe is taken,
+        # so a claim in flight may be seen half-written: read a quiet store.
+        records = sorted(list(self._claims.values()), key=lambda r: r.fence)
+        return [r.snapshot(_BEFORE_ANY_EXPIRY) for r in records]
 
     def _close(self) -> None:
         self._units.clear()
@@ -598,17 +599,6 @@ class MemoryStore(Store):
         self._requests.clear()
         self._claims.clear()
         self._by_holder.clear()
-
-
-class _MemoryLog:
-    def __init__(self, claims: dict[str, _Record]) -> None:
-        self._claims = claims
-
-    def claims(self) -> list[Claim]:
-        # list() copies the values in one step under the GIL; no stripe is taken,
-        # so a claim in flight may be seen half-written: read a quiet store.
-        records = sorted(list(self._claims.values()), key=lambda r: r.fence)
-        return [r.snapshot(_BEFORE_ANY_EXPIRY) for r in records]
 
 
 _BEFORE_ANY_EXPIRY = -(2**62)

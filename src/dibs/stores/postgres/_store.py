@@ -58,7 +58,6 @@ from dibs._model import (
     make_claim,
     make_result,
     span_bound_to_number,
-    targets_from_text,
     targets_to_text,
 )
 from dibs.exceptions import (
@@ -66,7 +65,6 @@ from dibs.exceptions import (
     InvalidInput,
     RequestConflict,
     SchemaError,
-    SpanKindMismatch,
     StoreClosed,
     StoreUnavailable,
 )
@@ -74,12 +72,15 @@ from dibs.stores._retry import retrying
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
+    check_seconds,
     claim_not_found,
     hold_lost,
     not_holder,
     parse_serial_id,
+    span_kind_mismatch,
+    stored_claim,
 )
-from dibs.stores.capabilities import ChangeFeed, ClaimLog
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
@@ -211,16 +212,7 @@ class PostgresStore(Store):
                 field="pool_min",
                 value=pool_min,
             )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, int | float)
-            or not (0 < pool_timeout < float("inf"))
-        ):
-            raise InvalidInput(
-                f"pool_timeout must be a positive number of seconds, got {pool_timeout!r}",
-                field="pool_timeout",
-                value=pool_timeout,
-            )
+        check_seconds("pool_timeout", pool_timeout)
         try:
             conninfo_to_dict(conninfo)
         except psycopg.ProgrammingError as exc:
@@ -243,8 +235,6 @@ class PostgresStore(Store):
         )
         self._sql = Statements(schema, test_clock=self._test_clock)
         self._conninfo = conninfo
-        self._jobs: PostgresJobs | None = None
-        self._jobs_lock = threading.Lock()  # guards _jobs
         try:
             self._pool.open(wait=False)
             self._create_schema(create_extension)
@@ -502,11 +492,7 @@ class PostgresStore(Store):
             index, kind = (diag.message_detail or "0 ?").split(" ", 1)
             span = targets[int(index)]
             assert isinstance(span, Span)
-            return SpanKindMismatch(
-                f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
-                field="targets",
-                value=span,
-            )
+            return span_kind_mismatch(span, kind)
         return None
 
     # --- transitions on one claim ---------------------------------------------------------------
@@ -603,10 +589,7 @@ class PostgresStore(Store):
 
     def job_table(self) -> JobTable:
         """``jobs`` in this store's schema, on this store's pool (created on first use)."""
-        with self._jobs_lock:
-            if self._jobs is None:
-                self._jobs = PostgresJobs(self.schema, self._pool)
-            return self._jobs
+        return self._once("job_table", lambda: PostgresJobs(self.schema, self._pool))
 
     def change_feed(self) -> ChangeFeed:
         """The server's WAL position, read on a connection of its own."""
@@ -614,7 +597,7 @@ class PostgresStore(Store):
 
     def claim_log(self) -> ClaimLog:
         """Every row of the schema's ``claims`` table, in one statement."""
-        return _PostgresLog(self)
+        return ClaimReader(self._log)
 
     def _log(self) -> list[Claim]:
         rows = self._call(self._sql.log, (), fetch="all")
@@ -626,14 +609,6 @@ class PostgresStore(Store):
 
 _BEFORE_ANY_EXPIRY = datetime.min.replace(tzinfo=UTC)
 """A "now" no hold has expired by: the claim log keeps stored states (see ClaimLog)."""
-
-
-class _PostgresLog:
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def claims(self) -> list[Claim]:
-        return self._store._log()
 
 
 class _WalPosition:
@@ -708,21 +683,9 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def _claim_from_row(row: Sequence[Any], now: datetime) -> Claim:
     (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created, updated) = row
-    claim_state = _STATES[state]
-    if claim_state is ClaimState.HELD and expires_at <= now:
-        claim_state = ClaimState.EXPIRED  # dead before a sweep marked it: derive on read
-    created_at = _utc(created)
-    updated_at = _utc(updated)
+    created_at, updated_at = _utc(created), _utc(updated)
     assert created_at is not None and updated_at is not None
-    return Claim(
-        id=str(id_),
-        holder=holder,
-        targets=targets_from_text(targets),
-        state=claim_state,
-        fence=fence,
-        expires_at=_utc(expires_at),
-        request_id=request_id,
-        created_at=created_at,
-        updated_at=updated_at,
-        taken_over=bool(taken_over),
-    )
+    return stored_claim(
+        str(id_), holder, targets, state, fence, _utc(expires_at), request_id, created_at,
+        updated_at, taken_over, dead=state == "held" and expires_at <= now,
+    )  # fmt: skip

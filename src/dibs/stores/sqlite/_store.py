@@ -43,19 +43,21 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
-    SpanKindMismatch,
     StoreUnavailable,
 )
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
+    check_seconds,
     claim_not_found,
     hold_lost,
     lost_reason,
     not_holder,
     parse_serial_id,
+    span_kind_mismatch,
+    stored_claim,
 )
-from dibs.stores.capabilities import ChangeFeed, ClaimLog
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
 from dibs.stores.sqlite._conn import SQLitePool
 from dibs.stores.sqlite._jobs import SQLiteJobs
@@ -109,25 +111,13 @@ class SQLiteStore(Store):
                 field="synchronous",
                 value=synchronous,
             )
-        if (
-            isinstance(busy_timeout, bool)
-            or not isinstance(busy_timeout, int | float)
-            or not (0 < busy_timeout < float("inf"))
-        ):
-            raise InvalidInput(
-                f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}",
-                field="busy_timeout",
-                value=busy_timeout,
-            )
         self.path = os.fspath(path)
-        self.busy_timeout = float(busy_timeout)
+        self.busy_timeout = check_seconds("busy_timeout", busy_timeout)
         self.synchronous = str(synchronous).lower()
         # Connections, transactions, busy retries and the fork rules; shared with the job table.
         self._pool = SQLitePool(
             self.path, busy_timeout=self.busy_timeout, synchronous=self.synchronous
         )
-        self._jobs: SQLiteJobs | None = None
-        self._jobs_lock = threading.Lock()  # guards _jobs
         try:
             self._create_schema()
         except BaseException:
@@ -347,11 +337,7 @@ class SQLiteStore(Store):
                 conn.execute("DELETE FROM dibs_spans WHERE rowid = ?", (rowid,))
                 self._take_over(conn, other, now)
             elif kind != span.kind:
-                raise SpanKindMismatch(
-                    f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
-                    field="targets",
-                    value=span,
-                )
+                raise span_kind_mismatch(span, kind)
             else:
                 blocked = True
                 blockers[other] = (other_holder, other_targets)
@@ -583,10 +569,7 @@ class SQLiteStore(Store):
 
     def job_table(self) -> JobTable:
         """``dibs_jobs`` in this store's file, on its connections (created on first use)."""
-        with self._jobs_lock:
-            if self._jobs is None:
-                self._jobs = SQLiteJobs(self._pool)
-            return self._jobs
+        return self._once("job_table", lambda: SQLiteJobs(self._pool))
 
     def change_feed(self) -> ChangeFeed:
         """``PRAGMA data_version`` on a connection of its own, which moves on every commit."""
@@ -594,7 +577,7 @@ class SQLiteStore(Store):
 
     def claim_log(self) -> ClaimLog:
         """Every row of ``dibs_claims``, read in one transaction."""
-        return _SQLiteLog(self)
+        return ClaimReader(self._log)
 
     def _log(self) -> list[Claim]:
         def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
@@ -609,14 +592,6 @@ class SQLiteStore(Store):
 
     def _close(self) -> None:
         self._pool.close()
-
-
-class _SQLiteLog:
-    def __init__(self, store: SQLiteStore) -> None:
-        self._store = store
-
-    def claims(self) -> list[Claim]:
-        return self._store._log()
 
 
 class _DataVersion:
@@ -641,20 +616,9 @@ class _DataVersion:
 
 def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
     fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
-    if state == "held" and expires_at <= now:
-        state = "expired"  # dead before a sweep marked it: derive on read
-    created = _dt(created_at)
-    updated = _dt(updated_at)
+    created, updated = _dt(created_at), _dt(updated_at)
     assert created is not None and updated is not None
-    return Claim(
-        id=str(fence),
-        holder=holder,
-        targets=targets_from_text(targets),
-        state=ClaimState(state),
-        fence=fence,
-        expires_at=_dt(expires_at),
-        request_id=request_id,
-        created_at=created,
-        updated_at=updated,
-        taken_over=bool(taken),
-    )
+    return stored_claim(
+        str(fence), holder, targets, state, fence, _dt(expires_at), request_id, created, updated,
+        taken, dead=state == "held" and expires_at <= now,
+    )  # fmt: skip
