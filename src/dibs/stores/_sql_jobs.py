@@ -35,6 +35,8 @@ _SQL = {
     "standing": f"SELECT id FROM {{jobs}} WHERE id = ? OR (key = ? AND {_LIVE}) LIMIT 1",
     "get": f"SELECT {COLUMNS} FROM {{jobs}} WHERE id = ?",
     "due": f"SELECT {COLUMNS} FROM {{jobs}} WHERE {_LIVE} AND run_at <= ? ORDER BY run_at LIMIT ?",
+    "find": f"SELECT {COLUMNS} FROM {{jobs}} ORDER BY run_at, id",
+    "find_schedule": f"SELECT {COLUMNS} FROM {{jobs}} WHERE schedule_id = ? ORDER BY run_at, id",
     "start": "UPDATE {jobs} SET state = 'running', attempt = ?, fence = ?, claim_id = ?, "
     "outcome_kind = NULL, outcome = NULL WHERE id = ? AND attempt = ? AND fence {same} ? "
     f"AND {_LIVE}",
@@ -142,6 +144,11 @@ class SQLJobs(abc.ABC):
 
     def due(self, now: float, limit: int) -> list[Job]:
         return [job_from_row(row) for row in self._rows("due", (now, limit))]
+
+    def find(self, schedule_id: str | None = None) -> list[Job]:
+        if schedule_id is None:
+            return [job_from_row(row) for row in self._rows("find", ())]
+        return [job_from_row(row) for row in self._rows("find_schedule", (schedule_id,))]
 
     def start(
         self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,

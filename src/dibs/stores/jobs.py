@@ -97,6 +97,10 @@ class JobTable(Protocol):
         """Up to ``limit`` live jobs whose ``run_at`` has passed, earliest first."""
         ...
 
+    def find(self, schedule_id: str | None = None) -> list[Job]:
+        """Every row, or every row of one schedule, in any state; by ``run_at``, then ID."""
+        ...
+
     def start(
         self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
         claim_id: str,
@@ -194,6 +198,11 @@ class MemoryJobs:
         with self._lock:
             rows = [j for j in self._rows.values() if j.state in LIVE_STATES and j.run_at <= now]
         return sorted(rows, key=lambda j: j.run_at)[:limit]
+
+    def find(self, schedule_id: str | None = None) -> list[Job]:
+        with self._lock:
+            rows = [j for j in self._rows.values() if schedule_id in (None, j.schedule_id)]
+        return sorted(rows, key=lambda j: (j.run_at, j.id))
 
     def _swap(self, job_id: str, ok: Callable[[Job], bool], **changes: Any) -> bool:
         with self._lock:
