@@ -154,3 +154,12 @@ def test_a_store_without_a_job_table_is_refused_by_durable_tasks() -> None:
 def test_a_store_without_a_claim_log_cannot_be_replayed() -> None:
     with _Bare() as store, pytest.raises(TypeError, match="durable log"):
         dump_log(store)
+
+
+@pytest.mark.usefixtures("toy")
+def test_dibs_demo_rushes_the_plugin_store(capsys: pytest.CaptureFixture[str]) -> None:
+    small = ["--seats", "60", "--row-size", "10", "--customers", "90", "--ttl", "0.3"]
+    code = main(["demo", "--store", "toy://", *small, "--json", "--no-progress"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert "threads in one process" in report["mode"]  # an in-process store: no processes
