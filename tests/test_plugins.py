@@ -163,3 +163,20 @@ def test_dibs_demo_rushes_the_plugin_store(capsys: pytest.CaptureFixture[str]) -
     report = json.loads(capsys.readouterr().out)
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     assert "threads in one process" in report["mode"]  # an in-process store: no processes
+
+
+@pytest.mark.usefixtures("toy")
+def test_dibs_serve_serves_the_plugin_store() -> None:
+    from dibs.service import ServiceConfig, Showing
+    from test_service_support import serve_in_thread
+
+    config = ServiceConfig(store_url="toy://", keys_file=None, showings=(Showing("show-1", 2, 2),))
+    with serve_in_thread(config) as running, running.client("alice") as c:
+        assert c.get("/readyz").json() == {"status": "ready", "store": "toy"}
+        seat = {"resource": "A1", "slot": "show-1"}
+        claimed = c.post(
+            "/v1/claims",
+            json={"targets": [seat], "ttl": None},
+            headers={"Idempotency-Key": '"toy-1"'},
+        )
+        assert claimed.status_code == 201, claimed.text
