@@ -21,16 +21,21 @@ from __future__ import annotations
 import argparse
 import secrets
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 import dibs
-from dibs.testing.pgserver import PostgresServer
+
+# The throwaway server lives with the tests (it is not part of the package).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from pgserver import PostgresServer
 
 Op = Callable[[int, int], None]
 

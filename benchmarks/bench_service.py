@@ -159,7 +159,9 @@ def main() -> None:
         tmp = Path(tmp_name)
         pg = args.url
         if args.store == "postgresql" and pg is None:
-            from dibs.testing.pgserver import PostgresServer
+            # The throwaway server lives with the tests (it is not part of the package).
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from pgserver import PostgresServer
 
             server = stack.enter_context(PostgresServer(settings={"max_connections": "100"}))
             pg = server.create_database("dibs_bench")

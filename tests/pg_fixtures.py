@@ -1,7 +1,7 @@
 """PostgreSQL for the test session: a private server, or ``$DIBS_TEST_PG_URL``.
 
 Without ``DIBS_TEST_PG_URL`` the first test that needs PostgreSQL starts a
-throwaway server (:class:`dibs.testing.pgserver.PostgresServer`, installing
+throwaway server (:class:`pgserver.PostgresServer`, installing
 Debian's package first if the machine has none) and the session stops and
 deletes it at the end. Either way the session works in a fresh database, and
 every store gets a fresh schema in it. Nothing here ever skips.
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from dibs.testing.pgserver import PostgresServer
+from pgserver import PostgresServer
 
 __all__ = [
     "drop_schema",

@@ -154,7 +154,8 @@ class _Record:
 class NaiveStore(Store):
     """Units only, one lock; ``flaw`` plants one broken promise (or none)."""
 
-    scheme = "memory"  # one process: the demo runs its customers as threads
+    scheme = "naive"
+    in_process = True  # one process: the demo runs its customers as threads
 
     def __init__(self, flaw: str = "") -> None:
         super().__init__()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,5 +32,32 @@ def test_fake_clock_example_runs() -> None:
 
 
 def test_reason_rule_example_runs() -> None:
-    (example,) = _blocks("docs/stores.md")
+    example = _blocks("docs/stores.md")[0]
     exec(compile(example, "docs/stores.md", "exec"), {})
+
+
+def test_the_plugin_guide_shows_the_tested_plugin() -> None:
+    _, module, _ = _blocks("docs/stores.md")
+    plugin = ROOT / "tests" / "plugin_store"
+    assert module == (plugin / "toy_store.py").read_text()
+    (toml,) = re.findall(r"```toml\n(.*?)```", (ROOT / "docs/stores.md").read_text(), re.S)
+    entry_point = '[project.entry-points."dibs.stores"]\ntoy = "toy_store:ToyStore"\n'
+    assert entry_point in toml and entry_point in (plugin / "pyproject.toml").read_text()
+
+
+def test_the_plugin_guide_contract_test_passes(tmp_path: Path) -> None:
+    _, _, contract = _blocks("docs/stores.md")
+    (tmp_path / "test_toy_store.py").write_text(contract)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "tests" / "plugin_store"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir",
+         str(tmp_path), "-c", os.devnull, str(tmp_path / "test_toy_store.py")],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout

@@ -42,3 +42,19 @@ def test_pickles_name_only_the_public_path() -> None:
         data = pickle.dumps(thing)
         assert b"dibs._" not in data  # no private module path
         assert type(pickle.loads(data)) is type(thing)
+
+
+def test_the_package_ships_no_postgresql_installer() -> None:
+    # The throwaway server and its apt-get path live in tests/ and scripts/pg-ensure.sh.
+    import importlib.util
+
+    assert importlib.util.find_spec("dibs.testing.pgserver") is None
+
+
+def test_stores_keep_their_public_import_paths() -> None:
+    from dibs.stores.postgres import PostgresStore, split_url
+    from dibs.stores.sqlite import SQLiteStore
+
+    assert SQLiteStore.__module__ == "dibs.stores.sqlite"
+    assert PostgresStore.__module__ == "dibs.stores.postgres"
+    assert callable(split_url)

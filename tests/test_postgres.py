@@ -18,10 +18,9 @@ import pytest
 
 import dibs
 from dibs import InvalidInput, SchemaError, Span, StoreUnavailable, Unit
-from dibs.stores._postgres_sql import _V1_TAKE_ALL
 from dibs.stores.postgres import SCHEMA_VERSION, PostgresStore
-from dibs.testing.pgserver import PostgresServer, free_port
 from pg_fixtures import drop_schema, schema_url
+from pgserver import PostgresServer, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,35 +87,6 @@ def test_schema_is_versioned_and_a_newer_one_is_refused(pg_url: str, pg_schema_u
     with pytest.raises(SchemaError) as raised:
         dibs.open(pg_schema_url)
     assert raised.value.found == 999 and raised.value.supported == SCHEMA_VERSION
-
-
-def _install_v1_take_all(url: str, schema: str) -> None:
-    """Put back version 1's take_all (a loser's looks each in their own snapshot)."""
-    v1 = _V1_TAKE_ALL.split("CREATE FUNCTION {s}.check_span_kind", 1)[0]
-    v1 = v1.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION").format(s=schema)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(v1.encode())
-
-
-def test_a_version_1_schema_is_upgraded_in_place(pg_url: str, pg_schema_url: str) -> None:
-    schema = pg_schema_url.rsplit("schema=", 1)[1]
-    with dibs.open(pg_schema_url) as store:
-        kept = store.claim(Unit("seat", "1"), holder="alice", ttl=None).claim
-    _install_v1_take_all(pg_url, schema)
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'")
-    with dibs.open(pg_schema_url) as store:
-        assert kept is not None and store.get(kept.id) == kept
-        assert not store.claim(Unit("seat", "1"), holder="bob")
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        row = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
-        assert row.fetchone() == (str(SCHEMA_VERSION),)
-        source = conn.execute(
-            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = %s AND p.proname = 'take_all'",
-            (schema,),
-        ).fetchall()
-    assert len(source) == 1 and "v_lost integer" in source[0][0]
 
 
 def _open_and_claim(url: str, n: int) -> bool:

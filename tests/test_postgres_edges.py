@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,11 +31,13 @@ from dibs import (
     Unit,
 )
 from dibs._model import targets_to_text
-from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
 from dibs.stores.postgres import PostgresStore
+from dibs.stores.postgres._sql import SCHEMA_VERSION, Statements
 from pg_fixtures import schema_url
 
 pytestmark = pytest.mark.timeout(120)
+
+_SCHEMAS = Path(__file__).parent / "schemas"
 
 _TIMES = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
 
@@ -345,12 +348,15 @@ def test_a_swept_hold_keeps_its_rows_until_it_is_purged(
 
 
 def _old_schema(url: str, schema: str, version: int) -> None:
-    """Create ``schema`` as dibs schema ``version`` made it, holding one confirmed claim."""
+    """Create ``schema`` as dibs schema ``version`` made it, holding one live hold.
+
+    The old versions' SQL is frozen in tests/schemas: the package ships only
+    the steps and the current functions.
+    """
+    frozen = (_SCHEMAS / f"postgres_claims_v{version}.sql").read_text()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
-        for steps in MIGRATIONS[:version]:
-            for step in steps:
-                conn.execute(step.format(s=schema).encode())
+        conn.execute(frozen.replace("{s}", schema).encode())
         conn.execute(
             f"INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', %s)", (str(version),)
         )
@@ -398,6 +404,7 @@ def test_an_old_schema_is_upgraded_to_version_3_in_place(
     assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition")
     assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep")
     assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_all")
+    assert "v_lost integer" in _function_source(pg_url, schema, "take_all")
 
 
 # --- no raw driver error escapes -----------------------------------------------------------------

@@ -25,9 +25,8 @@ import pytest
 
 import dibs
 from dibs import StoreClosed, StoreUnavailable, Unit
+from dibs.stores.jobs import Job, JobTable
 from dibs.stores.sqlite import SQLiteStore
-from dibs.tasks._jobs import Job
-from dibs.tasks._jobs_sqlite import SQLiteJobs
 
 ROUNDS = 8  # claims per phase per process
 
@@ -40,11 +39,10 @@ _VERIFY = textwrap.dedent(
     import dibs
     from dibs import Unit
     from dibs.stores.sqlite import SQLiteStore
-    from dibs.tasks._jobs_sqlite import SQLiteJobs
 
     path, acks = sys.argv[1], sys.argv[2]
     store = SQLiteStore(path)
-    jobs = SQLiteJobs(store)
+    jobs = store.job_table()
     seen = set()
     for line in open(acks):
         ack = json.loads(line)
@@ -82,7 +80,7 @@ class Acks:
              "id": result.claim.id, "holder": holder}
         )  # fmt: skip
 
-    def job(self, jobs: SQLiteJobs, job_id: str) -> None:
+    def job(self, jobs: JobTable, job_id: str) -> None:
         jobs.add(
             Job(id=job_id, name="t", args="[]", run_at=0.0, attempt=1, max_attempts=1,
                 state="pending", schedule_id=None, retries=0, key=None)
@@ -266,7 +264,7 @@ def test_multiprocessing_fork_workers_share_an_inherited_store(tmp_path: Path, a
 def test_a_forked_job_table_keeps_what_it_acknowledged(tmp_path: Path, acks: Acks) -> None:
     db = tmp_path / "jobs.db"
     store = SQLiteStore(db)
-    jobs = SQLiteJobs(store)
+    jobs = store.job_table()
     acks.job(jobs, "parent-0")
     added, closed = Signal(), Signal()
 
@@ -403,11 +401,10 @@ _FD_SCRIPT = textwrap.dedent(
     import resource, sys, threading
     from dibs import Unit
     from dibs.stores.sqlite import SQLiteStore
-    from dibs.tasks._jobs_sqlite import SQLiteJobs
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     store = SQLiteStore(sys.argv[1])
-    jobs = SQLiteJobs(store)
+    jobs = store.job_table()
     errors = []
 
     def work(n):

@@ -18,9 +18,9 @@ import pytest
 
 from conftest import StoreMaker
 from dibs import FakeClock, InvalidInput, Store, Unit
+from dibs.stores.jobs import Job
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.tasks._durable_schedules import DurableSchedule
-from dibs.tasks._jobs import Job
 from dibs.tasks._triggers import EveryTrigger
 
 T0 = 1_800_000_000.0

@@ -14,7 +14,6 @@ import psycopg
 import pytest
 
 from dibs.cli import main
-from dibs.testing.pgserver import PostgresServer
 from dibs.verify import Workload, check_history, read_history, run_workload
 from dibs.verify._check import Report
 from dibs.verify._history import LogRow, assemble
@@ -22,6 +21,7 @@ from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
 from dibs.verify._runner import _errors_settle, _settle
 from pg_fixtures import schema_url
+from pgserver import PostgresServer
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from dibs.testing.pgserver import PostgresServer
 from dibs.verify import Report, Workload, check_history, read_history, run_workload
 from pg_fixtures import schema_url
+from pgserver import PostgresServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

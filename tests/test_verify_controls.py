@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dibs.testing.pgserver import PostgresServer
 from dibs.verify import PLANTS, Workload, check_history, read_history, run_workload
 from pg_fixtures import schema_url
+from pgserver import PostgresServer
 
 
 def _run(url: str, plant: str, seed: int, tmp_path: Path, clients: int, ops: int) -> None:

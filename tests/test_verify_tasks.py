@@ -9,9 +9,9 @@ import pytest
 
 from dibs.cli import main
 from dibs.exceptions import InvalidInput
-from dibs.testing.pgserver import PostgresServer
 from dibs.verify._tasks import verify_tasks
 from pg_fixtures import schema_url
+from pgserver import PostgresServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

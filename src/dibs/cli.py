@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import dibs
+from dibs._cli_options import add_store_option
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput
@@ -101,12 +102,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "so with it the customers run as threads of this process. See docs/demo.md."
         ),
     )
-    p.add_argument(
-        "--store",
-        metavar="URL",
-        help=f"store to rush (default: a fresh {DEFAULT_URL}; e.g. memory://, "
-        "sqlite:///path.db, postgresql://user@host/db)",
-    )
+    add_store_option(p, "store to rush", default_help=f"a fresh {DEFAULT_URL}")
     p.add_argument(
         "--seats",
         type=_positive_int,
@@ -180,9 +176,7 @@ def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "claims and other sweeps."
         ),
     )
-    p.add_argument(
-        "--store", metavar="URL", help="store to sweep (default: $DIBS_URL, else sqlite:///dibs.db)"
-    )
+    add_store_option(p, "store to sweep")
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
     p.set_defaults(run=_run_sweep)
 
@@ -225,11 +219,8 @@ def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         required=True,
         help="a TaskProcessor, or a function taking the store and returning one",
     )
-    p.add_argument(
-        "--store",
-        metavar="URL",
-        help="store URL, exported as $DIBS_URL before the app is imported "
-        "(default: $DIBS_URL, else sqlite:///dibs.db)",
+    add_store_option(
+        p, "store the workers run on, exported as $DIBS_URL before the app is imported"
     )
     p.add_argument(
         "--timeout",

@@ -83,7 +83,12 @@ class InvalidInput(DibsError, ValueError):
 
 
 class UnknownScheme(InvalidInput):
-    """Raised by :func:`dibs.open` for a URL whose scheme names no store."""
+    """Raised by :func:`dibs.open` for a URL whose scheme names no store.
+
+    ``schemes`` lists every scheme available, plug-ins included.
+    """
+
+    schemes: tuple[str, ...]
 
 
 class SpanKindMismatch(InvalidInput):

@@ -123,7 +123,7 @@ def run_demo(
             _remove_default_file()
         store = dibs.open(url)
     try:
-        in_process = not owned or config.processes == 0 or store.scheme == "memory"
+        in_process = not owned or config.processes == 0 or store.in_process
         rng = random.Random(config.seed)
         venue = Venue(config.seats, config.row_size, f"show-{secrets.token_hex(3)}")
         customers = plan_customers(config, rng)

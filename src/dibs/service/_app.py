@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import dibs
 from dibs._model import Target, Unit
 from dibs.service._api import Api
-from dibs.service._board import Board, change_token_for
+from dibs.service._board import Board
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, new_request_id
 from dibs.service._keys import KeyRing
@@ -53,9 +53,9 @@ class Service:
         self.store = store
         self.keys = keys
         self.metrics = Metrics(store.scheme)
-        self.change_token = token = change_token_for(store, config.store_url)
+        self.change_feed = feed = store.change_feed()
         self.boards = {
-            s.slot: Board(store, s, poll_interval=config.poll_interval, change_token=token)
+            s.slot: Board(store, s, poll_interval=config.poll_interval, change_feed=feed)
             for s in config.showings
         }
         self.api = Api(store, keys, config, self.metrics, self.changed)
@@ -234,8 +234,8 @@ def create_app(
             for job in jobs:
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
-            if service.change_token is not None:
-                service.change_token.close()
+            if service.change_feed is not None:
+                service.change_feed.close()
             if own_store:
                 the_store.close()
 

@@ -3,16 +3,15 @@
 Each :class:`Board` keeps the latest snapshot of one showing and a version
 that grows whenever the snapshot changes. A poll loop refreshes it when this
 instance changed something (``poke``), when a hold in the snapshot is due to
-expire, and when the store says anyone changed anything: for SQLite that is
-``PRAGMA data_version`` on a connection of our own, which moves on every
-commit by any other connection (other instances, other processes); for
-PostgreSQL the server's WAL position; for stores without such a counter the
-loop recomputes the snapshot every poll and compares. The snapshot is built
+expire, and when the store's change feed (:meth:`dibs.Store.change_feed`)
+says anyone changed anything: for SQLite ``PRAGMA data_version``, for
+PostgreSQL the server's WAL position. For a store without a feed the loop
+recomputes the snapshot every poll and compares. The snapshot is built
 from ``holder_of`` and ``claims_of`` only, so it works on every store, and it
 never names a holder.
 
 Everything here runs on the event loop's thread except :meth:`Board.compute`
-and the change-token functions, which run in worker threads.
+and the change feed's reads, which run in worker threads.
 """
 
 from __future__ import annotations
@@ -20,121 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
-import threading
 import time
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio.to_thread
 
 from dibs._model import ClaimState, Unit
 from dibs.service._config import Showing
 from dibs.stores.base import Store
+from dibs.stores.capabilities import ChangeFeed
 
-__all__ = ["Board", "ChangeToken", "change_token_for"]
+__all__ = ["Board"]
 
 log = logging.getLogger("dibs.service")
-
-
-class ChangeToken:
-    """A cheap, blocking read whose value changes when the store may have changed.
-
-    This base answers a fresh object every time: "maybe changed", for stores
-    that offer no counter. ``_lock`` serializes reads on a subclass's one connection.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def read(self) -> object:
-        """The current token."""
-        return object()
-
-    def close(self) -> None:
-        """Release the token's connection, if any."""
-
-
-class _SQLiteDataVersion(ChangeToken):
-    """``PRAGMA data_version`` on a connection that never writes.
-
-    It moves on every commit by any other connection, so every change it sees
-    is someone else's: another instance, another process, this instance's
-    store connections.
-    """
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-
-    def read(self) -> object:
-        with self._lock:
-            return self._conn.execute("PRAGMA data_version").fetchone()[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-
-class _PostgresWalPosition(ChangeToken):
-    """PostgreSQL's current WAL position: it moves on every write to the cluster.
-
-    Writes to other databases move it too, which costs a needless refresh,
-    never a missed one. Any error answers "changed" and reconnects next time.
-    """
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
-        parts = urlsplit(url)
-        libpq = [(k, v) for k, v in parse_qsl(parts.query) if k not in _DIBS_PG_OPTIONS]
-        self._conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
-        self._conn: Any = None
-
-    def read(self) -> object:
-        import psycopg  # noqa: PLC0415 - only with the postgres extra, only for PostgreSQL
-
-        with self._lock:
-            try:
-                if self._conn is None:
-                    self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
-                row = self._conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-                return row[0] if row else object()
-            except psycopg.Error:
-                self._drop()
-                return object()
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            conn.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-
-def change_token_for(store: Store, url: str) -> ChangeToken | None:
-    """The change token for ``store``; None when only this instance's own pokes matter.
-
-    memory:// lives in one process, so this instance's own changes are all
-    there are.
-    """
-    if store.scheme == "memory":
-        return None
-    path = getattr(store, "path", None)
-    if store.scheme == "sqlite" and isinstance(path, str):
-        return _SQLiteDataVersion(path)
-    if store.scheme == "postgresql":
-        return _PostgresWalPosition(url)
-    return ChangeToken()
-
-
-# The PostgreSQL store's own URL options (not libpq's); see PostgresStore.from_url.
-_DIBS_PG_OPTIONS = frozenset(
-    {"schema", "pool_min", "pool_max", "pool_timeout", "request_retention", "max_retries",
-     "create_extension"}
-)  # fmt: skip
 
 
 class Board:
@@ -146,7 +44,7 @@ class Board:
         showing: Showing,
         *,
         poll_interval: float,
-        change_token: ChangeToken | None,
+        change_feed: ChangeFeed | None,
     ) -> None:
         self.store = store
         self.showing = showing
@@ -154,7 +52,7 @@ class Board:
         self.subscribers = 0
         self.version = 0
         self.snapshot: dict[str, Any] | None = None
-        self._change_token = change_token
+        self._change_feed = change_feed
         self._token: object = None
         self._dirty = True
         self._wake = asyncio.Event()
@@ -200,9 +98,9 @@ class Board:
         self._wake.set()
 
     async def _read_token(self) -> object:
-        if self._change_token is None:
-            return None
-        return await anyio.to_thread.run_sync(self._change_token.read)
+        if self._change_feed is None:
+            return object()  # no feed: "maybe changed", so every poll recomputes
+        return await anyio.to_thread.run_sync(self._change_feed.read)
 
     async def refresh(self) -> None:
         """Recompute the snapshot and publish it if any seat changed.

@@ -13,8 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+from dibs._cli_options import add_store_option
 from dibs.exceptions import InvalidInput
 from dibs.service._keys import KeyRing
+from dibs.stores import default_url
 
 __all__ = ["add_commands"]
 
@@ -49,9 +51,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "See docs/service.md."
         ),
     )
-    p.add_argument(
-        "--store", metavar="URL", help="store URL (default $DIBS_URL, else sqlite:///dibs.db)"
-    )
+    add_store_option(p, "store to serve")
     p.add_argument(
         "--keys", metavar="FILE", help=f"API keys file (default $DIBS_KEYS, else ./{DEFAULT_KEYS})"
     )
@@ -143,7 +143,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     root.setLevel(args.log_level.upper())
     showings = tuple(Showing.parse(s) for s in args.showing or ["show-1:8x12"])
     config = ServiceConfig(
-        store_url=args.store or os.environ.get("DIBS_URL") or "sqlite:///dibs.db",
+        store_url=args.store or default_url(),
         keys_file=_keys_path(args.keys),
         showings=showings,
         lots=tuple(LotSpec.parse(x) for x in args.lot or ["lot-1:40"]),

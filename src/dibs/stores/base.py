@@ -8,10 +8,11 @@ every backend gets the same errors for the same bad input.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
@@ -29,7 +30,9 @@ from dibs._model import (
     check_retention,
     check_ttl,
     is_plain_name,
+    make_claim,
     normalize_targets,
+    targets_from_text,
 )
 from dibs.exceptions import (
     ClaimNotFound,
@@ -37,11 +40,18 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     NotHolder,
+    SpanKindMismatch,
     StoreClosed,
 )
 from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 
+if TYPE_CHECKING:
+    from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.jobs import JobTable
+
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
+
+_T = TypeVar("_T")
 
 DEFAULT_REQUEST_RETENTION = 24 * 3600.0
 """Seconds a request-ID record (and an ended claim) is kept before sweep() purges it."""
@@ -52,9 +62,20 @@ class Store(abc.ABC):
 
     Every method is safe to call from many threads; stores whose docs say so
     are also safe across processes and hosts.
+
+    A backend implements :meth:`from_url` and the ``_``-methods (the claim
+    contract), and may offer optional capabilities by overriding
+    :meth:`job_table`, :meth:`change_feed` and :meth:`claim_log` (see
+    :mod:`dibs.stores.capabilities`); code outside the store asks for those and
+    never looks at a store's scheme or private attributes.
     """
 
     scheme: ClassVar[str]
+    """The URL scheme this store is registered under, for display (logs, metrics)."""
+
+    in_process: ClassVar[bool] = False
+    """True when the claims live in this process only: another process opening the same
+    URL gets a different, empty store (memory://). Tools then run their callers as threads."""
 
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
@@ -62,6 +83,22 @@ class Store(abc.ABC):
         self.request_retention = check_retention(request_retention)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._closed = False
+        self._made: dict[str, object] = {}
+        self._made_lock = threading.Lock()  # guards _made
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Open a store from its URL; how :func:`dibs.open` makes every store.
+
+        ``url`` is the whole URL, scheme included (``dibs.open`` has already
+        chosen this class by its scheme). Keyword ``options`` come from the
+        caller (``clock=``, ``request_retention=`` and the backend's own) and
+        win over options in the URL. Raises :class:`~dibs.InvalidInput` for a
+        malformed URL or option, :class:`~dibs.StoreUnavailable` when the store
+        cannot be reached, :class:`~dibs.SchemaError` for a schema newer than
+        the code.
+        """
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -185,6 +222,29 @@ class Store(abc.ABC):
         """The store's current time (the clock that judges expiry), as aware UTC."""
         return datetime.fromtimestamp(self._now(), UTC)
 
+    # --- optional capabilities: None means "this store does not offer it" ----------------------
+
+    def job_table(self) -> JobTable | None:
+        """The durable job table that lives next to this store's claims, or None.
+
+        :mod:`dibs.tasks` durable mode needs one; it raises
+        :class:`~dibs.InvalidInput` for a store that answers None. The same
+        object is returned on every call; closing the store closes it.
+        """
+        return None
+
+    def change_feed(self) -> ChangeFeed | None:
+        """A cheap token that moves whenever anyone may have changed this store, or None.
+
+        Live views (the service's seat map) poll it to know when to refresh;
+        without one they recompute on every poll. The caller closes it.
+        """
+        return None
+
+    def claim_log(self) -> ClaimLog | None:
+        """Every claim row this store keeps, for ``dibs verify``'s log replay, or None."""
+        return None
+
     def __enter__(self) -> Self:
         return self
 
@@ -201,6 +261,13 @@ class Store(abc.ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    def _once(self, key: str, make: Callable[[], _T]) -> _T:
+        """``make()``'s result, made on the first call for ``key`` only (a capability object)."""
+        with self._made_lock:
+            if key not in self._made:
+                self._made[key] = make()
+            return self._made[key]  # type: ignore[return-value]  # the key fixes the type
 
     def _now(self) -> float:
         """Seconds since the epoch on the store's clock."""
@@ -278,6 +345,55 @@ def lost_reason(
     if state is ClaimState.EXPIRED or (state is ClaimState.HELD and dead):
         return HoldLostReason.TAKEN_OVER if taken_over else HoldLostReason.EXPIRED
     return None
+
+
+def span_kind_mismatch(span: Span, kind: str) -> SpanKindMismatch:
+    """The error for a span of one kind claimed on a resource holding live spans of the other."""
+    return SpanKindMismatch(
+        f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
+        field="targets",
+        value=span,
+    )
+
+
+def check_seconds(name: str, value: object) -> float:
+    """A positive, finite number of seconds as a float; raises :class:`~dibs.InvalidInput`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 < value < float("inf"))
+    ):
+        raise InvalidInput(
+            f"{name} must be a positive number of seconds, got {value!r}", field=name, value=value
+        )
+    return float(value)
+
+
+def stored_claim(
+    id: str,
+    holder: str,
+    targets: str,
+    state: str,
+    fence: int,
+    expires_at: datetime | None,
+    request_id: str | None,
+    created_at: datetime,
+    updated_at: datetime,
+    taken_over: bool,
+    *,
+    dead: bool,
+) -> Claim:
+    """A SQL store's claim row as a :class:`Claim`; ``dead`` says a held row's expiry passed.
+
+    A hold that died before a sweep marked it reads as expired (derived on read).
+    """
+    claim_state = ClaimState(state)
+    if claim_state is ClaimState.HELD and dead:
+        claim_state = ClaimState.EXPIRED
+    return make_claim(
+        id, holder, targets_from_text(targets), claim_state, fence, expires_at, request_id,
+        created_at, updated_at, bool(taken_over),
+    )  # fmt: skip
 
 
 def parse_serial_id(claim_id: str) -> int | None:

@@ -61,7 +61,6 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
-    SpanKindMismatch,
 )
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
@@ -70,7 +69,10 @@ from dibs.stores.base import (
     hold_lost,
     lost_reason,
     not_holder,
+    span_kind_mismatch,
 )
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader, UnchangingFeed
+from dibs.stores.jobs import JobTable, MemoryJobs
 
 __all__ = ["MemoryStore"]
 
@@ -182,6 +184,7 @@ class MemoryStore(Store):
     """Claims in this process's memory, safe for many threads; lost on exit."""
 
     scheme = "memory"
+    in_process = True
 
     def __init__(
         self,
@@ -216,6 +219,7 @@ class MemoryStore(Store):
         # Store times are whole microseconds, as on the SQL stores, so that every store
         # judges an expiry at the same instant (a float sum can land an ulp either side).
         self._retention_us = round(self.request_retention * 1_000_000)
+        self._jobs = MemoryJobs()  # durable mode's rows live as long as this object
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -364,12 +368,7 @@ class MemoryStore(Store):
                         continue
                     if current.live(now):
                         if switch:
-                            raise SpanKindMismatch(
-                                f"resource {target.resource!r} holds {span.kind} spans; "
-                                f"cannot claim {target!r}",
-                                field="targets",
-                                value=target,
-                            )
+                            raise span_kind_mismatch(target, span.kind)
                         if taken is None or blockers is None:
                             taken, blockers = [], set()
                         if target not in taken:
@@ -574,9 +573,33 @@ class MemoryStore(Store):
             expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
         )
 
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def job_table(self) -> JobTable:
+        """Job rows in this object's memory: durable mode for the threads of one process."""
+        return self._jobs
+
+    def change_feed(self) -> ChangeFeed:
+        """A feed that never moves: only this process changes a memory store."""
+        return UnchangingFeed()
+
+    def claim_log(self) -> ClaimLog:
+        """Every claim this object keeps, read in place."""
+        return ClaimReader(self._log)
+
+    def _log(self) -> list[Claim]:
+        # list() copies the values in one step under the GIL; no stripe is taken,
+        # so a claim in flight may be seen half-written: read a quiet store.
+        records = sorted(list(self._claims.values()), key=lambda r: r.fence)
+        return [r.snapshot(_BEFORE_ANY_EXPIRY) for r in records]
+
     def _close(self) -> None:
         self._units.clear()
         self._spans.clear()
         self._requests.clear()
         self._claims.clear()
         self._by_holder.clear()
+
+
+_BEFORE_ANY_EXPIRY = -(2**62)
+"""A "now" no hold has expired by, so snapshots keep the stored state (held, not derived)."""

@@ -10,17 +10,22 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from dibs.exceptions import InvalidInput
 from dibs.tasks._errors import CancelReason, NotInTask, TaskCancelled, TaskTimeout, WaitTimeout
 
-if TYPE_CHECKING:
-    from dibs.tasks._engine import Engine
-
 __all__ = ["Backoff", "CancelToken", "TaskContext", "TaskHandle", "TaskStatus", "current"]
 
 T = TypeVar("T")
+
+
+class Canceller(Protocol):
+    """What a handle needs of the engine that runs it (the engine, without importing it)."""
+
+    def cancel(self, handle: TaskHandle[Any], reason: CancelReason) -> bool:
+        """Cancel ``handle``; True if this call cancelled it."""
+        ...
 
 
 class TaskStatus(enum.StrEnum):
@@ -257,7 +262,7 @@ class TaskHandle(Generic[T]):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Canceller,
         task_id: str,
         fn: Callable[..., Any],
         args: tuple[Any, ...],

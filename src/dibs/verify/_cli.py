@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dibs._cli_options import add_store_option
 from dibs.exceptions import InvalidInput
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
@@ -45,12 +46,7 @@ def add_verify_command(
             "out of time. See docs/reliability.md."
         ),
     )
-    p.add_argument(
-        "--store",
-        metavar="URL",
-        default="memory://",
-        help="store to verify: any URL dibs.open takes (default memory://)",
-    )
+    add_store_option(p, "store to verify", default="memory://", default_help="memory://")
     p.add_argument("--clients", type=_positive, default=d.clients, help="client processes")
     p.add_argument("--ops", type=_positive, default=d.ops, help="operations per client")
     p.add_argument(
@@ -154,10 +150,10 @@ def add_verify_command(
         metavar="FILE",
         help="SQLite file to create (must not exist); with --store, the ledger file to create",
     )
-    t.add_argument(
-        "--store",
-        metavar="URL",
-        help="a postgresql:// store whose job table is empty, instead of a SQLite file",
+    add_store_option(
+        t,
+        "a store whose job table is empty, instead of a fresh SQLite file",
+        default_help="a fresh SQLite file at FILE",
     )
     t.add_argument("--workers", type=_positive, default=3, help="worker processes")
     t.add_argument("--jobs", type=_positive, default=600, help="one-off jobs")

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dibs._model import target_to_json, targets_from_text
+from dibs._model import target_to_json
+from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
-from dibs.stores.memory import MemoryStore
-from dibs.stores.sqlite import SQLiteStore
 from dibs.verify._history import OK, UNKNOWN, LogRow, Op
 
 __all__ = ["LogAnomaly", "dump_log", "micros", "replay_log"]
@@ -59,93 +58,40 @@ def micros(value: datetime) -> int:
 
 
 def dump_log(store: Store) -> list[LogRow]:
-    """Read every claim the store keeps, ordered by fence.
+    """Read every claim the store keeps, ordered by fence, through its claim log.
 
-    Memory stores are read in process; SQLite and PostgreSQL through their
-    claims tables. Raises :class:`TypeError` for a store it cannot read.
+    Raises :class:`TypeError` for a store that offers no claim log
+    (:meth:`dibs.Store.claim_log`), and :class:`~dibs.StoreUnavailable` if it
+    cannot be read.
     """
-    rows: list[LogRow] = []
-    if isinstance(store, MemoryStore):
-        for rec in list(store._claims.values()):
-            rows.append(
-                LogRow(
-                    id=rec.id,
-                    fence=rec.fence,
-                    holder=rec.holder,
-                    targets=tuple(tuple(target_to_json(t)) for t in rec.targets),
-                    state=str(rec.state.value),
-                    created_at=rec.created_at,  # the memory store keeps whole µs
-                    expires_at=rec.expires_at,
-                    updated_at=rec.updated_at,
-                    taken_over=rec.taken_over,
-                )
-            )
-    elif isinstance(store, SQLiteStore):
-        query = (
-            "SELECT fence, holder, targets, state, created_at, expires_at, updated_at, "
-            "taken_over FROM dibs_claims ORDER BY fence"
-        )
-        with store._pool.connection() as conn:  # pooled: checked out for the scan only
-            found = conn.execute(query).fetchall()
-        for fence, holder, targets, state, created, expires, updated, taken in found:
-            rows.append(
-                LogRow(
-                    id=str(fence),
-                    fence=fence,
-                    holder=holder,
-                    targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
-                    state=state,
-                    created_at=created,
-                    expires_at=expires,
-                    updated_at=updated,
-                    taken_over=bool(taken),
-                )
-            )
-    else:
-        rows = _dump_postgres(store)
-    rows.sort(key=lambda r: r.fence)
-    return rows
-
-
-def _dump_postgres(store: Store) -> list[LogRow]:
-    pool: Any = getattr(store, "_pool", None)
-    schema: Any = getattr(store, "schema", None)
-    if pool is None or not isinstance(schema, str):
+    log = store.claim_log()
+    if log is None:
         raise TypeError(f"cannot read the durable log of a {type(store).__name__}")
-    # Local import: psycopg is an optional extra.
-    import psycopg  # noqa: PLC0415
-    from psycopg import sql  # noqa: PLC0415
-
-    query = sql.SQL(
-        "SELECT id, fence, holder, targets, state, created_at, expires_at, updated_at, "
-        "taken_over FROM {}.claims ORDER BY fence"
-    ).format(sql.Identifier(schema))
     for attempt in range(5):
-        # After a restart or pg_terminate_backend the pool may hand out a dead
+        # After a restart or pg_terminate_backend a pool may hand out a dead
         # connection first; it discards it on error, so try again.
         try:
-            with pool.connection() as conn:
-                records = conn.execute(query).fetchall()
+            claims = log.claims()
             break
-        except psycopg.OperationalError:
+        except StoreUnavailable:
             if attempt == 4:
                 raise
             time.sleep(0.2)
-    rows: list[LogRow] = []
-    for cid, fence, holder, targets, state, created, expires, updated, taken in records:
-        rows.append(
-            LogRow(
-                id=str(cid),
-                fence=int(fence),
-                holder=holder,
-                targets=tuple(tuple(target_to_json(t)) for t in targets_from_text(targets)),
-                state=state,
-                created_at=micros(created),
-                expires_at=None if expires is None else micros(expires),
-                updated_at=micros(updated),
-                taken_over=bool(taken),
-            )
+    rows = [
+        LogRow(
+            id=claim.id,
+            fence=claim.fence,
+            holder=claim.holder,
+            targets=tuple(tuple(target_to_json(t)) for t in claim.targets),
+            state=claim.state.value,
+            created_at=micros(claim.created_at),
+            expires_at=None if claim.expires_at is None else micros(claim.expires_at),
+            updated_at=micros(claim.updated_at),
+            taken_over=claim.taken_over,
         )
+        for claim in claims
+    ]
+    rows.sort(key=lambda r: r.fence)
     return rows
 
 

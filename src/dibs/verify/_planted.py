@@ -184,7 +184,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     if plant is None:
         return dibs.open(url, **options)
     if ":" in plant:
-        custom: Callable[..., Store] = plant_class(plant).from_url  # type: ignore[attr-defined]
+        custom: Callable[..., Store] = plant_class(plant).from_url
         return custom(url, **options)
     scheme = url.split("://", 1)[0].lower()
     cls = _CLASSES.get((plant, scheme))
@@ -199,5 +199,5 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
         )
     if plant == "client-clock":
         options["clock"] = SkewedClock(skew)
-    opener: Callable[..., Store] = cls.from_url  # type: ignore[attr-defined]
+    opener: Callable[..., Store] = cls.from_url
     return opener(url, **options)

@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.stores import store_class
 from dibs.stores.base import Store
 from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
 from dibs.verify._log import dump_log
@@ -149,7 +150,7 @@ def run_workload(
     propagate, pool_logger.propagate = pool_logger.propagate, False
     try:
         log: list[Any] | None
-        if scheme == "memory":
+        if store_class(workload.store).in_process:  # memory://: clients are threads
             store = open_planted(workload.store, workload.plant)
             try:
                 _run_threads(workload, store, scratch, nemesis, progress)

@@ -33,6 +33,7 @@ from typing import Any
 
 import dibs
 from dibs.exceptions import InvalidInput
+from dibs.stores import store_class
 from dibs.tasks import TaskProcessor
 
 __all__ = ["TaskReport", "verify_tasks"]
@@ -109,10 +110,10 @@ def verify_tasks(
     began = time.monotonic()
     path = Path(path)
     url = store_url or f"sqlite:///{path}"
-    if not url.split("://", 1)[0].lower().startswith(("sqlite", "postgres")):
+    if store_class(url).in_process:
         raise InvalidInput(
-            f"the task verification needs a durable store (sqlite:// or postgresql://), "
-            f"got {url.split('://', 1)[0]}://",
+            "the task verification needs a durable store that processes share (such as "
+            f"sqlite:// or postgresql://), got {url.split('://', 1)[0]}://",
             field="store_url",
             value=url,
         )
@@ -181,22 +182,9 @@ def verify_tasks(
 
 def _job_rows(store: dibs.Store, schedule: str) -> list[tuple[str, str]]:
     """(id, state) of every job of ``schedule`` ("": of any kind), read from the job table."""
-    if store.scheme == "sqlite":
-        db = getattr(store, "path")  # noqa: B009 - a SQLiteStore
-        with sqlite3.connect(db, timeout=60) as conn:
-            rows = conn.execute(
-                "SELECT id, state FROM dibs_jobs WHERE ? = '' OR schedule_id = ?",
-                (schedule, schedule),
-            ).fetchall()
-        conn.close()
-        return [(str(i), str(s)) for i, s in rows]
-    from psycopg import sql  # noqa: PLC0415 (an optional extra)
-
-    query = sql.SQL("SELECT id, state FROM {}.jobs WHERE %s = '' OR schedule_id = %s").format(
-        sql.Identifier(getattr(store, "schema"))  # noqa: B009 - a PostgresStore
-    )
-    with getattr(store, "_pool").connection() as conn:  # noqa: B009
-        return [(str(i), str(s)) for i, s in conn.execute(query, (schedule, schedule))]
+    table = store.job_table()
+    assert table is not None  # the TaskProcessor on this store has refused it otherwise
+    return [(job.id, job.state) for job in table.find(schedule or None)]
 
 
 def _close(proc: subprocess.Popen[str]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -42,80 +43,30 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
-    SchemaError,
-    SpanKindMismatch,
     StoreUnavailable,
 )
-from dibs.stores._sqlite_conn import SQLitePool
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
+    check_seconds,
     claim_not_found,
     hold_lost,
     lost_reason,
     not_holder,
     parse_serial_id,
+    span_kind_mismatch,
+    stored_claim,
 )
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
+from dibs.stores.jobs import JobTable
+from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._jobs import SQLiteJobs
+from dibs.stores.sqlite._schema import CLAIMS, upgrade
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dibs_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dibs_claims (
-    -- The rowid: SQLite gives max + 1, and sweep never purges the highest
-    -- row, so a fence is never reused (cheaper than AUTOINCREMENT's extra table).
-    fence      INTEGER PRIMARY KEY,                -- also the claim ID
-    holder     TEXT NOT NULL,
-    targets    TEXT NOT NULL,                      -- canonical JSON
-    state      TEXT NOT NULL,
-    expires_at INTEGER,                            -- µs since the epoch, store clock
-    taken_over INTEGER NOT NULL DEFAULT 0,
-    request_id TEXT,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dibs_claims_by_holder
-    ON dibs_claims (holder) WHERE state IN ('held', 'confirmed');
-CREATE INDEX IF NOT EXISTS dibs_claims_held
-    ON dibs_claims (expires_at) WHERE state = 'held';
-CREATE INDEX IF NOT EXISTS dibs_claims_ended
-    ON dibs_claims (updated_at) WHERE state IN ('released', 'expired');
--- One row per unit of a live claim, or of a dead hold until a claimant takes
--- it over or the sweep purges it (the reason rule): the unique key is the arbiter.
-CREATE TABLE IF NOT EXISTS dibs_units (
-    resource TEXT NOT NULL,
-    slot     TEXT NOT NULL,
-    fence    INTEGER NOT NULL,
-    PRIMARY KEY (resource, slot)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dibs_spans (
-    resource TEXT NOT NULL,
-    lo       NOT NULL,                             -- numbers, or µs for datetimes
-    hi       NOT NULL,
-    kind     TEXT NOT NULL,
-    fence    INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dibs_spans_by_resource ON dibs_spans (resource, lo);
-CREATE TABLE IF NOT EXISTS dibs_requests (
-    request_id  TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    fence       INTEGER,                           -- the granted claim, or NULL
-    taken       TEXT,                              -- JSON targets when lost
-    created_at  INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dibs_requests_by_age ON dibs_requests (created_at);
-"""
-
-_SCHEMA_STATEMENTS = [
-    "\n".join(line for line in part.splitlines() if not line.lstrip().startswith("--"))
-    for part in _SCHEMA.split(";")
-    if part.strip()
-]
+SCHEMA_VERSION = CLAIMS.version
+"""The claim schema version this code writes and understands (steps in ``sql/claims/``)."""
 
 _LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
@@ -160,18 +111,8 @@ class SQLiteStore(Store):
                 field="synchronous",
                 value=synchronous,
             )
-        if (
-            isinstance(busy_timeout, bool)
-            or not isinstance(busy_timeout, int | float)
-            or not (0 < busy_timeout < float("inf"))
-        ):
-            raise InvalidInput(
-                f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}",
-                field="busy_timeout",
-                value=busy_timeout,
-            )
         self.path = os.fspath(path)
-        self.busy_timeout = float(busy_timeout)
+        self.busy_timeout = check_seconds("busy_timeout", busy_timeout)
         self.synchronous = str(synchronous).lower()
         # Connections, transactions, busy retries and the fork rules; shared with the job table.
         self._pool = SQLitePool(
@@ -238,24 +179,7 @@ class SQLiteStore(Store):
             if mode.lower() not in ("wal", "memory"):
                 raise StoreUnavailable(f"cannot switch {self.path!r} to WAL mode (got {mode})")
             with self._immediate() as conn:
-                # executescript() would COMMIT first; run the DDL inside our transaction.
-                for statement in _SCHEMA_STATEMENTS:
-                    conn.execute(statement)
-                row = conn.execute(
-                    "SELECT value FROM dibs_meta WHERE key = 'schema_version'"
-                ).fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO dibs_meta (key, value) VALUES ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
-                elif int(row[0]) > SCHEMA_VERSION:
-                    raise SchemaError(
-                        f"{self.path!r} has dibs schema version {row[0]}, newer than this "
-                        f"dibs understands ({SCHEMA_VERSION}); upgrade dibs",
-                        found=int(row[0]),
-                        supported=SCHEMA_VERSION,
-                    )
+                upgrade(conn, CLAIMS, self.path)
 
         self._retrying(create)
 
@@ -413,11 +337,7 @@ class SQLiteStore(Store):
                 conn.execute("DELETE FROM dibs_spans WHERE rowid = ?", (rowid,))
                 self._take_over(conn, other, now)
             elif kind != span.kind:
-                raise SpanKindMismatch(
-                    f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
-                    field="targets",
-                    value=span,
-                )
+                raise span_kind_mismatch(span, kind)
             else:
                 blocked = True
                 blockers[other] = (other_holder, other_targets)
@@ -645,26 +565,60 @@ class SQLiteStore(Store):
             purged_claims=totals["purged_claims"],
         )
 
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def job_table(self) -> JobTable:
+        """``dibs_jobs`` in this store's file, on its connections (created on first use)."""
+        return self._once("job_table", lambda: SQLiteJobs(self._pool))
+
+    def change_feed(self) -> ChangeFeed:
+        """``PRAGMA data_version`` on a connection of its own, which moves on every commit."""
+        return _DataVersion(self.path)
+
+    def claim_log(self) -> ClaimLog:
+        """Every row of ``dibs_claims``, read in one transaction."""
+        return ClaimReader(self._log)
+
+    def _log(self) -> list[Claim]:
+        def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
+            rows = conn.execute(
+                "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
+                "updated_at, taken_over FROM dibs_claims ORDER BY fence"
+            ).fetchall()
+            # A "now" before every expiry: the log keeps the stored state (see ClaimLog).
+            return [_claim_from_row(row, -(2**62)) for row in rows]
+
+        return self._reading(read)
+
     def _close(self) -> None:
         self._pool.close()
 
 
+class _DataVersion:
+    """``PRAGMA data_version`` on a connection that never writes.
+
+    It moves on every commit by any other connection, so every change it sees
+    is someone else's: another process, or this process's store connections.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._lock = threading.Lock()  # serializes reads on the one connection
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def read(self) -> object:
+        with self._lock:
+            return self._conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
 def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
     fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
-    if state == "held" and expires_at <= now:
-        state = "expired"  # dead before a sweep marked it: derive on read
-    created = _dt(created_at)
-    updated = _dt(updated_at)
+    created, updated = _dt(created_at), _dt(updated_at)
     assert created is not None and updated is not None
-    return Claim(
-        id=str(fence),
-        holder=holder,
-        targets=targets_from_text(targets),
-        state=ClaimState(state),
-        fence=fence,
-        expires_at=_dt(expires_at),
-        request_id=request_id,
-        created_at=created,
-        updated_at=updated,
-        taken_over=bool(taken),
-    )
+    return stored_claim(
+        str(fence), holder, targets, state, fence, _dt(expires_at), request_id, created, updated,
+        taken, dead=state == "held" and expires_at <= now,
+    )  # fmt: skip

@@ -1,30 +1,5 @@
-"""The PostgreSQL store's schema and server-side functions, as SQL templates.
+-- The PostgreSQL claim schema as dibs schema version 2 made it (frozen; {s}: the schema).
 
-Every statement names its tables through ``{s}``, the store's schema (a plain
-identifier checked by the store). Version 1 is the whole schema; a later
-version appends its steps to :data:`MIGRATIONS`, and the store applies the
-missing ones in order under an advisory lock.
-
-Locks, in the one order every transaction here takes them (docs/design.md, principle 7):
-unit rows in ``(resource, slot)`` order, then span rows in ``(resource,
-start)`` order, then claim rows in ``id`` order, then the request row. Names
-compare by code point (``COLLATE "C"``), never by the database's collation,
-which may differ between databases. A claim takes its targets in that order
-because the client sorts them so (Python compares str by code point);
-confirm, extend and release lock the claim's unit and span rows before its
-claim row;
-the sweeper only ever uses ``SKIP LOCKED`` and so never waits. The request row
-is the exception: a claim with a request ID takes it first, but only a claim
-with the same request ID ever waits on it, and that one holds nothing yet.
-"""
-
-from __future__ import annotations
-
-from psycopg import sql
-
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Statements"]
-
-_V1_TABLES = """
 CREATE TABLE {s}.meta (
     key   text PRIMARY KEY,
     value text NOT NULL
@@ -83,13 +58,8 @@ CREATE TABLE {s}.requests (
     created_at  timestamptz NOT NULL
 );
 CREATE INDEX requests_by_age ON {s}.requests (created_at);
-"""
 
-# take_all: acquire every target of one claim in the given (sorted) order.
-# Returns the indexes of taken targets, the live claims that blocked them and
-# the dead holds taken over. After the first loss it only looks, so a loser
-# learns every taken target; the caller rolls the attempt back.
-_V1_TAKE_ALL = """
+
 CREATE FUNCTION {s}.take_all(
     p_id bigint, p_expires timestamptz, p_now timestamptz,
     p_ures text[], p_uslot text[],
@@ -105,7 +75,7 @@ DECLARE
     v_rng numrange;
     v_ids bigint[];
 BEGIN
-    taken := '{{}}'; blockers := '{{}}'; dead := '{{}}';
+    taken := '{}'; blockers := '{}'; dead := '{}';
     FOR i IN 1 .. v_nu LOOP
         IF v_lost THEN
             SELECT u.claim_id INTO v_other FROM {s}.units u
@@ -149,7 +119,7 @@ BEGIN
                        AND s.expires_at <= p_now
                     RETURNING s.claim_id, s.kind
                 )
-                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{{}}')
+                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{}')
                   INTO v_ids FROM gone g;
                 dead := dead || v_ids;
                 -- Linearization point for a span: the insert against both exclusion
@@ -203,13 +173,8 @@ BEGIN
     END IF;
 END
 $$;
-"""
 
-# claim: the whole claim in one round trip. Outcomes: granted, replayed (the
-# request ID or the natural key answered with an existing claim), taken,
-# replayed_taken (a recorded loss). Raises DB002 for a request ID reused with
-# other input and DB001 (from check_span_kind) for mixed span kinds.
-_V1_CLAIM = """
+
 CREATE FUNCTION {s}.claim(
     p_holder text, p_targets text, p_ttl double precision,
     p_request_id text, p_fingerprint text, p_now timestamptz, p_retention double precision,
@@ -334,11 +299,8 @@ BEGIN
         v_claim.request_id, v_claim.created_at, v_claim.updated_at, v_now;
 END
 $$;
-"""
 
-# transition: confirm, extend or release one claim. Status 'ok', or why not:
-# not_found, not_holder, fence, released, expired, taken_over.
-_V1_TRANSITION = """
+
 CREATE FUNCTION {s}.transition(
     p_op text, p_id bigint, p_holder text, p_fence bigint, p_ttl double precision,
     p_now timestamptz
@@ -399,11 +361,8 @@ BEGIN
         v_claim.request_id, v_claim.created_at, v_claim.updated_at, v_now;
 END
 $$;
-"""
 
-# sweep: one batch. It only ever locks with SKIP LOCKED, so it never waits
-# on (or deadlocks with) a claim, a confirm or another sweep.
-_V1_SWEEP = """
+
 CREATE FUNCTION {s}.sweep(
     p_now timestamptz, p_retention double precision, p_batch integer,
     OUT expired integer, OUT purged_claims integer, OUT purged_requests integer
@@ -421,7 +380,7 @@ BEGIN
         UPDATE {s}.claims c SET state = 'expired', updated_at = v_now
           FROM dead WHERE c.id = dead.id RETURNING c.id
     )
-    SELECT coalesce(array_agg(marked.id), '{{}}') INTO v_ids FROM marked;
+    SELECT coalesce(array_agg(marked.id), '{}') INTO v_ids FROM marked;
     expired := cardinality(v_ids);
 
     -- Like every store, keep the newest claim (the sequence's last fence;
@@ -434,7 +393,7 @@ BEGIN
     ), purged AS (
         DELETE FROM {s}.claims c USING ended WHERE c.id = ended.id RETURNING c.id
     )
-    SELECT v_ids || coalesce(array_agg(purged.id), '{{}}'), count(*)
+    SELECT v_ids || coalesce(array_agg(purged.id), '{}'), count(*)
       INTO v_ids, purged_claims FROM purged;
 
     -- Free the targets of the holds just marked expired or purged (rows of a
@@ -456,16 +415,8 @@ BEGIN
     GET DIAGNOSTICS purged_requests = ROW_COUNT;
 END
 $$;
-"""
 
-# Version 2 of take_all. Version 1 looked at each target after the first loss
-# in a statement of its own, each with a fresh snapshot, so a refusal could
-# report one target of a concurrent group grant taken and another free: no
-# single instant had that state (dibs verify found it). Now every target after
-# the first loss is looked at in one statement, one snapshot: the targets
-# before it are ours and the first loss is row-locked, so the taken set is that
-# of one instant.
-_V2_TAKE_ALL = """
+
 CREATE OR REPLACE FUNCTION {s}.take_all(
     p_id bigint, p_expires timestamptz, p_now timestamptz,
     p_ures text[], p_uslot text[],
@@ -482,7 +433,7 @@ DECLARE
     v_ids bigint[];
     v_more integer[];
 BEGIN
-    taken := '{{}}'; blockers := '{{}}'; dead := '{{}}';
+    taken := '{}'; blockers := '{}'; dead := '{}';
     FOR i IN 1 .. v_nu LOOP
         LOOP
             -- Linearization point for a free unit: the insert against the primary key.
@@ -518,7 +469,7 @@ BEGIN
                        AND s.expires_at <= p_now
                     RETURNING s.claim_id, s.kind
                 )
-                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{{}}')
+                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{}')
                   INTO v_ids FROM gone g;
                 dead := dead || v_ids;
                 -- Linearization point for a span: the insert against both exclusion
@@ -547,7 +498,7 @@ BEGIN
         FOR j IN greatest(v_lost - v_nu, 0) + 1 .. v_ns LOOP
             PERFORM {s}.check_span_kind(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
         END LOOP;
-        SELECT coalesce(array_agg(DISTINCT x.idx), '{{}}'), coalesce(array_agg(x.claim_id), '{{}}')
+        SELECT coalesce(array_agg(DISTINCT x.idx), '{}'), coalesce(array_agg(x.claim_id), '{}')
           INTO v_more, v_ids
           FROM (
             SELECT t.k::integer - 1 AS idx, u.claim_id
@@ -570,212 +521,3 @@ BEGIN
     END IF;
 END
 $$;
-"""
-
-
-def _revise(text: str, *edits: tuple[str, str]) -> str:
-    """An earlier version's function as ``CREATE OR REPLACE``, with each edit made exactly once."""
-    text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
-    for old, new in edits:
-        if text.count(old) != 1:
-            raise AssertionError(f"a migration edit does not apply exactly once: {old!r}")
-        text = text.replace(old, new)
-    return text
-
-
-# Version 3, three fixes in the functions that lock rows.
-#
-# One lock order whatever the database's collation: "C" compares UTF-8 bytes,
-# which order like code points, as Python sorts the targets the client sends.
-# Version 2's transition() sorted by the database's default collation, so in
-# an en_US database a confirm locked a group's rows in another order than a
-# claimant taking them over did, and the two deadlocked.
-#
-# The reason rule (docs/design.md): a dead hold is taken over by any later
-# claim on a target it would have blocked, whether or not a sweep marked it
-# expired first. So a sweep no longer frees an expired hold's unit and span
-# rows (they stay, dead, until a claimant takes them over or the claim is
-# purged), a takeover marks an expired claim not yet taken over as well as a
-# held one, and a claim switching a resource to the other span kind marks the
-# dead spans it deletes taken over too (version 2 dropped them unmarked).
-_V3_TAKE_ALL = _revise(
-    _V2_TAKE_ALL,
-    (
-        """
-                -- Clear dead spans in the way: overlapping ones (taken over) and
-                -- any of the other kind (they would trip spans_one_kind).
-                WITH gone AS (
-                    DELETE FROM {s}.spans s
-                     WHERE s.resource = p_sres[j] AND (s.span && v_rng OR s.kind <> p_skind[j])
-                       AND s.expires_at <= p_now
-                    RETURNING s.claim_id, s.kind
-                )
-                SELECT coalesce(array_agg(g.claim_id) FILTER (WHERE g.kind = p_skind[j]), '{{}}')
-                  INTO v_ids FROM gone g;
-""",
-        """
-                -- Take over the dead spans in the way: overlapping ones, and any
-                -- of the other kind (they would trip spans_one_kind; a live one
-                -- would have blocked this claim). Rows locked in span order, the
-                -- order transition() locks them in.
-                WITH gone AS (
-                    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
-                        SELECT x.ctid FROM {s}.spans x
-                         WHERE x.resource = p_sres[j]
-                           AND (x.span && v_rng OR x.kind <> p_skind[j])
-                           AND x.expires_at <= p_now
-                         ORDER BY lower(x.span) FOR UPDATE))
-                    RETURNING s.claim_id
-                )
-                SELECT coalesce(array_agg(g.claim_id), '{{}}') INTO v_ids FROM gone g;
-""",
-    ),
-    (
-        """
-        -- Claim rows last, in id order (the module's lock order).
-        UPDATE {s}.claims c SET state = 'expired', taken_over = true, updated_at = p_now
-         WHERE c.id IN (SELECT DISTINCT d FROM unnest(dead) d ORDER BY d) AND c.state = 'held';
-""",
-        """
-        -- Claim rows last, in id order (the module's lock order). A dead hold
-        -- is taken over whether or not a sweep marked it expired already.
-        PERFORM 1 FROM {s}.claims c WHERE c.id = ANY(dead) ORDER BY c.id FOR UPDATE;
-        UPDATE {s}.claims c SET state = 'expired', taken_over = true, updated_at = p_now
-         WHERE c.id = ANY(dead) AND c.state IN ('held', 'expired') AND NOT c.taken_over;
-""",
-    ),
-)
-
-_V3_TRANSITION = _revise(
-    _V1_TRANSITION,
-    (
-        "ORDER BY u.resource, u.slot FOR UPDATE",
-        'ORDER BY u.resource COLLATE "C", u.slot COLLATE "C" FOR UPDATE',
-    ),
-    (
-        "ORDER BY s.resource, lower(s.span) FOR UPDATE",
-        'ORDER BY s.resource COLLATE "C", lower(s.span) FOR UPDATE',
-    ),
-)
-
-_V3_SWEEP = _revise(
-    _V1_SWEEP,
-    (
-        """
-    -- Free the targets of the holds just marked expired or purged (rows of a
-    -- confirm or takeover in flight are skipped: they are dealt with there).
-    DELETE FROM {s}.units u WHERE u.ctid = ANY(ARRAY(
-        SELECT x.ctid FROM {s}.units x
-         WHERE x.claim_id = ANY(v_ids) AND x.expires_at <= v_now
-         ORDER BY x.resource, x.slot FOR UPDATE SKIP LOCKED));
-    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
-        SELECT x.ctid FROM {s}.spans x
-         WHERE x.claim_id = ANY(v_ids) AND x.expires_at <= v_now
-         ORDER BY x.resource, lower(x.span) FOR UPDATE SKIP LOCKED));
-""",
-        """
-    -- Drop the rows of the claims just purged. An expired hold's rows stay
-    -- until then, so that a later claimant taking them over marks it taken
-    -- over. (A row locked by a takeover in flight is skipped: the takeover
-    -- owns it. One locked by a confirm is left dead, for the next claimant.)
-    DELETE FROM {s}.units u WHERE u.ctid = ANY(ARRAY(
-        SELECT x.ctid FROM {s}.units x WHERE x.claim_id = ANY(v_ids)
-         ORDER BY x.resource COLLATE "C", x.slot COLLATE "C" FOR UPDATE SKIP LOCKED));
-    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
-        SELECT x.ctid FROM {s}.spans x WHERE x.claim_id = ANY(v_ids)
-         ORDER BY x.resource COLLATE "C", lower(x.span) FOR UPDATE SKIP LOCKED));
-""",
-    ),
-    (
-        """
-    SELECT v_ids || coalesce(array_agg(purged.id), '{{}}'), count(*)
-      INTO v_ids, purged_claims FROM purged;
-""",
-        """
-    SELECT coalesce(array_agg(purged.id), '{{}}'), count(*)
-      INTO v_ids, purged_claims FROM purged;
-""",
-    ),
-)
-
-MIGRATIONS: list[list[str]] = [
-    # version 1
-    [_V1_TABLES, _V1_TAKE_ALL, _V1_CLAIM, _V1_TRANSITION, _V1_SWEEP],
-    # version 2: a loser's look at the rest of its targets is one snapshot
-    [_V2_TAKE_ALL],
-    # version 3: one lock order in any collation; the reason rule on swept holds
-    [_V3_TAKE_ALL, _V3_TRANSITION, _V3_SWEEP],
-]
-"""``MIGRATIONS[n - 1]`` takes a schema from version ``n - 1`` to ``n`` (0: empty)."""
-
-SCHEMA_VERSION = len(MIGRATIONS)
-"""The schema version this code writes and understands."""
-
-
-class Statements:
-    """The statements a store sends, rendered once for its schema.
-
-    With ``test_clock`` every statement takes the test clock's time as a
-    parameter; otherwise the hot path reads ``clock_timestamp()`` and the
-    others pass NULL for it. (Rendered to bytes up front: psycopg would
-    re-render a ``sql.Composed`` on every call.)
-    """
-
-    def __init__(self, schema: str, *, test_clock: bool) -> None:
-        s = sql.Identifier(schema)
-
-        def render(text: str) -> bytes:
-            return sql.SQL(text).format(s=s).as_bytes(None)
-
-        self.claim = render(
-            "SELECT * FROM {s}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
-            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
-        )
-        # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
-        # the unit insert is the check; the fence is drawn by the claims insert,
-        # which reads the unit insert's row, so only after the unit is held.
-        # No row back means the unit was occupied: the full function decides.
-        # Confirmed claims only (no expiry): the claim is dated by a clock read
-        # after the unit insert, which may have waited behind a concurrent
-        # release of the unit. A hold's expiry would have to be fixed before
-        # that wait, so holds take the claim function, which dates them after.
-        now = "%s::timestamptz" if test_clock else "clock_timestamp()"
-        stamp = "t.now" if test_clock else "clock_timestamp()"
-        self.claim_free_unit = render(
-            f"WITH t AS (SELECT {now} AS now), "
-            "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
-            "SELECT %s, %s, nextval('{s}.claim_ids'), t.now + make_interval(secs => %s::float8) "
-            "FROM t ON CONFLICT DO NOTHING RETURNING claim_id, expires_at) "
-            "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
-            "created_at, updated_at) "
-            "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
-            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, c.stamp, c.stamp "
-            # LATERAL on u's row: the clock is read once u's insert has happened.
-            f"FROM u, t, LATERAL (SELECT {stamp} AS stamp WHERE u.claim_id IS NOT NULL) c "
-            "RETURNING id, fence, expires_at, created_at"
-        )
-        self.transition = render("SELECT * FROM {s}.transition(%s, %s, %s, %s, %s, %s)")
-        self.sweep = render("SELECT * FROM {s}.sweep(%s, %s, %s)")
-        self.get = render(
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, coalesce(%s, clock_timestamp()) "
-            "FROM {s}.claims WHERE id = %s"
-        )
-        self.claims_of = render(
-            "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, t.now FROM {s}.claims c, t WHERE c.holder = %s "
-            "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
-            "ORDER BY c.fence"
-        )
-        self.holder_of_unit = render(
-            "SELECT c.holder FROM {s}.units u JOIN {s}.claims c ON c.id = u.claim_id "
-            "WHERE u.resource = %s AND u.slot = %s "
-            "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
-        )
-        self.holder_of_span = render(
-            "SELECT c.holder FROM {s}.spans x JOIN {s}.claims c ON c.id = x.claim_id "
-            "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
-            "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
-            "LIMIT 1"
-        )

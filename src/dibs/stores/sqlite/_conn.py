@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import sqlite3
 import threading
 import time
@@ -44,6 +43,7 @@ from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 from dibs.exceptions import StoreClosed, StoreUnavailable
+from dibs.stores._retry import retrying
 
 __all__ = ["IDLE_LIMIT", "SQLitePool"]
 
@@ -65,6 +65,14 @@ def _abandon(conns: list[sqlite3.Connection]) -> None:
     for conn in conns:
         # A reference nobody drops: not even interpreter shutdown deallocates (closes) it.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))
+
+
+def _busy(exc: Exception) -> bool:
+    """Whether ``exc`` is SQLite's transient error: another connection holds the lock."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -138,24 +146,20 @@ class SQLitePool:
                     raise
 
     def retrying(self, work: Callable[[], _T]) -> _T:
-        """Run ``work``, retrying while the database is busy, up to ``busy_timeout``."""
-        deadline = time.monotonic() + self.busy_timeout
-        delay = 0.001
-        while True:
-            try:
-                return work()
-            except sqlite3.OperationalError as exc:
-                message = str(exc).lower()
-                if "locked" not in message and "busy" not in message:
-                    raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"SQLite store {self.path!r} stayed busy for {self.busy_timeout:g}s: {exc}"
-                    ) from exc
-                time.sleep(random.uniform(0, delay))  # full jitter
-                delay = min(delay * 2, 0.1)
-            except sqlite3.DatabaseError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
+        """Run ``work``, retrying while the database is busy, up to ``busy_timeout``.
+
+        Every other SQLite error is :class:`~dibs.StoreUnavailable` at once.
+        """
+
+        def gave_up(exc: Exception, tries: int) -> Exception:
+            return StoreUnavailable(
+                f"SQLite store {self.path!r} stayed busy for {self.busy_timeout:g}s: {exc}"
+            )
+
+        try:
+            return retrying(work, transient=_busy, gave_up=gave_up, seconds=self.busy_timeout)
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
 
     def close(self) -> None:
         """Close idle connections now, and busy ones as they come back."""

@@ -7,12 +7,13 @@ PostgreSQL refuses to run as root, so when this process is root the server
 runs as an unprivileged OS user: ``$DIBS_PG_OS_USER``, else ``postgres`` if it
 exists, else a system user ``dibs-pg`` created on first use.
 
-:func:`ensure_installed` finds the server binaries and, when they are missing
-and this process is root on Debian, installs them with ``apt-get`` (the same
-steps as ``scripts/pg-ensure.sh``).
+:func:`ensure_installed` finds the server binaries and, when they (or the OS
+user) are missing, runs ``scripts/pg-ensure.sh``: the one place that installs
+anything.
 
-Run ``python -m dibs.testing.pgserver`` to start one by hand; it prints the
-URL and stops the server on Ctrl-C.
+Test-only: this module is not part of the dibs package. Run ``python
+tests/pgserver.py`` to start one by hand; it prints the URL and stops the
+server on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ APP_ROLE = "dibs_app"
 :meth:`PostgresServer.create_database`: what an application runs as."""
 
 _FALLBACK_OS_USER = "dibs-pg"
-_APT_PACKAGES = ("postgresql", "postgresql-contrib")
+
+PG_ENSURE = Path(__file__).resolve().parent.parent / "scripts" / "pg-ensure.sh"
+"""The one script that installs PostgreSQL and creates its OS user."""
 
 
 class ServerSetupError(RuntimeError):
@@ -77,33 +80,29 @@ def find_bindir() -> Path | None:
 
 
 def ensure_installed() -> Path:
-    """Return the server's bin directory, installing Debian's packages if it is missing.
+    """Return the server's bin directory, running ``scripts/pg-ensure.sh`` if it is missing.
 
-    Raises :class:`ServerSetupError` when the binaries are missing and cannot
-    be installed here (not root, or no ``apt-get``).
+    Raises :class:`ServerSetupError` when the script cannot provide it (not
+    root, or no ``apt-get``).
     """
     bindir = find_bindir()
     if bindir is not None and _has_btree_gist(bindir):
         return bindir
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ServerSetupError(
-            "PostgreSQL server binaries (with btree_gist) not found and cannot be installed "
-            "here; run scripts/pg-ensure.sh as root, install Debian's 'postgresql' and "
-            "'postgresql-contrib' packages, set DIBS_PG_BINDIR, or point DIBS_TEST_PG_URL "
-            "at an existing server"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *_APT_PACKAGES],
-    ):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise ServerSetupError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
+    _pg_ensure()
     bindir = find_bindir()
     if bindir is None:
-        raise ServerSetupError(f"installed {_APT_PACKAGES} but found no initdb")
+        raise ServerSetupError(f"{PG_ENSURE} ran but no initdb was found")
     return bindir
+
+
+def _pg_ensure() -> None:
+    done = subprocess.run([str(PG_ENSURE)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ServerSetupError(
+            f"{PG_ENSURE} failed:\n{done.stderr.strip()}\nInstall Debian's 'postgresql' and "
+            "'postgresql-contrib' packages, set DIBS_PG_BINDIR, or point DIBS_TEST_PG_URL at "
+            "an existing server"
+        )
 
 
 def _has_btree_gist(bindir: Path) -> bool:
@@ -126,7 +125,8 @@ def _run(cmd: list[str]) -> str:
 def server_os_user() -> pwd.struct_passwd | None:
     """Return the OS user the server must run as, or None to run as this process.
 
-    Creates the system user ``dibs-pg`` when root and no other is available.
+    Has ``scripts/pg-ensure.sh`` create the system user ``dibs-pg`` when root
+    and no other is available.
     """
     if os.geteuid() != 0:
         return None
@@ -134,25 +134,11 @@ def server_os_user() -> pwd.struct_passwd | None:
     for name in filter(None, names):
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
-    done = subprocess.run(
-        [
-            "useradd",
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            _FALLBACK_OS_USER,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    _pg_ensure()  # as root, it creates the system user dibs-pg
     try:
         return pwd.getpwnam(_FALLBACK_OS_USER)
     except KeyError:
-        raise ServerSetupError(
-            f"could not create OS user {_FALLBACK_OS_USER}: {done.stderr}"
-        ) from None
+        raise ServerSetupError(f"{PG_ENSURE} did not create OS user {_FALLBACK_OS_USER}") from None
 
 
 def free_port() -> int:
@@ -366,7 +352,7 @@ class PostgresServer:
             raise ServerSetupError(f"initdb failed:\n{done.stdout}\n{done.stderr}")
         conf = self.datadir / "postgresql.conf"
         with conf.open("a") as f:
-            f.write("\n# dibs.testing.pgserver\n")
+            f.write("\n# dibs tests/pgserver.py\n")
             f.write(f"unix_socket_directories = '{self.root}'\n")
             for key, value in self._settings.items():
                 f.write(f"{key} = {value}\n")

@@ -1,7 +1,7 @@
 """``postgresql://``: the arbiter for many application hosts sharing one PostgreSQL.
 
 Each operation is one statement — a call of a server-side function (see
-:mod:`dibs.stores._postgres_sql`), or for a free single unit one plain
+:mod:`dibs.stores.postgres._sql`), or for a free single unit one plain
 ``INSERT`` CTE — so it is one round trip and one transaction in autocommit
 mode:
 
@@ -30,9 +30,8 @@ committed: retry with the same request ID to learn which.
 
 from __future__ import annotations
 
-import random
 import re
-import time
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -59,7 +58,6 @@ from dibs._model import (
     make_claim,
     make_result,
     span_bound_to_number,
-    targets_from_text,
     targets_to_text,
 )
 from dibs.exceptions import (
@@ -67,19 +65,25 @@ from dibs.exceptions import (
     InvalidInput,
     RequestConflict,
     SchemaError,
-    SpanKindMismatch,
     StoreClosed,
     StoreUnavailable,
 )
-from dibs.stores._postgres_sql import MIGRATIONS, SCHEMA_VERSION, Statements
+from dibs.stores._retry import retrying
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
+    check_seconds,
     claim_not_found,
     hold_lost,
     not_holder,
     parse_serial_id,
+    span_kind_mismatch,
+    stored_claim,
 )
+from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
+from dibs.stores.jobs import JobTable
+from dibs.stores.postgres._jobs import PostgresJobs
+from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
@@ -208,16 +212,7 @@ class PostgresStore(Store):
                 field="pool_min",
                 value=pool_min,
             )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, int | float)
-            or not (0 < pool_timeout < float("inf"))
-        ):
-            raise InvalidInput(
-                f"pool_timeout must be a positive number of seconds, got {pool_timeout!r}",
-                field="pool_timeout",
-                value=pool_timeout,
-            )
+        check_seconds("pool_timeout", pool_timeout)
         try:
             conninfo_to_dict(conninfo)
         except psycopg.ProgrammingError as exc:
@@ -239,6 +234,7 @@ class PostgresStore(Store):
             open=False,
         )
         self._sql = Statements(schema, test_clock=self._test_clock)
+        self._conninfo = conninfo
         try:
             self._pool.open(wait=False)
             self._create_schema(create_extension)
@@ -278,26 +274,34 @@ class PostgresStore(Store):
         :class:`~dibs.StoreClosed` once the store is closed. ``explain`` may
         translate a server error first (the claim's own SQLSTATEs).
         """
-        delay = 0.002
-        for attempt in range(self.max_retries + 1):
+        answered = False
+
+        def attempt() -> Any:
+            nonlocal answered
             answered = False
-            try:
-                with self._pool.connection() as conn:
-                    cur = conn.execute(query, params)
-                    answered = True
-                    return cur.fetchone() if fetch == "one" else cur.fetchall()
-            except _RETRY as exc:
-                if attempt == self.max_retries:
-                    raise StoreUnavailable(
-                        f"PostgreSQL store: gave up after {attempt + 1} attempts "
-                        f"({exc.sqlstate}: {exc})"
-                    ) from exc
-                time.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 0.25)
-            except (psycopg.Error, UnicodeError) as exc:
-                mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
-                raise (mapped or self._translate(exc, params, answered=answered)) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+            with self._pool.connection() as conn:
+                cur = conn.execute(query, params)
+                answered = True
+                return cur.fetchone() if fetch == "one" else cur.fetchall()
+
+        def gave_up(exc: Exception, tries: int) -> Exception:
+            sqlstate = getattr(exc, "sqlstate", None)
+            return StoreUnavailable(
+                f"PostgreSQL store: gave up after {tries} attempts ({sqlstate}: {exc})"
+            )
+
+        try:
+            return retrying(
+                attempt,
+                transient=lambda exc: isinstance(exc, _RETRY),
+                gave_up=gave_up,
+                attempts=self.max_retries + 1,
+                delay=0.002,
+                max_delay=0.25,
+            )
+        except (psycopg.Error, UnicodeError) as exc:
+            mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
+            raise (mapped or self._translate(exc, params, answered=answered)) from exc
 
     def _translate(
         self, exc: psycopg.Error | UnicodeError, params: Sequence[Any], *, answered: bool
@@ -347,7 +351,7 @@ class PostgresStore(Store):
         s = sql.Identifier(self.schema)
         try:
             with self._pool.connection() as conn:
-                version = _schema_version(conn, self.schema)
+                version = schema_version(conn, self.schema)
                 if version == SCHEMA_VERSION:
                     return
                 with conn.transaction():
@@ -356,15 +360,8 @@ class PostgresStore(Store):
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs:{self.schema}",)
                     )
-                    version = _schema_version(conn, self.schema)
-                    if version > SCHEMA_VERSION:
-                        raise SchemaError(
-                            f"PostgreSQL schema {self.schema!r} is at dibs schema version "
-                            f"{version}, newer than this dibs understands ({SCHEMA_VERSION}); "
-                            "upgrade dibs",
-                            found=version,
-                            supported=SCHEMA_VERSION,
-                        )
+                    version = schema_version(conn, self.schema)
+                    CLAIMS.check(version, f"PostgreSQL schema {self.schema!r}")
                     if version == 0:
                         self._ensure_extension(conn, create_extension)
                         exists = conn.execute(
@@ -372,16 +369,7 @@ class PostgresStore(Store):
                         ).fetchone()
                         if not exists:  # a schema made for us needs no CREATE on the database
                             conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
-                    for steps in MIGRATIONS[version:]:
-                        for step in steps:
-                            conn.execute(step.format(s=s.as_string(conn)).encode())
-                    conn.execute(
-                        sql.SQL(
-                            "INSERT INTO {}.meta (key, value) VALUES ('schema_version', %s) "
-                            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-                        ).format(s),
-                        (str(SCHEMA_VERSION),),
-                    )
+                    upgrade(conn, self.schema, CLAIMS)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SchemaError(
                 f"cannot create dibs schema {self.schema!r}: {exc}. Grant CREATE on the "
@@ -431,7 +419,7 @@ class PostgresStore(Store):
             granted = self._claim_free_unit(targets[0], text, holder)
             if granted is not None:
                 return granted
-        # The lock order (see dibs.stores._postgres_sql): units by (resource,
+        # The lock order (see dibs.stores.postgres._sql): units by (resource,
         # slot), spans by (resource, start), str compared by code point as the
         # "C" collation does, whatever the database's default collation is.
         units = sorted((t for t in targets if isinstance(t, Unit)), key=_unit_key)
@@ -504,11 +492,7 @@ class PostgresStore(Store):
             index, kind = (diag.message_detail or "0 ?").split(" ", 1)
             span = targets[int(index)]
             assert isinstance(span, Span)
-            return SpanKindMismatch(
-                f"resource {span.resource!r} holds {kind} spans; cannot claim {span!r}",
-                field="targets",
-                value=span,
-            )
+            return span_kind_mismatch(span, kind)
         return None
 
     # --- transitions on one claim ---------------------------------------------------------------
@@ -601,26 +585,63 @@ class PostgresStore(Store):
                     expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
                 )
 
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def job_table(self) -> JobTable:
+        """``jobs`` in this store's schema, on this store's pool (created on first use)."""
+        return self._once("job_table", lambda: PostgresJobs(self.schema, self._pool))
+
+    def change_feed(self) -> ChangeFeed:
+        """The server's WAL position, read on a connection of its own."""
+        return _WalPosition(self._conninfo)
+
+    def claim_log(self) -> ClaimLog:
+        """Every row of the schema's ``claims`` table, in one statement."""
+        return ClaimReader(self._log)
+
+    def _log(self) -> list[Claim]:
+        rows = self._call(self._sql.log, (), fetch="all")
+        return [_claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]
+
     def _close(self) -> None:
         self._pool.close()
 
 
-def _schema_version(conn: psycopg.Connection[TupleRow], schema: str) -> int:
-    # An MVCC scan of the catalog, not to_regclass(): the latter goes through a
-    # cache that may still say "absent" just after another process created it.
-    row = conn.execute(
-        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = 'meta'",
-        (schema,),
-    ).fetchone()
-    if row is None:
-        return 0
-    found = conn.execute(
-        sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(
-            sql.Identifier(schema)
-        )
-    ).fetchone()
-    return int(found[0]) if found else 0
+_BEFORE_ANY_EXPIRY = datetime.min.replace(tzinfo=UTC)
+"""A "now" no hold has expired by: the claim log keeps stored states (see ClaimLog)."""
+
+
+class _WalPosition:
+    """PostgreSQL's current WAL position: it moves on every write to the cluster.
+
+    Writes to other databases move it too, which costs a needless refresh,
+    never a missed one. Any error answers "changed" and reconnects next time.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._lock = threading.Lock()  # guards _conn
+        self._conn: psycopg.Connection[TupleRow] | None = None
+
+    def read(self) -> object:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+                row = self._conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                return row[0] if row else object()
+            except psycopg.Error:
+                self._drop()
+                return object()
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 def _bad_input(exc: Exception, params: Sequence[Any]) -> InvalidInput:
@@ -662,21 +683,9 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def _claim_from_row(row: Sequence[Any], now: datetime) -> Claim:
     (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created, updated) = row
-    claim_state = _STATES[state]
-    if claim_state is ClaimState.HELD and expires_at <= now:
-        claim_state = ClaimState.EXPIRED  # dead before a sweep marked it: derive on read
-    created_at = _utc(created)
-    updated_at = _utc(updated)
+    created_at, updated_at = _utc(created), _utc(updated)
     assert created_at is not None and updated_at is not None
-    return Claim(
-        id=str(id_),
-        holder=holder,
-        targets=targets_from_text(targets),
-        state=claim_state,
-        fence=fence,
-        expires_at=_utc(expires_at),
-        request_id=request_id,
-        created_at=created_at,
-        updated_at=updated_at,
-        taken_over=bool(taken_over),
-    )
+    return stored_claim(
+        str(id_), holder, targets, state, fence, _utc(expires_at), request_id, created_at,
+        updated_at, taken_over, dead=state == "held" and expires_at <= now,
+    )  # fmt: skip

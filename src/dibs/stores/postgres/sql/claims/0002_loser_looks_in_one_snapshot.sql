@@ -1,0 +1,9 @@
+-- Version 2 of take_all. Version 1 looked at each target after the first loss
+-- in a statement of its own, each with a fresh snapshot, so a refusal could
+-- report one target of a concurrent group grant taken and another free: no
+-- single instant had that state (dibs verify found it). Now every target after
+-- the first loss is looked at in one statement, one snapshot: the targets
+-- before it are ours and the first loss is row-locked, so the taken set is that
+-- of one instant.
+--
+-- A change to take_all only: the runner recreates it from functions/take_all.sql.

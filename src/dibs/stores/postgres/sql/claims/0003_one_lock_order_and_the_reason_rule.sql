@@ -1,0 +1,18 @@
+-- Version 3, three fixes in the functions that lock rows.
+--
+-- One lock order whatever the database's collation: "C" compares UTF-8 bytes,
+-- which order like code points, as Python sorts the targets the client sends.
+-- Version 2's transition() sorted by the database's default collation, so in
+-- an en_US database a confirm locked a group's rows in another order than a
+-- claimant taking them over did, and the two deadlocked.
+--
+-- The reason rule (docs/design.md): a dead hold is taken over by any later
+-- claim on a target it would have blocked, whether or not a sweep marked it
+-- expired first. So a sweep no longer frees an expired hold's unit and span
+-- rows (they stay, dead, until a claimant takes them over or the claim is
+-- purged), a takeover marks an expired claim not yet taken over as well as a
+-- held one, and a claim switching a resource to the other span kind marks the
+-- dead spans it deletes taken over too (version 2 dropped them unmarked).
+--
+-- Changes to take_all, transition and sweep only: the runner recreates them
+-- from functions/.
