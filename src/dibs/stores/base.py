@@ -77,6 +77,15 @@ class Store(abc.ABC):
     """True when the claims live in this process only: another process opening the same
     URL gets a different, empty store (memory://). Tools then run their callers as threads."""
 
+    local_clock: ClassVar[bool] = False
+    """True when the store judges time on this machine's clock and the calling process does
+    the writes (memory://, sqlite://): a caller killed mid-call leaves nothing running."""
+
+    verify_faults: ClassVar[frozenset[str]] = frozenset()
+    """Faults ``dibs verify`` may inject beyond kill, pause and skew: ``integrity`` (check
+    the store's file after each kill), ``terminate`` and ``restart`` (server sessions that
+    verify names per client, lists and ends, and a server it can restart)."""
+
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
     ) -> None:

@@ -185,6 +185,7 @@ class MemoryStore(Store):
 
     scheme = "memory"
     in_process = True
+    local_clock = True
 
     def __init__(
         self,

@@ -40,9 +40,6 @@ OK = "ok"
 FAIL = "fail"
 UNKNOWN = "unknown"
 
-LOCAL_SCHEMES = ("memory", "sqlite")
-"""Stores whose writes the client process does itself: they die with it."""
-
 
 @dataclass
 class Op:

@@ -28,6 +28,7 @@ from typing import Any
 import dibs
 from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit
 from dibs.exceptions import InvalidInput
+from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
@@ -186,9 +187,11 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     if ":" in plant:
         custom: Callable[..., Store] = plant_class(plant).from_url
         return custom(url, **options)
-    scheme = url.split("://", 1)[0].lower()
+    # The built-in plants are broken twins of the built-in stores, keyed by the store's
+    # registered scheme (postgres:// and postgresql:// are one store).
+    scheme = store_class(url).scheme
     cls = _CLASSES.get((plant, scheme))
-    if cls is None and plant in PLANTS and scheme in ("postgresql", "postgres"):
+    if cls is None and plant in PLANTS and scheme == "postgresql":
         cls = _postgres_plant(plant)
     if cls is None:
         raise InvalidInput(

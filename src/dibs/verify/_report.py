@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dibs.verify._check import BOOKKEEPING, Report, partition
-from dibs.verify._history import FAIL, LOCAL_SCHEMES, OK, History, Op
+from dibs.verify._history import FAIL, OK, History, Op
 from dibs.verify._linear import ANOMALY, PartitionResult, describe_ops, describe_states
 
 __all__ = ["write_report"]
@@ -77,7 +77,7 @@ def render_html(history: History, report: Report) -> str:
     parts = partition(history.ops)
     verdicts = {p.resource: p for p in report.partitions}
     # Only a local store's clock is this machine's: elsewhere a tick would need the offset.
-    local = str(history.header.get("store", "")).split("://", 1)[0].lower() in LOCAL_SCHEMES
+    local = bool(history.header.get("local_clock", False))
     body: list[str] = []
     verdict = report.verdict
     body.append(f"<h1>dibs verify: <span class='verdict-{verdict}'>{verdict.upper()}</span></h1>")

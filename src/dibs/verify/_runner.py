@@ -48,7 +48,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores import store_class
 from dibs.stores.base import Store
-from dibs.verify._history import LOCAL_SCHEMES, iter_events, write_events
+from dibs.verify._history import iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import PLANTS, SkewedClock, open_planted, plant_class
 from dibs.verify._workload import (
@@ -67,8 +67,8 @@ FAULTS = ("kill", "pause", "skew", "integrity", "terminate", "restart")
 Progress = Callable[[int, int], None]
 
 
-def _check(workload: Workload) -> str:
-    scheme = workload.store.split("://", 1)[0].lower()
+def _check(workload: Workload) -> type[Store]:
+    cls = store_class(workload.store)
     unknown = set(workload.faults) - set(FAULTS)
     if unknown:
         raise InvalidInput(
@@ -85,17 +85,12 @@ def _check(workload: Workload) -> str:
         )
     if workload.plant is not None and ":" in workload.plant:
         plant_class(workload.plant)  # fail here, not in every client
-    applies = {
-        "memory": {"kill", "pause", "skew"},
-        "sqlite": {"kill", "pause", "skew", "integrity"},
-        "postgresql": {"kill", "pause", "skew", "terminate", "restart"},
-        "postgres": {"kill", "pause", "skew", "terminate", "restart"},
-    }
-    allowed = applies.get(scheme, {"kill", "pause", "skew"})
+    # The store says which faults beyond these apply to it (Store.verify_faults).
+    allowed = {"kill", "pause", "skew"} | cls.verify_faults
     misplaced = set(workload.faults) - allowed
     if misplaced:
         raise InvalidInput(
-            f"fault(s) {sorted(misplaced)} do not apply to {scheme}:// "
+            f"fault(s) {sorted(misplaced)} do not apply to {cls.scheme}:// "
             f"(it takes {', '.join(sorted(allowed))})",
             field="faults",
             value=workload.faults,
@@ -114,7 +109,7 @@ def _check(workload: Workload) -> str:
         )
     if workload.slots > 10:
         raise InvalidInput("at most 10 slots per resource", field="slots", value=workload.slots)
-    return scheme
+    return cls
 
 
 def run_workload(
@@ -131,7 +126,7 @@ def run_workload(
     :class:`RuntimeError` if a client process failed for a reason other than
     the nemesis (a harness failure, not a verdict).
     """
-    scheme = _check(workload)
+    cls = _check(workload)
     if "restart" in workload.faults and restart is None:
         raise InvalidInput(
             "the restart fault needs a way to restart the server: run_workload(restart=...), "
@@ -150,7 +145,7 @@ def run_workload(
     propagate, pool_logger.propagate = pool_logger.propagate, False
     try:
         log: list[Any] | None
-        if store_class(workload.store).in_process:  # memory://: clients are threads
+        if cls.in_process:  # memory://: clients are threads
             store = open_planted(workload.store, workload.plant)
             try:
                 _run_threads(workload, store, scratch, nemesis, progress)
@@ -161,10 +156,10 @@ def run_workload(
             # The schema is created once here, before the clients race to open it.
             plant = workload.plant if workload.plant and ":" in workload.plant else None
             with open_planted(workload.store, plant) as store:
-                _run_processes(workload, store, scratch, nemesis, progress, restart, scheme)
+                _run_processes(workload, store, scratch, nemesis, progress, restart, cls)
                 log = _dump(store)
         notes = _client_logs(scratch, counted)
-        _merge(workload, scratch, nemesis, log, history, notes)
+        _merge(workload, cls, scratch, nemesis, log, history, notes)
     finally:
         pool_logger.removeHandler(counted)
         pool_logger.propagate = propagate
@@ -213,6 +208,7 @@ def _dump(store: Store) -> list[Any] | None:
 
 def _merge(
     workload: Workload,
+    cls: type[Store],
     scratch: Path,
     nemesis: list[dict[str, Any]],
     log: list[Any] | None,
@@ -220,7 +216,12 @@ def _merge(
     notes: list[dict[str, Any]],
 ) -> None:
     with open(history, "w", encoding="utf-8") as out:
-        header = {"e": "run", **workload.to_json(), "errors_settle": _errors_settle(workload)}
+        header = {
+            "e": "run",
+            **workload.to_json(),
+            "errors_settle": _errors_settle(workload, cls),
+            "local_clock": cls.local_clock,
+        }
         write_events(out, [header])
         for path in sorted(scratch.glob("*.jsonl")):
             with open(path, encoding="utf-8") as f:
@@ -233,7 +234,7 @@ def _merge(
             write_events(out, [row.to_json() for row in log] or [{"e": "log-empty"}])
 
 
-def _errors_settle(workload: Workload) -> bool:
+def _errors_settle(workload: Workload, cls: type[Store]) -> bool:
     """Whether an error a client saw means the store had finished with its op.
 
     True for local stores (the client process does the writes) and for a
@@ -242,11 +243,11 @@ def _errors_settle(workload: Workload) -> bool:
     committed or rolled back before it closes its connection. Across a
     network a connection can break while the server carries on.
     """
-    parts = urlsplit(workload.store)
-    if parts.scheme.lower() in LOCAL_SCHEMES:
+    if cls.local_clock:
         return True
-    if parts.scheme.lower() not in ("postgresql", "postgres"):
-        return False  # the argument below is PostgreSQL's; another server may carry on
+    if "terminate" not in cls.verify_faults:
+        return False  # the argument below is for servers whose sessions verify can end
+    parts = urlsplit(workload.store)
     hosts = [h for k, v in parse_qsl(parts.query) if k == "host" for h in v.split(",")]
     hosts.append(parts.hostname or "")
     return all(h in ("", "localhost", "::1") or h.startswith(("/", "@", "127.")) for h in hosts)
@@ -433,7 +434,7 @@ def _run_processes(
     nemesis: list[dict[str, Any]],
     progress: Progress | None,
     restart: Callable[[], None] | None,
-    scheme: str,
+    cls: type[Store],
 ) -> None:
     settings = {**asdict(workload), "admin_url": None}
     slots = [_Slot(i) for i in range(workload.clients)]
@@ -450,7 +451,7 @@ def _run_processes(
                     sys.executable,
                     "-m",
                     "dibs.verify._client",
-                    json.dumps({**settings, "store": _client_url(workload, slot, scheme)}),
+                    json.dumps({**settings, "store": _client_url(workload, slot, cls)}),
                     str(slot.index),
                     str(slot.incarnation),
                     str(count),
@@ -491,7 +492,7 @@ def _run_processes(
             next_fault += workload.fault_interval
             ripe = [s for s in alive if s.ripe()]
             if "kill" in workload.faults and ripe:
-                _kill(rng.choice(ripe), workload, nemesis, db_path, start, scheme)
+                _kill(rng.choice(ripe), workload, nemesis, db_path, start, cls)
             ripe = [s for s in slots if s.ripe()]
             if "pause" in workload.faults and ripe:
                 _pause(rng.choice(ripe), workload, nemesis)
@@ -550,7 +551,7 @@ def _kill(
     nemesis: list[dict[str, Any]],
     db_path: str | None,
     start: Callable[[_Slot, int], None],
-    scheme: str,
+    cls: type[Store],
 ) -> None:
     process = slot.process
     assert process is not None
@@ -562,7 +563,7 @@ def _kill(
     # death: a local store's writes die with the process. A server may still be
     # running it, so the op stays open until the client's backends are gone.
     settled = None
-    if scheme in ("postgresql", "postgres"):
+    if "terminate" in cls.verify_faults:  # the server may still run the op: end its session
         settled = _settle(workload, _app_name(workload, slot), nemesis)
     path = slot.files[-1]
     if path.exists():
@@ -584,9 +585,9 @@ def _app_name(workload: Workload, slot: _Slot) -> str:
     return f"dibs-verify-{workload.run}-c{slot.index}.{slot.incarnation}"
 
 
-def _client_url(workload: Workload, slot: _Slot, scheme: str) -> str:
+def _client_url(workload: Workload, slot: _Slot, cls: type[Store]) -> str:
     """The store URL one client incarnation opens: on PostgreSQL, named after it."""
-    if scheme not in ("postgresql", "postgres"):
+    if "terminate" not in cls.verify_faults:
         return workload.store  # another store's URL may not take application_name
     parts = urlsplit(workload.store)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]

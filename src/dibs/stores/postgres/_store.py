@@ -176,6 +176,7 @@ class PostgresStore(Store):
     """
 
     scheme = "postgresql"
+    verify_faults = frozenset({"terminate", "restart"})
 
     def __init__(
         self,

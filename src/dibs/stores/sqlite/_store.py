@@ -92,6 +92,8 @@ class SQLiteStore(Store):
     """Claims in a SQLite file (WAL mode); safe across threads and processes on one machine."""
 
     scheme = "sqlite"
+    local_clock = True
+    verify_faults = frozenset({"integrity"})
 
     def __init__(
         self,
