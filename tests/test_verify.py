@@ -766,7 +766,7 @@ def test_the_summary_counts_faults_apart_from_bookkeeping() -> None:
         h.events.append({"e": "nemesis", "f": f, "t": 0.5, "w": T0, "result": "ok"})
     text = h.check().render()
     assert "faults: kill 1, pause 1, skew ±5 s" in text
-    assert "runner: paused clients resumed 1, SQLite integrity checks 1" in text
+    assert "runner: paused clients resumed 1, store integrity checks 1" in text
     assert "search budget" not in text  # nothing ran out of time
     assert "store: memory://" in text
 

@@ -254,6 +254,14 @@ class Store(abc.ABC):
         """Every claim row this store keeps, for ``dibs verify``'s log replay, or None."""
         return None
 
+    def integrity_check(self) -> str | None:
+        """Check the store's own storage; ``"ok"``, what is wrong, or None if it cannot.
+
+        ``dibs verify``'s ``integrity`` fault runs it after each kill (a store that
+        offers it lists ``integrity`` in :attr:`verify_faults`).
+        """
+        return None
+
     def __enter__(self) -> Self:
         return self
 

@@ -49,7 +49,7 @@ WITNESS_LINES = 60
 BOOKKEEPING = {
     "settle": "killed clients' server work seen ended",
     "cont": "paused clients resumed",
-    "integrity_check": "SQLite integrity checks",
+    "integrity_check": "store integrity checks",
 }
 """Nemesis events that are no faults: what the runner did around one."""
 
@@ -381,7 +381,7 @@ def check_history(
         faults[event["f"]] = faults.get(event["f"], 0) + 1
         if event["f"] == "integrity_check" and event.get("result") != "ok":
             other.append(
-                f"SQLITE: PRAGMA integrity_check after a kill said {event.get('result')!r}"
+                f"INTEGRITY: the store's integrity check after a kill said {event.get('result')!r}"
             )
     kinds: dict[str, int] = {}
     for op in ops:

@@ -34,7 +34,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -473,7 +472,6 @@ def _run_processes(
     counter = _Counter()
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
-    db_path = getattr(store, "path", None)
     rounds = 0
     try:
         while True:
@@ -492,7 +490,7 @@ def _run_processes(
             next_fault += workload.fault_interval
             ripe = [s for s in alive if s.ripe()]
             if "kill" in workload.faults and ripe:
-                _kill(rng.choice(ripe), workload, nemesis, db_path, start, cls)
+                _kill(rng.choice(ripe), workload, nemesis, store, start, cls)
             ripe = [s for s in slots if s.ripe()]
             if "pause" in workload.faults and ripe:
                 _pause(rng.choice(ripe), workload, nemesis)
@@ -549,7 +547,7 @@ def _kill(
     slot: _Slot,
     workload: Workload,
     nemesis: list[dict[str, Any]],
-    db_path: str | None,
+    store: Store,
     start: Callable[[_Slot, int], None],
     cls: type[Store],
 ) -> None:
@@ -568,11 +566,8 @@ def _kill(
     path = slot.files[-1]
     if path.exists():
         _close_in_flight(path, killed if settled is None else settled, settled is not None)
-    if db_path is not None and "integrity" in workload.faults:
-        with sqlite3.connect(db_path, timeout=60) as conn:
-            rows = conn.execute("PRAGMA integrity_check").fetchall()
-        conn.close()
-        result = "ok" if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows)
+    if "integrity" in workload.faults:
+        result = store.integrity_check() or "not supported"
         nemesis.append(_stamp({"e": "nemesis", "f": "integrity_check", "result": result}))
     slot.process = None
     left = workload.ops - slot.invoked()

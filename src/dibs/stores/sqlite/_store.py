@@ -577,6 +577,11 @@ class SQLiteStore(Store):
         """``PRAGMA data_version`` on a connection of its own, which moves on every commit."""
         return _DataVersion(self.path)
 
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check``: ``"ok"``, or its findings joined by ``"; "``."""
+        rows = self._reading(lambda conn, _now: conn.execute("PRAGMA integrity_check").fetchall())
+        return "ok" if rows == [("ok",)] else "; ".join(str(row[0]) for row in rows)
+
     def claim_log(self) -> ClaimLog:
         """Every row of ``dibs_claims``, read in one transaction."""
         return ClaimReader(self._log)
