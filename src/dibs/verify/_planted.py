@@ -32,13 +32,11 @@ from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
+from dibs.verify._workload import RACE_WINDOW
 
 __all__ = ["PLANTS", "SkewedClock", "open_planted", "plant_class"]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
-
-RACE_WINDOW = 0.0005
-"""Seconds between the check and the act: real code does work here (a log line, an RPC)."""
 
 
 class _CheckThenActMemory(MemoryStore):

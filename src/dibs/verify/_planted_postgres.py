@@ -10,6 +10,7 @@ import time
 from dibs._model import Claim, ClaimResult, Target, Unit
 from dibs.stores.base import claim_not_found, not_holder
 from dibs.stores.postgres import PostgresStore, parse_id
+from dibs.verify._workload import RACE_WINDOW
 
 __all__ = ["CheckThenActPostgres", "UnfencedPostgres"]
 
@@ -24,8 +25,6 @@ class CheckThenActPostgres(PostgresStore):
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
-        from dibs.verify._planted import RACE_WINDOW  # noqa: PLC0415 (no import cycle)
-
         units = [t for t in targets if isinstance(t, Unit)]
         if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
             time.sleep(RACE_WINDOW)

@@ -44,6 +44,7 @@ from dibs.verify._log import micros
 __all__ = [
     "DEFAULT_MIX",
     "POOL_PREFIX",
+    "RACE_WINDOW",
     "Client",
     "Sweeper",
     "Workload",
@@ -67,6 +68,10 @@ ID (a fifth of them with other input), confirm/extend/release of a claim it
 holds, and the three reads."""
 
 OP_KINDS = tuple(kind for kind, _ in DEFAULT_MIX)
+
+RACE_WINDOW = 0.0005
+"""Seconds a planted check-then-act waits between its check and its act: real code
+does work there (a log line, an RPC)."""
 
 
 def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
