@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,6 +80,27 @@ def make_store(
     maker = StoreMaker(store_kind, tmp_path, url)
     yield maker
     maker.close()
+
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+"""Headless Chromium that reaches nothing but the page under test."""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium, installed with apt-get when the machine has none."""
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(path):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900
+        )
+    assert os.path.exists(path), "Debian's chromium did not install"
+    return path
 
 
 @pytest.fixture

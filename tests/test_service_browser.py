@@ -8,9 +8,6 @@ test extra, drives it; its own browser download is never used).
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 import dibs
+from conftest import CHROMIUM_FLAGS as FLAGS
 from dibs import Unit
 from dibs.service import ServiceConfig, Showing
 from test_service_support import Running, serve_in_thread
@@ -26,23 +24,6 @@ pytestmark = pytest.mark.timeout(600)
 
 SHOW = Showing("show-7", 5, 8)
 SEAT = "seat-C5"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(path):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900
-        )
-    assert os.path.exists(path), "Debian's chromium did not install"
-    return path
 
 
 @pytest.fixture

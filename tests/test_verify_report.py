@@ -9,42 +9,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import re
-import shutil
 import struct
-import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
 from playwright.async_api import async_playwright
 
+from conftest import CHROMIUM_FLAGS as FLAGS
 from dibs import Claim
 from dibs.cli import main
 from dibs.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(300)
 
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 PLANT = "dibs.verify._planted:_CheckThenActMemory"
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(path):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900
-        )
-    assert os.path.exists(path), "Debian's chromium did not install"
-    return path
 
 
 @pytest.fixture(scope="module")
