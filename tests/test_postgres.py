@@ -232,7 +232,7 @@ def test_serialization_failures_and_deadlocks_are_retried(
 ) -> None:
     with dibs.open(pg_schema_url, max_retries=3) as store:
         flaky = _Flaky(store._pool, error, failures=3)  # type: ignore[attr-defined]
-        store._pool = flaky  # type: ignore[attr-defined]
+        store._own_pool = flaky  # type: ignore[attr-defined]
         assert store.claim(Unit("seat", "1"), holder="alice")
         assert flaky.calls == 4
         flaky.failures = 4

@@ -588,3 +588,41 @@ def test_a_name_past_postgresqls_limits_is_invalid_input(store: dibs.Store) -> N
     with pytest.raises(InvalidInput) as raised:
         pg._claim((huge,), "alice", None, None)
     assert isinstance(raised.value.__cause__, psycopg.errors.ProgramLimitExceeded)
+
+
+# --- fork: a child never touches the parent's sessions -----------------------------------------
+
+
+@pytest.mark.parametrize("child_closes", [False, True])
+def test_a_store_open_across_fork_works_in_parent_and_child(
+    pg_url: str, child_closes: bool
+) -> None:
+    # Before: the child's queries went down the parent's pooled sessions, and the
+    # parent's next call failed with "prepared statement _pg3_0 already exists".
+    import os
+
+    url = schema_url(pg_url, f"f_{secrets.token_hex(4)}")
+    with dibs.open(url) as store:
+        assert store.claim(Unit("before"), holder="parent")
+        rounds = 40
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit code
+            code = 0
+            try:
+                for i in range(rounds):
+                    if not store.claim(Unit(f"child-{i}"), holder="child"):
+                        code = 1
+                if child_closes:
+                    store.close()
+            except BaseException:
+                code = 2
+            os._exit(code)
+        granted = [bool(store.claim(Unit(f"parent-{i}"), holder="parent")) for i in range(rounds)]
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert all(granted)
+        after = [bool(store.claim(Unit(f"after-{i}"), holder="parent")) for i in range(5)]
+        assert all(after)
+    with dibs.open(url) as fresh:
+        assert len(fresh.claims_of("child")) == rounds
+        assert len(fresh.claims_of("parent")) == 1 + rounds + 5

@@ -37,7 +37,9 @@ _T = TypeVar("_T")
 class PostgresJobs(SQLJobs):
     """``jobs`` in the PostgreSQL store's schema, on the store's pool."""
 
-    def __init__(self, schema: str, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+    def __init__(
+        self, schema: str, pool: Callable[[], ConnectionPool[psycopg.Connection[TupleRow]]]
+    ) -> None:
         s = sql.Identifier(schema).as_bytes(None).decode()
         super().__init__(
             Dialect(
@@ -49,7 +51,7 @@ class PostgresJobs(SQLJobs):
             )
         )
         self.schema = schema
-        self._pool = pool
+        self._pool = pool  # the store's pool of this process (a forked child has its own)
         self.channel = f"dibs_jobs_{self.schema}"
         with self._transaction() as conn:
             # One creator at a time: concurrent CREATE … IF NOT EXISTS can still collide.
@@ -64,7 +66,7 @@ class PostgresJobs(SQLJobs):
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Connection[TupleRow]]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._pool().connection() as conn, conn.transaction():
                 yield conn
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
@@ -78,7 +80,7 @@ class PostgresJobs(SQLJobs):
 
     def _single(self, work: Callable[[Any], _T]) -> _T:
         try:
-            with self._pool.connection() as conn:
+            with self._pool().connection() as conn:
                 return work(conn)
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
@@ -88,7 +90,7 @@ class PostgresJobs(SQLJobs):
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
         stopped = threading.Event()
-        conninfo = self._pool.conninfo
+        conninfo = self._pool().conninfo
         assert isinstance(conninfo, str)  # PostgresStore passes its conninfo as a string
 
         def loop() -> None:

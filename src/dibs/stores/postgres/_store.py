@@ -30,6 +30,7 @@ committed: retry with the same request ID to learn which.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -68,6 +69,7 @@ from dibs.exceptions import (
     StoreClosed,
     StoreUnavailable,
 )
+from dibs.stores._fork import abandon
 from dibs.stores._retry import retrying
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
@@ -225,23 +227,48 @@ class PostgresStore(Store):
         self.schema = schema
         self.max_retries = max_retries
         self._test_clock = clock is not None
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
-            conninfo,
-            min_size=pool_min,
-            max_size=pool_max,
-            timeout=float(pool_timeout),
-            kwargs={"autocommit": True},
-            name=f"dibs-{schema}",
-            open=False,
-        )
+        self._pool_options = {
+            "min_size": pool_min,
+            "max_size": pool_max,
+            "timeout": float(pool_timeout),
+        }
         self._sql = Statements(schema, test_clock=self._test_clock)
         self._conninfo = conninfo
+        self._fork_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._own_pool = self._new_pool()
         try:
-            self._pool.open(wait=False)
             self._create_schema(create_extension)
         except BaseException:
-            self._pool.close()
+            self._own_pool.close()
             raise
+
+    def _new_pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+        pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            self._conninfo,
+            kwargs={"autocommit": True},
+            name=f"dibs-{self.schema}",
+            open=False,
+            **self._pool_options,  # type: ignore[arg-type]
+        )
+        pool.open(wait=False)
+        return pool
+
+    @property
+    def _pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+        """This process's pool. A forked child opens its own and never touches the parent's.
+
+        The parent's connections share their sockets with the child: a query
+        from the child would interleave with the parent's on one session, and
+        closing them would end the parent's sessions (libpq sends Terminate).
+        """
+        if self._pid != os.getpid():
+            with self._fork_lock:
+                if self._pid != os.getpid():
+                    abandon(self._own_pool)
+                    self._own_pool = self._new_pool()
+                    self._pid = os.getpid()
+        return self._own_pool
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresStore:
@@ -590,7 +617,7 @@ class PostgresStore(Store):
 
     def job_table(self) -> JobTable:
         """``jobs`` in this store's schema, on this store's pool (created on first use)."""
-        return self._once("job_table", lambda: PostgresJobs(self.schema, self._pool))
+        return self._once("job_table", lambda: PostgresJobs(self.schema, lambda: self._pool))
 
     def change_feed(self) -> ChangeFeed:
         """The server's WAL position, read on a connection of its own."""
@@ -605,7 +632,10 @@ class PostgresStore(Store):
         return [_claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]
 
     def _close(self) -> None:
-        self._pool.close()
+        if self._pid == os.getpid():
+            self._own_pool.close()
+        else:  # the parent's pool, inherited and never used here: leave its sessions alone
+            abandon(self._own_pool)
 
 
 _BEFORE_ANY_EXPIRY = datetime.min.replace(tzinfo=UTC)

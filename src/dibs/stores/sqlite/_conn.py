@@ -32,7 +32,6 @@ is no cure: SQLite's cleanup on close may delete the WAL under other processes
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sqlite3
 import threading
@@ -43,6 +42,7 @@ from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 from dibs.exceptions import StoreClosed, StoreUnavailable
+from dibs.stores._fork import abandon
 from dibs.stores._retry import retrying
 
 __all__ = ["IDLE_LIMIT", "SQLitePool"]
@@ -58,13 +58,6 @@ _registry_lock = threading.Lock()
 _pools: weakref.WeakSet[SQLitePool] = weakref.WeakSet()
 # Files this process must not touch: (st_dev, st_ino) -> why. Written only in a fork child.
 _refused_files: dict[tuple[int, int], str] = {}
-
-
-def _abandon(conns: list[sqlite3.Connection]) -> None:
-    """Leak connections inherited across fork(): sqlite3_close() in the child is unsafe."""
-    for conn in conns:
-        # A reference nobody drops: not even interpreter shutdown deallocates (closes) it.
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))
 
 
 def _busy(exc: Exception) -> bool:
@@ -295,7 +288,7 @@ class SQLitePool:
         inherited = [*self._idle, *self._busy]
         in_flight = bool(self._busy) or self._opening > 0
         self._idle, self._busy, self._opening = [], {}, 0
-        _abandon(inherited)
+        abandon(*inherited)  # sqlite3_close() in the child is unsafe
         if self.memory:
             self._refused = (
                 f"a sqlite:///:memory: store belongs to the process that opened it "
