@@ -25,6 +25,7 @@ from dibs.exceptions import (
     SchemaError,
     SpanKindMismatch,
     StoreClosed,
+    StoreMisconfigured,
     StoreUnavailable,
     UnknownScheme,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "SpanKindMismatch",
     "Store",
     "StoreClosed",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SweepResult",
     "SystemClock",

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
-from dibs.exceptions import StoreClosed, StoreUnavailable
+from dibs.exceptions import StoreClosed, StoreMisconfigured, StoreUnavailable
 from dibs.stores._fork import abandon
 from dibs.stores._retry import retrying
 
@@ -231,7 +231,7 @@ class SQLitePool:
                 cached_statements=256,
             )
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path!r}: {exc}") from exc
+            raise _open_error(self.path, exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -308,6 +308,24 @@ class SQLitePool:
             if self._file is not None:
                 _refused_files[self._file] = why
         self._pid = pid
+
+
+def _open_error(path: str, exc: sqlite3.Error) -> StoreMisconfigured | StoreUnavailable:
+    """Why SQLite could not open ``path`` (it only says "unable to open database file")."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        why = f"the directory {folder!r} does not exist; create it first"
+    elif not os.path.isdir(folder):
+        why = f"{folder!r} is not a directory"
+    elif os.path.isdir(path):
+        why = "it is a directory, not a database file"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        why = f"this process may not create files in {folder!r}"
+    elif os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        why = "this process may not read and write it"
+    else:
+        return StoreUnavailable(f"cannot open SQLite store {path!r}: {exc}")
+    return StoreMisconfigured(f"cannot open SQLite store {path!r}: {why}", cause=why)
 
 
 def _file_id(path: str) -> tuple[int, int] | None:
