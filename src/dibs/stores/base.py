@@ -8,6 +8,7 @@ every backend gets the same errors for the same bad input.
 from __future__ import annotations
 
 import abc
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -94,6 +95,7 @@ class Store(abc.ABC):
         self._closed = False
         self._made: dict[str, object] = {}
         self._made_lock = threading.Lock()  # guards _made
+        self._logger = logging.getLogger(f"dibs.stores.{getattr(self, 'scheme', 'plugin')}")
 
     @classmethod
     @abc.abstractmethod
@@ -164,7 +166,11 @@ class Store(abc.ABC):
         released, or ``fence`` is not the claim's.
         """
         self._check_open()
-        return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        try:
+            return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        except HoldLost as exc:
+            self._log_lost("confirm", exc)
+            raise
 
     def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
         """Push a live hold's expiry to ``ttl`` seconds from now on the store's clock.
@@ -175,9 +181,13 @@ class Store(abc.ABC):
         self._check_open()
         ttl_seconds = check_ttl(ttl, allow_none=False)
         assert ttl_seconds is not None
-        return self._extend(
-            check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
-        )
+        try:
+            return self._extend(
+                check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
+            )
+        except HoldLost as exc:
+            self._log_lost("extend", exc)
+            raise
 
     def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
         """Give up a live hold or confirmed claim; True if this call released it.
@@ -188,7 +198,11 @@ class Store(abc.ABC):
         ``fence``) when ``fence`` is not the claim's.
         """
         self._check_open()
-        return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        try:
+            return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        except HoldLost as exc:
+            self._log_lost("release", exc)
+            raise
 
     def get(self, claim_id: str) -> Claim | None:
         """Return the claim with this ID as stored now, or None."""
@@ -225,7 +239,17 @@ class Store(abc.ABC):
         in any number of processes.
         """
         self._check_open()
-        return self._sweep()
+        result = self._sweep()
+        if result.expired or result.purged_requests or result.purged_claims:
+            self._logger.info(
+                "sweep: expired %d dead holds, purged %d request records and %d ended claims",
+                result.expired,
+                result.purged_requests,
+                result.purged_claims,
+            )
+        else:
+            self._logger.debug("sweep: nothing to do")
+        return result
 
     def close(self) -> None:
         """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`."""
@@ -285,6 +309,10 @@ class Store(abc.ABC):
         self.close()
 
     # --- for backends ---------------------------------------------------------------------------
+
+    def _log_lost(self, operation: str, exc: HoldLost) -> None:
+        # DEBUG: a lost hold is the caller's to handle, and may come once per claim.
+        self._logger.debug("%s of claim %s: hold lost (%s)", operation, exc.claim_id, exc.reason)
 
     def _check_open(self) -> None:
         if self._closed:
