@@ -7,9 +7,11 @@ instrumented store must answer exactly as the store it wraps, errors included.
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +212,11 @@ def test_nothing_imports_opentelemetry_until_asked() -> None:
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'on import'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_the_observability_page_runs_as_pasted(index: int) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "observability.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert len(blocks) == 3
+    subprocess.run([sys.executable, "-c", blocks[index]], check=True, timeout=60)
