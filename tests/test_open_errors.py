@@ -328,3 +328,20 @@ def test_json_logs_carry_no_colour_codes() -> None:
     line = JsonFormatter().format(record)
     assert "color_message" not in line and "\\u001b" not in line and "\x1b" not in line
     assert '"message": "Started server process [42]"' in line and '"slot": "show-1"' in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "check", "/nonexistent/history.jsonl"],
+        ["serve", "--store", "memory://", "--id-secret-file", "/nonexistent/secret"],
+    ],
+    ids=["verify check", "serve --id-secret-file"],
+)
+def test_a_missing_file_on_the_command_line_is_named_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"dibs: error: {argv[-1]}: No such file or directory" in err
+    assert "Traceback" not in err

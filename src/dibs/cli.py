@@ -61,6 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DibsError as exc:
         print(f"dibs: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file named on the command line (a history, a secret, a keys file): say
+        # which and why, without a traceback.
+        print(f"dibs: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("dibs: interrupted", file=sys.stderr)
         return 130
