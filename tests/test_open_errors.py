@@ -148,7 +148,7 @@ def test_an_outage_logs_one_warning_and_its_end_and_names_the_cause(
         assert store.claim(Unit("seat", "1"), holder="alice")
         private_pg_server.stop()
         causes = []
-        with caplog.at_level(logging.INFO, logger="dibs.stores.postgresql"):
+        with caplog.at_level(logging.INFO, logger="dibs.stores.postgres"):
             for _ in range(4):  # the broken connection first, then the pool's timeouts
                 with pytest.raises(StoreUnavailable) as raised:
                     store.get("1")
@@ -162,7 +162,7 @@ def test_an_outage_logs_one_warning_and_its_end_and_names_the_cause(
                     pass
             assert store.get("1") is not None
         assert any("last connection attempt failed" in c and "refused" in c for c in causes)
-        ours = [r for r in caplog.records if r.name == "dibs.stores.postgresql"]
+        ours = [r for r in caplog.records if r.name == "dibs.stores.postgres"]
         assert [r.levelno for r in ours] == [logging.WARNING, logging.INFO]
         assert "answers again" in ours[1].getMessage()
 

@@ -1,4 +1,4 @@
-"""The stores log through ``logging`` as ``dibs.stores.<scheme>``, at levels an operator likes.
+"""The stores log through ``logging`` as ``dibs.stores.<store>``, at levels an operator likes.
 
 Claims are silent at INFO however many there are; a sweep that did something
 is one INFO line; a lost hold and every retry are DEBUG; an outage is one
@@ -16,6 +16,12 @@ import pytest
 import dibs
 from dibs import FakeClock, HoldLost, StoreUnavailable, Unit
 from dibs.stores._retry import retrying
+
+LOGGERS = {
+    "memory": "dibs.stores.memory",
+    "sqlite": "dibs.stores.sqlite",
+    "postgresql": "dibs.stores.postgres",
+}
 
 
 def _ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -39,16 +45,14 @@ def test_a_sweep_that_did_something_is_one_info_line(
     with caplog.at_level(logging.DEBUG, logger="dibs"):
         store.sweep()
         idle = _ours(caplog)
-        assert [(r.name, r.levelno) for r in idle] == [
-            (f"dibs.stores.{store.scheme}", logging.DEBUG)
-        ]
+        assert [(r.name, r.levelno) for r in idle] == [(LOGGERS[store.scheme], logging.DEBUG)]
         caplog.clear()
         for i in range(3):
             assert store.claim(Unit(f"seat-{i}"), holder="alice", ttl=5)
         clock.advance(10)
         assert store.sweep().expired == 3
     [line] = _ours(caplog)
-    assert line.name == f"dibs.stores.{store.scheme}" and line.levelno == logging.INFO
+    assert line.name == LOGGERS[store.scheme] and line.levelno == logging.INFO
     assert "expired 3 dead holds" in line.getMessage()
 
 

@@ -95,7 +95,7 @@ class Store(abc.ABC):
         self._closed = False
         self._made: dict[str, object] = {}
         self._made_lock = threading.Lock()  # guards _made
-        self._logger = logging.getLogger(f"dibs.stores.{getattr(self, 'scheme', 'plugin')}")
+        self._logger = logging.getLogger(_logger_name(type(self)))
 
     @classmethod
     @abc.abstractmethod
@@ -358,6 +358,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _close(self) -> None: ...
+
+
+def _logger_name(cls: type[Store]) -> str:
+    """``dibs.stores.<package>`` for a built-in store, ``dibs.stores.<scheme>`` for a plug-in."""
+    for klass in cls.__mro__:  # a subclass of a built-in store logs as that store
+        module = klass.__module__
+        if module.startswith("dibs.stores.") and klass is not Store:
+            return module
+    return f"dibs.stores.{getattr(cls, 'scheme', 'plugin')}"
 
 
 # --- errors every backend raises, worded once -------------------------------------------------

@@ -28,7 +28,7 @@ from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 
 __all__ = ["RecordingPool", "connect_error", "first_connection"]
 
-logger = logging.getLogger("dibs.stores.postgresql")
+logger = logging.getLogger("dibs.stores.postgres")
 
 _QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
 

@@ -91,7 +91,7 @@ from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
 
-logger = logging.getLogger("dibs.stores.postgresql")
+logger = logging.getLogger("dibs.stores.postgres")
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
