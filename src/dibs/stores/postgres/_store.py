@@ -85,7 +85,7 @@ from dibs.stores.base import (
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
-from dibs.stores.postgres._connect import RecordingPool, describe, first_connection
+from dibs.stores.postgres._connect import RecordingPool, cause_of, describe, first_connection
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
 
@@ -226,7 +226,9 @@ class PostgresStore(Store):
             # A mistake, not an outage: refuse now, rather than let the pool
             # retry it until pool_timeout and call it unavailable.
             raise InvalidInput(
-                f"not a valid PostgreSQL connection string: {exc}", field="url", value=str(exc)
+                f"not a valid PostgreSQL connection string: {cause_of(exc)}",
+                field="url",
+                value=cause_of(exc),
             ) from None
         self.schema = schema
         self.max_retries = max_retries
