@@ -13,6 +13,7 @@ a confirm, a get, a release) in fresh interpreters, interleaved round by round:
   not an exporter's).
 
     python benchmarks/bench_observe.py [--store memory|sqlite] [--calls 20000] [--repeat 7]
+        [--variants before,now,"otel no-op","otel sdk"] [--baseline REF]
 """
 
 from __future__ import annotations
@@ -97,16 +98,26 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000, help="claims per run (x4 calls)")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--baseline", default=None, help="git ref to compare with")
+    parser.add_argument(
+        "--variants",
+        default="before,now,otel no-op,otel sdk",
+        help="comma-separated variants to run (before is always run)",
+    )
     args = parser.parse_args()
     ref = args.baseline or _default_baseline()
     with tempfile.TemporaryDirectory() as scratch:
         before = _baseline_source(ref, Path(scratch))
         now = ROOT / "src"
+        wanted = {"before", *(v.strip() for v in args.variants.split(","))}
         variants = {
-            "before": before,
-            "now": now,
-            "otel no-op": now,
-            "otel sdk": now,
+            name: src
+            for name, src in {
+                "before": before,
+                "now": now,
+                "otel no-op": now,
+                "otel sdk": now,
+            }.items()
+            if name in wanted
         }
         rates: dict[str, list[float]] = {name: [] for name in variants}
         for round_ in range(args.repeat):
