@@ -13,6 +13,12 @@ HTML comments on the lines just before a fence say what a block needs:
     The block reads ``$DIBS_URL`` (``dibs.open()`` does), which the runner
     points at a fresh schema on the test PostgreSQL server (the one the
     tests use: ``tests/pg_fixtures.py``, or ``$DIBS_TEST_PG_URL``).
+``<!-- needs: dibs-serve -->``
+    A shell block that calls the HTTP service: the runner starts ``dibs serve``
+    (on SQLite in the block's directory, with ``--showing show-1:8x12 --lot
+    garage:40``) on a free port and sets ``$API`` to its address and ``$KEY``
+    to an API key of holder ``alice``. ``curl`` fails on an HTTP error status
+    (``--fail-with-body``), so every call the block makes must succeed.
 ``<!-- needs: toy-store -->``
     The block uses the plug-in guide's ``toy://`` store, which the runner
     puts on ``PYTHONPATH`` (``tests/plugin_store``) as installing it would.
@@ -30,12 +36,18 @@ Test-only: this module is not part of the dibs package.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
+import shutil
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -49,7 +61,7 @@ RUN_SHELL = frozenset({"sh", "bash", "shell", "console"})
 PARSED = frozenset({"json", "toml"})
 SHOWN = frozenset({"text", "sql", "nginx", "ini", "yaml", "html", "diff", "pycon"})
 LANGUAGES = RUN_PYTHON | RUN_SHELL | PARSED | SHOWN
-NEEDS = frozenset({"postgresql", "toy-store"})
+NEEDS = frozenset({"postgresql", "toy-store", "dibs-serve"})
 LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "[::1]"})
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
@@ -194,11 +206,13 @@ def placeholder_hosts(block: Block) -> list[str]:
 
 
 def _shims(where: Path) -> Path:
-    """A directory for ``PATH`` with ``pip`` as a no-op and ``dibs`` as this checkout's CLI."""
+    """``PATH`` shims: ``pip`` a no-op, ``dibs`` this checkout's CLI, ``curl`` failing on errors."""
     shims = where / ".shims"
     shims.mkdir()
+    curl = shutil.which("curl") or "/usr/bin/curl"
     scripts = {
         "pip": '#!/bin/sh\necho "(docs test: pip $* skipped; the test environment has it)"\n',
+        "curl": f'#!/bin/sh\nexec "{curl}" --fail-with-body "$@"\n',
         "dibs": (
             f'#!/bin/sh\nexec "{sys.executable}" -c '
             '"import sys; from dibs.cli import main; sys.exit(main())" "$@"\n'
@@ -210,8 +224,45 @@ def _shims(where: Path) -> Path:
     return shims
 
 
+@contextlib.contextmanager
+def _dibs_serve(where: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``dibs serve`` on a free port for one block; yields ``API`` and ``KEY``."""
+    keys = str(where / ".serve-keys.json")
+    made = subprocess.run(
+        ["dibs", "keys", "--keys", keys, "create", "--holder", "alice"],
+        cwd=where, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        ["dibs", "serve", "--store", f"sqlite:///{where / '.serve.db'}", "--keys", keys,
+         "--port", str(port), "--showing", "show-1:8x12", "--lot", "garage:40"],
+        cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api}/healthz", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"dibs serve did not start (exit {server.poll()})") from None
+                time.sleep(0.1)
+        yield {"API": api, "KEY": made.stdout.strip()}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def run_block(
-    block: Block, where: Path, *, pg_url: str | None = None, timeout: float = 90
+    block: Block, where: Path, *, pg_url: str | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     """Run one block alone in a fresh subprocess with ``where`` as its working directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIBS_", "PYTEST_"))}
@@ -224,6 +275,15 @@ def run_block(
         if pg_url is None:
             raise ValueError(f"{block.where} needs PostgreSQL and got no URL")
         env["DIBS_URL"] = pg_url
+    with contextlib.ExitStack() as stack:
+        if "dibs-serve" in block.needs:
+            env.update(stack.enter_context(_dibs_serve(where, env)))
+        return _run(block, where, env, timeout)
+
+
+def _run(
+    block: Block, where: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     name = f"{block.path.stem}_{block.line}"
     if block.language in RUN_PYTHON:
         script = where / (f"test_{name}.py" if block.is_pytest else f"{name}.py")
@@ -237,7 +297,7 @@ def run_block(
     else:
         script = where / f"{name}.sh"
         script.write_text(block.code(), encoding="utf-8")
-        args = ["bash", "-e", "-o", "pipefail", str(script)]
+        args = ["bash", "-e", str(script)]  # stop at the first failing command
     return subprocess.run(
         args, cwd=where, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -31,7 +31,7 @@ from docblocks import (
 )
 from pg_fixtures import drop_schema, schema_url
 
-pytestmark = pytest.mark.timeout(240)  # the first runnable block's test waits for them all
+pytestmark = pytest.mark.timeout(600)  # the first runnable block's test waits for them all
 
 WORKERS = max(2, min(4, 2 * (os.cpu_count() or 1)))
 """Blocks running at once: enough to overlap start-ups, few enough for a shared machine."""
