@@ -33,6 +33,12 @@ from pg_fixtures import drop_schema, schema_url
 
 pytestmark = pytest.mark.timeout(600)  # the first runnable block's test waits for them all
 
+HINT = (
+    "Make the block self-contained (its imports and set-up included). A block that needs a "
+    "server says so just above its fence: <!-- needs: postgresql -->, <!-- needs: dibs-serve -->; "
+    "a shell block that cannot run says why: <!-- not-run: reason --> (tests/docblocks.py)."
+)
+
 WORKERS = max(2, min(4, 2 * (os.cpu_count() or 1)))
 """Blocks running at once: enough to overlap start-ups, few enough for a shared machine."""
 
@@ -133,7 +139,7 @@ def test_block_runs_as_pasted(
     if isinstance(done, BaseException):
         raise AssertionError(f"{block.where} ({block.language}) did not finish") from done
     assert done.returncode == 0, (
-        f"{block.where} ({block.language}) failed as pasted:\n{done.stdout}\n{done.stderr}"
+        f"{block.where} ({block.language}) failed as pasted:\n{done.stdout}\n{done.stderr}\n{HINT}"
     )
 
 
