@@ -28,6 +28,7 @@ from dibs.exceptions import (
     StoreUnavailable,
     UnknownScheme,
 )
+from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
@@ -48,6 +49,7 @@ __all__ = [
     "FlightResult",
     "HoldLost",
     "HoldLostReason",
+    "IdempotencyInProgress",
     "InvalidInput",
     "Lot",
     "Match",
@@ -72,6 +74,7 @@ __all__ = [
     "UnknownScheme",
     "VehicleBlocked",
     "booking",
+    "idempotent",
     "match",
     "open",
     "reserve_path",

@@ -1,0 +1,369 @@
+"""``@dibs.idempotent`` on every store: replays, conflicts, crashes, duplicates at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dibs
+from _race import race
+from conftest import StoreMaker
+from dibs import FakeClock, IdempotencyInProgress, InvalidInput, RequestConflict, Store
+from dibs.idempotency import RESULT_MAX_BYTES
+from dibs.testing.strategies import names
+
+START = 1_800_000_000.0
+
+
+def test_runs_once_then_replays_the_stored_result(store: Store) -> None:
+    calls: list[str] = []
+
+    @dibs.idempotent(store, key="order_id")
+    def charge(order_id: str, amount: int) -> dict[str, Any]:
+        calls.append(order_id)
+        return {"order": order_id, "charged": amount}
+
+    assert charge("o-1", 5) == {"order": "o-1", "charged": 5}
+    assert charge("o-1", 5) == {"order": "o-1", "charged": 5}
+    assert charge(amount=5, order_id="o-1") == {"order": "o-1", "charged": 5}
+    assert charge("o-2", 5) == {"order": "o-2", "charged": 5}
+    assert calls == ["o-1", "o-2"]
+
+
+def test_same_key_other_payload_raises_request_conflict(store: Store) -> None:
+    @dibs.idempotent(store, key="order_id")
+    def charge(order_id: str, amount: int) -> int:
+        if amount == 7:
+            with pytest.raises(RequestConflict) as running:
+                charge(order_id, 8)  # while the first call is in progress
+            assert running.value.key == order_id
+        return amount
+
+    assert charge("o-1", 7) == 7
+    with pytest.raises(RequestConflict) as done:
+        charge("o-1", 9)
+    assert done.value.key == "o-1" and done.value.request_id == "o-1"
+    assert "o-1" in str(done.value)
+
+
+def test_a_duplicate_while_in_progress_raises_and_names_the_expiry(
+    store: Store, clock: FakeClock
+) -> None:
+    seen: list[IdempotencyInProgress] = []
+
+    @dibs.idempotent(store, key="k", ttl=30)
+    def work(k: str) -> str:
+        with pytest.raises(IdempotencyInProgress) as info:
+            work(k)
+        seen.append(info.value)
+        return "ok"
+
+    assert work("a") == "ok"
+    (error,) = seen
+    assert error.key == "a" and error.name.endswith("work")
+    assert error.expires_at == datetime.fromtimestamp(clock.now() + 30, UTC)
+    assert isinstance(error, dibs.DibsError) and isinstance(error, RuntimeError)
+
+
+def test_a_call_that_raises_stores_nothing(store: Store) -> None:
+    attempts: list[int] = []
+
+    @dibs.idempotent(store, key="k")
+    def flaky(k: str) -> int:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("the card network is down")
+        return len(attempts)
+
+    with pytest.raises(OSError, match="card network"):
+        flaky("a")
+    assert flaky("a") == 2
+    assert flaky("a") == 2
+
+
+def test_an_in_progress_call_can_be_taken_over_after_its_ttl(
+    store: Store, clock: FakeClock
+) -> None:
+    runs: list[str] = []
+
+    @dibs.idempotent(store, key="k", ttl=10)
+    def slow(k: str) -> str:
+        runs.append("outer" if not runs else "inner")
+        if len(runs) == 1:
+            clock.advance(11)  # this call "hangs" past its TTL: a duplicate runs it again
+            assert slow(k) == "inner"
+        return runs[-1] if len(runs) == 2 and runs[-1] == "inner" else "outer"
+
+    # The late first call still answers its own caller, but the result stored
+    # first (the takeover's) is the one replayed.
+    assert slow("a") == "inner"
+    assert slow("a") == "inner"
+    assert runs == ["outer", "inner"]
+
+
+def test_results_are_kept_for_the_store_retention(make_store: StoreMaker, clock: FakeClock) -> None:
+    store = make_store(clock, request_retention=3600)
+    runs: list[int] = []
+
+    @dibs.idempotent(store, key="k")
+    def work(k: str) -> int:
+        runs.append(1)
+        return len(runs)
+
+    assert work("a") == 1
+    clock.advance(3599)
+    assert work("a") == 1
+    clock.advance(2)
+    store.sweep()
+    assert work("a") == 2
+
+
+def test_keep_overrides_the_retention(store: Store, clock: FakeClock) -> None:
+    runs: list[int] = []
+
+    @dibs.idempotent(store, key="k", keep=60)
+    def work(k: str) -> int:
+        runs.append(1)
+        return len(runs)
+
+    assert work("a") == work("a") == 1
+    clock.advance(61)
+    assert work("a") == 2
+
+
+def test_pickle_and_custom_serializers_and_binary_results_that_span_many_units(
+    store: Store,
+) -> None:
+    big = bytes(range(256)) * 40  # not text: stored in base64, over many units
+
+    @dibs.idempotent(store, key="k", serializer="pickle")
+    def pickled(k: str) -> tuple[bytes, datetime]:
+        return big, datetime(2026, 1, 2, tzinfo=UTC)
+
+    assert pickled("a") == pickled("a") == (big, datetime(2026, 1, 2, tzinfo=UTC))
+
+    class Upper:
+        def dumps(self, value: Any) -> bytes:
+            return str(value).upper().encode()
+
+        def loads(self, data: bytes) -> Any:
+            return data.decode()
+
+    @dibs.idempotent(store, key="k", serializer=Upper())
+    def shout(k: str) -> str:
+        return "hello"
+
+    assert shout("a") == "hello"
+    assert shout("a") == "HELLO"  # the replay comes through the serializer
+
+
+def test_async_functions_on_every_store(store: Store) -> None:
+    runs: list[str] = []
+
+    @dibs.idempotent(store, key="k")
+    async def work(k: str) -> list[str]:
+        runs.append(k)
+        await asyncio.sleep(0)
+        return [k]
+
+    async def main() -> None:
+        assert await work("a") == ["a"]
+        assert await work("a") == ["a"]
+        outcomes = await asyncio.gather(*(work("b") for _ in range(8)), return_exceptions=True)
+        assert ["b"] in outcomes
+        assert all(o == ["b"] or isinstance(o, IdempotencyInProgress) for o in outcomes)
+
+    asyncio.run(main())
+    assert runs == ["a", "b"]
+
+
+def test_async_functions_that_raise_store_nothing(store: Store) -> None:
+    @dibs.idempotent(store, key="k")
+    async def fail(k: str) -> None:
+        raise KeyError(k)
+
+    async def main() -> None:
+        for _ in range(2):
+            with pytest.raises(KeyError):
+                await fail("a")
+
+    asyncio.run(main())
+
+
+def test_a_native_async_store_is_awaited() -> None:
+    class AsyncFacade:
+        """What a dibs.aio store will look like to the decorator: coroutine methods."""
+
+        def __init__(self, store: Store) -> None:
+            self.store = store
+            self.request_retention = store.request_retention
+            self.awaited: Counter[str] = Counter()
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self.store, name)
+
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                self.awaited[name] += 1
+                return method(*args, **kwargs)
+
+            return call
+
+    with dibs.open("memory://") as store:
+        facade = AsyncFacade(store)
+
+        @dibs.idempotent(facade, key="k")
+        async def work(k: str) -> str:
+            return k * 2
+
+        assert asyncio.run(work("a")) == asyncio.run(work("a")) == "aa"
+        assert facade.awaited["claim"] == 2  # the run hold, then the result
+        assert facade.awaited["claims_of"] == 1  # the replay read it back
+
+
+def test_results_that_cannot_be_stored_raise_and_store_nothing(store: Store) -> None:
+    runs: list[int] = []
+
+    @dibs.idempotent(store, key="k")
+    def unserializable(k: str) -> object:
+        runs.append(1)
+        return object() if len(runs) == 1 else "fine"
+
+    with pytest.raises(InvalidInput) as info:
+        unserializable("a")
+    assert info.value.field == "result"
+    assert unserializable("a") == "fine"
+
+    @dibs.idempotent(store, key="k")
+    def huge(k: str) -> str:
+        return "x" * RESULT_MAX_BYTES
+
+    with pytest.raises(InvalidInput, match="bytes serialized") as big:
+        huge("a")
+    assert big.value.field == "result"
+
+
+def test_bad_options_and_inputs_name_the_field() -> None:
+    with dibs.open("memory://") as store:
+        for options, field in [
+            ({"ttl": 0}, "ttl"),
+            ({"ttl": float("nan")}, "ttl"),
+            ({"keep": -1}, "keep"),
+            ({"serializer": "yaml"}, "serializer"),
+            ({"serializer": object()}, "serializer"),
+            ({"key": 3}, "key"),
+            ({"payload": "amount"}, "payload"),
+            ({"name": ""}, "name"),
+            ({"name": "x" * 1024}, "name"),
+        ]:
+            with pytest.raises(InvalidInput) as info:
+                dibs.idempotent(store, **options)(lambda k: k)
+            assert info.value.field == field, options
+
+        with pytest.raises(InvalidInput) as missing:
+            dibs.idempotent(store, key="order")(lambda k: k)
+        assert missing.value.field == "key" and "order" in str(missing.value)
+
+        @dibs.idempotent(store, key="k")
+        def work(k: object, extra: object = None) -> int:
+            return 1
+
+        for bad in ("", "a\x00b", "x" * 1025, None, 1.5):
+            with pytest.raises(InvalidInput) as info:
+                work(bad)
+            assert info.value.field == "key"
+        assert work(12) == 1  # an int key is its decimal text
+        with pytest.raises(InvalidInput) as payload:
+            work("a", extra=object())
+        assert payload.value.field == "payload"
+
+
+def test_payload_chooses_what_must_match(store: Store) -> None:
+    @dibs.idempotent(store, key="order_id", payload=lambda order_id, amount, trace: amount)
+    def charge(order_id: str, amount: int, trace: object) -> int:
+        return amount
+
+    assert charge("o-1", 5, object()) == 5
+    assert charge("o-1", 5, object()) == 5  # trace is not part of the payload
+    with pytest.raises(RequestConflict):
+        charge("o-1", 6, None)
+
+
+def test_without_a_key_the_payload_is_the_key(store: Store) -> None:
+    runs: list[int] = []
+
+    @dibs.idempotent(store)
+    def add(a: int, b: int) -> int:
+        runs.append(1)
+        return a + b
+
+    assert add(1, 2) == add(1, b=2) == 3
+    assert add(2, 2) == 4
+    assert len(runs) == 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    key=names(),
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+        max_leaves=20,
+    ),
+)
+def test_any_key_in_the_domain_and_any_json_value_round_trip(key: str, value: Any) -> None:
+    with dibs.open("memory://") as store:
+
+        @dibs.idempotent(store, key="k", name="roundtrip")
+        def work(k: str) -> Any:
+            return value
+
+        assert work(key) == value
+        assert work(key) == value
+
+
+# --- concurrent duplicates ------------------------------------------------------------------------
+
+THREADS = 8
+
+
+def _until_done(fn: Any, *args: Any) -> Any:
+    while True:
+        try:
+            return fn(*args)
+        except IdempotencyInProgress:
+            time.sleep(0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("fine_switching")
+def test_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
+    rounds = {"memory": 150, "sqlite": 30, "postgresql": 30}[store_kind]
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    # Every thread sends the same payload: the thread number is not part of it.
+    @dibs.idempotent(store, key="k", payload=lambda k, thread: k)
+    def work(k: str, thread: int) -> str:
+        with lock:
+            runs[k] += 1
+        return f"{k} by {thread}"
+
+    for r in range(rounds):
+        key = f"k{r}"
+        answers = race(THREADS, lambda thread, key=key: _until_done(work, key, thread))
+        assert runs[key] == 1, (key, runs[key])
+        assert len(set(answers)) == 1, answers
