@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -367,3 +366,117 @@ def test_concurrent_duplicates_run_the_function_once(store: Store, store_kind: s
         answers = race(THREADS, lambda thread, key=key: _until_done(work, key, thread))
         assert runs[key] == 1, (key, runs[key])
         assert len(set(answers)) == 1, answers
+
+
+# --- processes: duplicates at once, and a first call killed mid-way ------------------------------
+
+_WORKER = """
+import os, sys, time
+import dibs
+url, log, keys = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = dibs.open(url)
+
+@dibs.idempotent(store, key="k", name="by-processes")
+def work(k):
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, (k + "\\n").encode())
+    os.close(fd)
+    return k + " by " + str(os.getpid())
+
+while not os.path.exists(log + ".go"):  # start together
+    time.sleep(0.001)
+answers = []
+for r in range(keys):
+    while True:
+        try:
+            answers.append(work(f"k{r}"))
+            break
+        except dibs.IdempotencyInProgress:
+            time.sleep(0)
+print("\\n".join(answers))
+"""
+
+PROCESSES = 6
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, "-c", *args]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+def test_concurrent_duplicates_in_processes_run_once(
+    make_store: StoreMaker, tmp_path: Path
+) -> None:
+    make_store().close()  # create the schema before the processes race to
+    log = tmp_path / "runs.log"
+    keys = 60
+    procs = [
+        subprocess.Popen(
+            _python(_WORKER, make_store.url, str(log), str(keys)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
+    Path(f"{log}.go").touch()
+    outputs = [p.communicate()[0].split("\n") for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    runs = Counter(log.read_text().split())
+    assert runs == Counter({f"k{r}": 1 for r in range(keys)})
+    for r in range(keys):
+        assert len({out[r] for out in outputs}) == 1  # every process got the one result
+
+
+_CRASHER = """
+import sys, time
+import dibs
+url, started = sys.argv[1], sys.argv[2]
+store = dibs.open(url, clock=dibs.FakeClock({start}))
+
+@dibs.idempotent(store, key="k", name="crashy", ttl=30)
+def work(k):
+    open(started, "w").close()
+    time.sleep(3600)  # killed here, mid-call
+    return "never"
+
+work("order-1")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
+    make_store: StoreMaker, tmp_path: Path
+) -> None:
+    make_store().close()
+    started = tmp_path / "started"
+    child = subprocess.Popen(_python(_CRASHER.format(start=START), make_store.url, str(started)))
+    try:
+        while not started.exists():
+            assert child.poll() is None, "the first call died before it started"
+            time.sleep(0.01)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    clock = FakeClock(START)
+    store = make_store(clock)
+    runs: list[str] = []
+
+    @dibs.idempotent(store, key="k", name="crashy", ttl=30)
+    def work(k: str) -> str:
+        runs.append(k)
+        return "second"
+
+    with pytest.raises(IdempotencyInProgress) as info:
+        work("order-1")  # before the TTL: the killed call is still "in progress"
+    assert info.value.expires_at == datetime.fromtimestamp(START + 30, UTC)
+    clock.advance(29)
+    with pytest.raises(IdempotencyInProgress):
+        work("order-1")
+    clock.advance(2)
+    assert work("order-1") == "second"  # after it: run again, once
+    assert work("order-1") == "second"
+    assert runs == ["order-1"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -116,7 +117,7 @@ class PickleSerializer:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def loads(self, data: bytes) -> Any:
-        return pickle.loads(data)  # noqa: S301 - documented: the store is trusted
+        return pickle.loads(data)  # the docs say: a trusted store only
 
 
 JSON = JSONSerializer()
@@ -253,9 +254,7 @@ def _encode(record: _Record, data: bytes) -> list[Unit]:
 
 def _decode(claim: Claim) -> bytes:
     prefix = f"{PREFIX}.result:"
-    parts = sorted(
-        u.slot.split(".", 2)[1:] for u in claim.units if u.resource.startswith(prefix)
-    )
+    parts = sorted(u.slot.split(".", 2)[1:] for u in claim.units if u.resource.startswith(prefix))
     encoded = "".join(chunk for _, chunk in parts)
     if encoded.startswith("b"):
         return base64.b64decode(encoded[1:])
@@ -355,7 +354,9 @@ def idempotent(
             f"key must be a parameter name or a function, got {key!r}", field="key", value=key
         )
     if payload is not None and not callable(payload):
-        raise InvalidInput(f"payload must be a function, got {payload!r}", field="payload", value=payload)
+        raise InvalidInput(
+            f"payload must be a function, got {payload!r}", field="payload", value=payload
+        )
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         scope = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
@@ -386,16 +387,16 @@ def idempotent(
                     value=chosen,
                 ) from None
             fingerprint = hashlib.sha256(text.encode()).hexdigest()
+            idem: object
             if key is None:
                 idem = fingerprint
             else:
                 idem = bound.arguments[key] if isinstance(key, str) else key(*args, **kwargs)
                 if isinstance(idem, int) and not isinstance(idem, bool):
                     idem = str(idem)
-            check_name(idem, "key")
             nonce = secrets.token_hex(_NONCE_BYTES)
             holder = f"{PREFIX}.{fingerprint}.{nonce}"
-            return _Record(scope, cast(str, idem), fingerprint, holder, nonce)
+            return _Record(scope, check_name(idem, "key"), fingerprint, holder, nonce)
 
         def retention() -> float:
             return keep if keep is not None else min(float(store.request_retention), TTL_MAX)
@@ -413,16 +414,12 @@ def idempotent(
 
         def _abandon(record: _Record, run_hold: Claim) -> None:
             # Best effort: if this fails, the hold expires after ttl all the same.
-            try:
+            with contextlib.suppress(DibsError):
                 _drive(_release(record, run_hold), store)
-            except DibsError:
-                pass
 
         async def _abandon_async(record: _Record, run_hold: Claim) -> None:
-            try:
+            with contextlib.suppress(DibsError):
                 await _drive_async(_release(record, run_hold), store)
-            except DibsError:
-                pass
 
         if inspect.iscoroutinefunction(fn):
 
@@ -472,7 +469,10 @@ def _serializer(serializer: str | Serializer) -> Serializer:
                 value=serializer,
             )
         return _SERIALIZERS[serializer]
-    if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
+    if not (
+        callable(getattr(serializer, "dumps", None))
+        and callable(getattr(serializer, "loads", None))
+    ):
         raise InvalidInput(
             f"serializer must have dumps() and loads(), got {serializer!r}",
             field="serializer",
