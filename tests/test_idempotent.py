@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -480,3 +481,31 @@ def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
     assert work("order-1") == "second"  # after it: run again, once
     assert work("order-1") == "second"
     assert runs == ["order-1"]
+
+
+# --- the docs and a plug-in store ----------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "idempotent.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+
+
+@pytest.mark.parametrize("block", range(len(BLOCKS)))
+def test_every_example_in_the_docs_runs_as_pasted(block: int, tmp_path: Path) -> None:
+    done = subprocess.run(
+        _python(BLOCKS[block]), cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_plugin_store_needs_only_the_claim_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugin_store"))
+    runs: list[str] = []
+    with dibs.open("toy://") as store:
+
+        @dibs.idempotent(store, key="k")
+        def work(k: str) -> str:
+            runs.append(k)
+            return k.upper()
+
+        assert work("a") == work("a") == "A"
+    assert runs == ["a"]
