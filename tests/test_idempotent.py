@@ -509,3 +509,20 @@ def test_a_plugin_store_needs_only_the_claim_contract(monkeypatch: pytest.Monkey
 
         assert work("a") == work("a") == "A"
     assert runs == ["a"]
+
+
+def test_a_method_payload_leaves_out_the_instance(store: Store) -> None:
+    class Billing:
+        def __init__(self) -> None:
+            self.charged: list[str] = []
+
+        @dibs.idempotent(store, key="order_id")
+        def charge(self, order_id: str, cents: int) -> int:
+            self.charged.append(order_id)
+            return cents
+
+    one, two = Billing(), Billing()
+    assert one.charge("o-1", 5) == two.charge("o-1", 5) == 5
+    assert one.charged == ["o-1"] and two.charged == []
+    with pytest.raises(RequestConflict):
+        two.charge("o-1", 6)

@@ -327,8 +327,9 @@ def idempotent(
     function of the call's arguments that returns it; without one, the key is
     the payload's fingerprint. ``payload`` is a function of the call's
     arguments that returns what must match on a replay (JSON-able); by default
-    it is every argument, by name. ``name`` scopes the keys (default: the
-    function's module and qualified name). ``ttl`` is how long, in seconds, a
+    it is every argument by name, but for a method's ``self`` or ``cls``.
+    ``name`` scopes the keys (default: the function's module and qualified
+    name). ``ttl`` is how long, in seconds, a
     call is "in progress" before a crashed one can be run again: make it
     longer than the function takes. ``keep`` is how long a result is kept
     (default: the store's ``request_retention``, at most a year). The result
@@ -373,10 +374,19 @@ def idempotent(
                 f"key {key!r} is not a parameter of {scope}{signature}", field="key", value=key
             )
 
+        # A method's instance is not part of its payload: two objects may well
+        # send the same request.
+        first = next(iter(signature.parameters), None)
+        own = first if first in ("self", "cls") else None
+
         def record_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Record:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            chosen = payload(*args, **kwargs) if payload is not None else dict(bound.arguments)
+            chosen = (
+                payload(*args, **kwargs)
+                if payload is not None
+                else {k: v for k, v in bound.arguments.items() if k != own}
+            )
             try:
                 text = json.dumps(chosen, sort_keys=True, separators=(",", ":"), allow_nan=False)
             except (TypeError, ValueError) as exc:
