@@ -526,3 +526,51 @@ def test_a_method_payload_leaves_out_the_instance(store: Store) -> None:
     assert one.charged == ["o-1"] and two.charged == []
     with pytest.raises(RequestConflict):
         two.charge("o-1", 6)
+
+
+class _LosesAnswers:
+    """A store whose first answer to each claim matching ``which`` is lost after the write."""
+
+    def __init__(self, store: Store, which: str, times: int = 1) -> None:
+        self.store, self.which, self.left = store, which, times
+        self.request_retention = store.request_retention
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.store.claim(*args, **kwargs)
+        if self.left and str(kwargs.get("request_id", "")).endswith(self.which):
+            self.left -= 1
+            raise dibs.StoreUnavailable("the answer was lost on the way back")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("which", [".run.0", ".done"])
+def test_a_lost_answer_is_replayed_by_its_request_id(store: Store, which: str) -> None:
+    flaky = _LosesAnswers(store, which)
+    runs: list[str] = []
+
+    @dibs.idempotent(flaky, key="k")
+    def work(k: str) -> str:
+        runs.append(k)
+        return k * 2
+
+    assert work("a") == "aa"  # the claim was written; its replay answered
+    assert work("a") == "aa"
+    assert runs == ["a"] and flaky.left == 0
+
+
+def test_a_store_that_stays_down_raises_store_unavailable(store: Store) -> None:
+    flaky = _LosesAnswers(store, ".done", times=99)
+    runs: list[str] = []
+
+    @dibs.idempotent(flaky, key="k", ttl=5)
+    def work(k: str) -> str:
+        runs.append(k)
+        return k
+
+    with pytest.raises(dibs.StoreUnavailable):
+        work("a")
+    # The result did land (only its answers were lost): a retry replays it.
+    assert work("a") == "a" and runs == ["a"]

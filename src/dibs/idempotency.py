@@ -41,13 +41,14 @@ import inspect
 import json
 import pickle
 import secrets
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from dibs._model import Claim, ClaimResult, Unit, check_name, check_seconds
-from dibs.exceptions import DibsError, InvalidInput, RequestConflict
+from dibs.exceptions import DibsError, InvalidInput, RequestConflict, StoreUnavailable
 from dibs.limits import NAME_MAX_BYTES, TTL_MAX, TTL_MIN
 
 __all__ = [
@@ -70,6 +71,7 @@ RESULT_MAX_BYTES = 256 * 1024
 _NONCE_BYTES = 16
 _CHUNK = NAME_MAX_BYTES - 2 * _NONCE_BYTES - 8  # a result slot is "<nonce>.<index:06d>.<chunk>"
 _ROUNDS = 64  # a record that keeps vanishing between two reads is not worth more
+_RETRIES = 4  # claims tried when the store cannot be reached, 50 ms apart and doubling
 
 
 class IdempotencyInProgress(DibsError, RuntimeError):
@@ -170,11 +172,11 @@ def _conflict(record: _Record) -> RequestConflict:
 
 def _begin(record: _Record, ttl: float) -> Generator[_Call, Any, _Replay | Claim]:
     """Find the stored result, or take the run hold; raise when another call runs it."""
-    for _ in range(_ROUNDS):
+    for attempt in range(_ROUNDS):
         replay = yield from _read_done(record)
         if replay is not None:
             return replay
-        won: ClaimResult = yield ("claim", (record.run,), {"holder": record.holder, "ttl": ttl})
+        won = yield from _claim(record, [record.run], ttl, f"{record.holder}.run.{attempt}")
         if won:
             assert won.claim is not None
             # A caller that finished between the read above and this claim
@@ -225,8 +227,32 @@ def _finish(
     targets = [record.done, *result]
     # Not granted only when this call's run hold expired and another call, which
     # took it over, stored its result first: that result stands.
-    yield ("claim", (targets,), {"holder": record.holder, "ttl": keep})
+    yield from _claim(record, targets, keep, f"{record.holder}.done")
     yield from _release(record, run)
+
+
+def _claim(
+    record: _Record, targets: list[Unit], ttl: float, request_id: str
+) -> Generator[_Call, Any, ClaimResult]:
+    """Claim with a request ID, retrying a store that could not be reached.
+
+    A claim that was written but whose answer was lost is replayed by its
+    request ID rather than claimed twice, so a lost answer never strands the
+    run hold until its TTL or loses a stored result.
+    """
+    for attempt in range(_RETRIES):
+        try:
+            result: ClaimResult = yield (
+                "claim",
+                (targets,),
+                {"holder": record.holder, "ttl": ttl, "request_id": request_id},
+            )
+            return result
+        except StoreUnavailable:
+            if attempt == _RETRIES - 1:
+                raise
+            yield ("sleep", (0.05 * 2**attempt,), {})
+    raise AssertionError("unreachable")
 
 
 def _release(record: _Record, run: Claim) -> Generator[_Call, Any, None]:
@@ -276,7 +302,10 @@ def _drive(steps: Generator[_Call, Any, _T], store: Any) -> _T:
         except StopIteration as stop:
             return cast(_T, stop.value)
         method, args, kwargs = call
-        error = None
+        error = sent = None
+        if method == "sleep":
+            time.sleep(*args)
+            continue
         try:
             sent = getattr(store, method)(*args, **kwargs)
         except Exception as exc:
@@ -297,7 +326,10 @@ async def _drive_async(steps: Generator[_Call, Any, _T], store: Any) -> _T:
         except StopIteration as stop:
             return cast(_T, stop.value)
         method, args, kwargs = call
-        error = None
+        error = sent = None
+        if method == "sleep":
+            await asyncio.sleep(*args)
+            continue
         bound = getattr(store, method)
         try:
             if inspect.iscoroutinefunction(bound):
