@@ -266,3 +266,31 @@ def test_one_buyer_picks_several_seats_and_confirms_them_together(
             assert len(claims) == len(PICKS)
 
     asyncio.run(scenario())
+
+
+def test_a_hold_that_runs_out_says_so(chromium: str, served: tuple[Running, str]) -> None:
+    s, _ = served
+
+    async def scenario() -> None:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium, args=FLAGS)
+            try:
+                page = await browser.new_page(**VIEWPORTS["desktop"])
+                # A short hold made elsewhere (another tab): long enough for the page
+                # to load and find it, short enough to watch it run out.
+                with s.client("carol") as c:
+                    body = {"targets": [{"resource": "seat-B2", "slot": SHOW.slot}], "ttl": 10}
+                    assert c.post("/v1/claims", json=body).status_code == 201
+                await page.goto(f"{s.url}/?show={SHOW.slot}#key={s.token('carol')}")
+                await _wait_state(page, "seat-B2", "mine-held")
+                await page.wait_for_function(
+                    "document.getElementById('status').textContent.includes('ran out')",
+                    timeout=60_000,
+                )
+                assert "Your hold on B2 ran out" in (await page.text_content("#status") or "")
+                await _wait_state(page, "seat-B2", "free")
+                assert await page.is_hidden("#tray")
+            finally:
+                await browser.close()
+
+    asyncio.run(scenario())

@@ -198,6 +198,7 @@ const SLOT = __SLOT__, SLOTS = __SLOTS__, HOLD = __HOLD__, ROWS = "ABCDEFGHIJKLM
 const $ = (id) => document.getElementById(id);
 const mine = new Map();          // seat -> the claim as the API returned it
 const pending = new Set();       // seats this page is claiming right now
+const ranOut = [];               // this page's holds that expired since the last draw
 let snap = null, offset = 0, key = null, me = null, lastUpdate = null, connected = false;
 
 function readKey() {
@@ -277,7 +278,7 @@ function stateOf(seat) {
   const m = mine.get(seat);
   if (m) {
     const dead = m.state === "held" && m.expires_at && Date.parse(m.expires_at) <= nowMs();
-    if (dead) mine.delete(seat);
+    if (dead) { mine.delete(seat); ranOut.push(seat); }
     else return {state: "mine-" + m.state, expires_at: m.state === "held" ? m.expires_at : null};
   }
   if (s.state === "held" && s.expires_at && Date.parse(s.expires_at) <= nowMs())
@@ -334,6 +335,11 @@ function draw() {
       b.setAttribute("aria-label", words); b.title = words;
       b.setAttribute("aria-pressed", s.state.startsWith("mine-") ? "true" : "false");
     }
+  }
+  if (ranOut.length) {
+    ranOut.sort();
+    say("taken", `Your hold on ${names(ranOut)} ran out; tap a free seat to hold it again.`);
+    ranOut.length = 0;
   }
   drawTray();
 }
