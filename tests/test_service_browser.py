@@ -181,6 +181,18 @@ def test_one_buyer_picks_several_seats_and_confirms_them_together(
                 assert drawn > 0, "the favicon does not draw"
                 assert await page.text_content("#slot") == SHOW.slot
 
+                # Record every seat that plays the "someone else took it" animation.
+                await page.evaluate(
+                    """() => {
+                        window.takenNow = [];
+                        new MutationObserver(ms => ms.forEach(m => {
+                            if (m.target.classList.contains('just-taken'))
+                                window.takenNow.push(m.target.dataset.seat);
+                        })).observe(document.getElementById('map'),
+                                    {subtree: true, attributeFilter: ['class']});
+                    }"""
+                )
+
                 # Several seats: each click holds one, and all of them stay selected.
                 for n, seat in enumerate(PICKS, 1):
                     await page.click(f'.seat[data-seat="{seat}"]')
@@ -204,16 +216,6 @@ def test_one_buyer_picks_several_seats_and_confirms_them_together(
                 assert not small, small
 
                 # Another buyer takes a seat: it animates on this page.
-                await page.evaluate(
-                    """() => {
-                        window.takenNow = [];
-                        new MutationObserver(ms => ms.forEach(m => {
-                            if (m.target.classList.contains('just-taken'))
-                                window.takenNow.push(m.target.dataset.seat);
-                        })).observe(document.getElementById('map'),
-                                    {subtree: true, attributeFilter: ['class']});
-                    }"""
-                )
                 with s.client("bob") as c:
                     body = {"targets": [{"resource": TAKEN, "slot": SHOW.slot}], "ttl": 90}
                     assert c.post("/v1/claims", json=body).status_code == 201
