@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -574,3 +576,43 @@ def test_a_store_that_stays_down_raises_store_unavailable(store: Store) -> None:
         work("a")
     # The result did land (only its answers were lost): a retry replays it.
     assert work("a") == "a" and runs == ["a"]
+
+
+def test_the_in_progress_error_pickles_with_its_facts() -> None:
+    error = IdempotencyInProgress(
+        "running", key="k", name="n", expires_at=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is IdempotencyInProgress and IdempotencyInProgress.__module__ == "dibs"
+    assert (copy.key, copy.name, copy.expires_at, str(copy)) == (
+        "k",
+        "n",
+        datetime(2026, 1, 1, tzinfo=UTC),
+        "running",
+    )
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(first=_json_values, second=_json_values)
+def test_a_replay_needs_an_equal_payload(first: Any, second: Any) -> None:
+    with dibs.open("memory://") as store:
+
+        @dibs.idempotent(store, key="k", name="payloads")
+        def work(k: str, body: Any) -> str:
+            return "ran"
+
+        assert work("key", first) == "ran"
+        if json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True):
+            assert work("key", second) == "ran"
+        else:
+            with pytest.raises(RequestConflict):
+                work("key", second)
