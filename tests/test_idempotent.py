@@ -616,3 +616,104 @@ def test_a_replay_needs_an_equal_payload(first: Any, second: Any) -> None:
         else:
             with pytest.raises(RequestConflict):
                 work("key", second)
+
+
+# --- wait=: a duplicate waits for the running call instead of raising ----------------------------
+
+
+class _Watched:
+    """A store that sets ``polled`` once someone has looked at a run hold ``times`` times."""
+
+    def __init__(self, store: Store, times: int) -> None:
+        self.store, self.left = store, times
+        self.polled = threading.Event()
+        self.request_retention = store.request_retention
+
+    def holder_of(self, target: Any) -> Any:
+        if target.resource.startswith("dibs.idempotent.run:"):
+            self.left -= 1
+            if self.left <= 0:
+                self.polled.set()
+        return self.store.holder_of(target)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_with_wait_a_duplicate_gets_the_running_calls_result(store: Store) -> None:
+    watched = _Watched(store, times=3)  # the duplicate has polled a few times
+    runs: list[str] = []
+
+    @dibs.idempotent(watched, key="k", wait=120)
+    def slow(k: str, who: str) -> str:
+        runs.append(who)
+        assert watched.polled.wait(60)
+        return f"done by {who}"
+
+    first = threading.Thread(target=slow, args=("a", "first"))
+    first.start()
+    while not runs:
+        time.sleep(0.001)
+    with pytest.raises(RequestConflict):
+        slow("a", "second")  # "who" is part of the payload here: no waiting for a conflict
+    answers = race(2, lambda i: slow("a", "first"))
+    first.join()
+    assert answers == ["done by first", "done by first"] and runs == ["first"]
+
+
+def test_with_wait_a_duplicate_gives_up_after_it(store: Store) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @dibs.idempotent(store, key="k", ttl=300)
+    def stuck(k: str) -> str:
+        started.set()
+        assert release.wait(60)
+        return "late"
+
+    first = threading.Thread(target=stuck, args=("a",))
+    first.start()
+    assert started.wait(60)
+    try:
+        waiting = dibs.idempotent(store, key="k", ttl=300, wait=0.05, name=_name_of(stuck))
+
+        @waiting
+        def stuck_again(k: str) -> str:
+            return "never"
+
+        with pytest.raises(IdempotencyInProgress) as info:
+            stuck_again("a")
+        assert info.value.expires_at is not None
+    finally:
+        release.set()
+        first.join()
+
+
+def _name_of(fn: Any) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+@pytest.mark.timeout(300)
+def test_with_wait_concurrent_duplicates_all_get_the_one_result(
+    store: Store, store_kind: str
+) -> None:
+    rounds = {"memory": 50, "sqlite": 10, "postgresql": 10}[store_kind]
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    @dibs.idempotent(store, key="k", payload=lambda k, thread: k, wait=120)
+    def work(k: str, thread: int) -> str:
+        with lock:
+            runs[k] += 1
+        return f"{k} by {thread}"
+
+    for r in range(rounds):
+        answers = race(THREADS, lambda thread, key=f"k{r}": work(key, thread))
+        assert runs[f"k{r}"] == 1 and len(set(answers)) == 1, answers
+
+
+def test_wait_must_be_a_number_of_seconds() -> None:
+    with dibs.open("memory://") as store:
+        for bad in (-1, float("nan"), "1"):
+            with pytest.raises(InvalidInput) as info:
+                dibs.idempotent(store, wait=bad)  # type: ignore[arg-type]
+            assert info.value.field == "wait"

@@ -38,6 +38,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import pickle
 import secrets
@@ -72,6 +73,7 @@ _NONCE_BYTES = 16
 _CHUNK = NAME_MAX_BYTES - 2 * _NONCE_BYTES - 8  # a result slot is "<nonce>.<index:06d>.<chunk>"
 _ROUNDS = 64  # a record that keeps vanishing between two reads is not worth more
 _RETRIES = 4  # claims tried when the store cannot be reached, 50 ms apart and doubling
+_FIRST_PAUSE, _LAST_PAUSE = 0.01, 0.5  # polls of a running call with wait=, doubling
 
 
 class IdempotencyInProgress(DibsError, RuntimeError):
@@ -170,9 +172,12 @@ def _conflict(record: _Record) -> RequestConflict:
     )
 
 
-def _begin(record: _Record, ttl: float) -> Generator[_Call, Any, _Replay | Claim]:
-    """Find the stored result, or take the run hold; raise when another call runs it."""
-    for attempt in range(_ROUNDS):
+def _begin(record: _Record, ttl: float, wait: float) -> Generator[_Call, Any, _Replay | Claim]:
+    """Find the stored result, or take the run hold; wait, then raise, while another runs it."""
+    deadline = time.monotonic() + wait
+    pause = _FIRST_PAUSE
+    vanished = 0
+    for attempt in itertools.count():
         replay = yield from _read_done(record)
         if replay is not None:
             return replay
@@ -188,9 +193,23 @@ def _begin(record: _Record, ttl: float) -> Generator[_Call, Any, _Replay | Claim
             continue
         running: str | None = yield ("holder_of", (record.run,), {})
         if running is None:
-            continue  # it ended between the claim and the read: look again
+            vanished += 1
+            if vanished < _ROUNDS:
+                continue  # it ended between the claim and the read: look again
+            raise IdempotencyInProgress(
+                f"the records of {record.name!r} for key {record.key!r} kept changing; retry",
+                key=record.key,
+                name=record.name,
+                expires_at=None,
+            )
         if _fingerprint_of(running) != record.fingerprint:
             raise _conflict(record)
+        left = deadline - time.monotonic()
+        if left > 0:
+            # Poll: a store has no portable way to say "this hold ended".
+            yield ("sleep", (min(pause, left),), {})
+            pause = min(pause * 2, _LAST_PAUSE)
+            continue
         claims: list[Claim] = yield ("claims_of", (running,), {})
         expires = [c.expires_at for c in claims if record.run in c.targets]
         raise IdempotencyInProgress(
@@ -199,12 +218,7 @@ def _begin(record: _Record, ttl: float) -> Generator[_Call, Any, _Replay | Claim
             name=record.name,
             expires_at=expires[0] if expires else None,
         )
-    raise IdempotencyInProgress(
-        f"the records of {record.name!r} for key {record.key!r} kept changing; retry",
-        key=record.key,
-        name=record.name,
-        expires_at=None,
-    )
+    raise AssertionError("unreachable")
 
 
 def _read_done(record: _Record) -> Generator[_Call, Any, _Replay | None]:
@@ -350,6 +364,7 @@ def idempotent(
     payload: Callable[..., object] | None = None,
     name: str | None = None,
     ttl: float = 60.0,
+    wait: float = 0.0,
     keep: float | None = None,
     serializer: str | Serializer = "json",
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -363,7 +378,9 @@ def idempotent(
     ``name`` scopes the keys (default: the function's module and qualified
     name). ``ttl`` is how long, in seconds, a
     call is "in progress" before a crashed one can be run again: make it
-    longer than the function takes. ``keep`` is how long a result is kept
+    longer than the function takes. ``wait`` is how long, in seconds, a
+    duplicate waits for a running call to finish before it gives up (default
+    0: it raises at once). ``keep`` is how long a result is kept
     (default: the store's ``request_retention``, at most a year). The result
     goes through ``serializer``: ``"json"`` (default), ``"pickle"`` or any
     :class:`Serializer`.
@@ -372,13 +389,14 @@ def idempotent(
     thread, or are awaited on a native asynchronous store).
 
     A call raises :class:`IdempotencyInProgress` while another call with the
-    same key and payload runs (it never waits: retry it),
+    same key and payload runs (after waiting up to ``wait`` seconds: retry it),
     :class:`~dibs.RequestConflict` for the same key with a different payload,
     :class:`~dibs.InvalidInput` for a bad option, key, payload or an
     unserializable result, and what the store raises. When the function
     raises, nothing is stored and the next call runs it again.
     """
     ttl_seconds = check_seconds(ttl, "ttl", TTL_MIN, TTL_MAX)
+    wait_seconds = check_seconds(wait, "wait", 0.0, TTL_MAX)
     if keep is not None:
         check_seconds(keep, "keep", TTL_MIN, TTL_MAX)
     codec = _serializer(serializer)
@@ -468,7 +486,7 @@ def idempotent(
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 record = record_for(args, kwargs)
-                started = await _drive_async(_begin(record, ttl_seconds), store)
+                started = await _drive_async(_begin(record, ttl_seconds, wait_seconds), store)
                 if isinstance(started, _Replay):
                     return codec.loads(started.data)
                 try:
@@ -485,7 +503,7 @@ def idempotent(
         @functools.wraps(fn)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             record = record_for(args, kwargs)
-            started = _drive(_begin(record, ttl_seconds), store)
+            started = _drive(_begin(record, ttl_seconds, wait_seconds), store)
             if isinstance(started, _Replay):
                 return cast(R, codec.loads(started.data))
             try:
