@@ -211,11 +211,12 @@ def test_a_native_async_store_is_awaited() -> None:
         """What a dibs.aio store will look like to the decorator: coroutine methods."""
 
         def __init__(self, store: Store) -> None:
-            self.store = store
-            self.request_retention = store.request_retention
+            self.store = store  # no request_retention: the decorator's default applies
             self.awaited: Counter[str] = Counter()
 
         def __getattr__(self, name: str) -> Any:
+            if name not in ("claim", "release", "holder_of", "claims_of"):
+                raise AttributeError(name)
             method = getattr(self.store, name)
 
             async def call(*args: Any, **kwargs: Any) -> Any:
@@ -234,6 +235,14 @@ def test_a_native_async_store_is_awaited() -> None:
         assert asyncio.run(work("a")) == asyncio.run(work("a")) == "aa"
         assert facade.awaited["claim"] == 2  # the run hold, then the result
         assert facade.awaited["claims_of"] == 1  # the replay read it back
+
+        with pytest.raises(InvalidInput) as info:  # its coroutines cannot be called blocking
+
+            @dibs.idempotent(facade, key="k")
+            def blocking(k: str) -> str:
+                return k
+
+        assert info.value.field == "store"
 
 
 def test_results_that_cannot_be_stored_raise_and_store_nothing(store: Store) -> None:

@@ -51,6 +51,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast
 from dibs._model import Claim, ClaimResult, Unit, check_name, check_seconds
 from dibs.exceptions import DibsError, InvalidInput, RequestConflict, StoreUnavailable
 from dibs.limits import NAME_MAX_BYTES, TTL_MAX, TTL_MIN
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 
 __all__ = [
     "JSON",
@@ -459,7 +460,10 @@ def idempotent(
             return _Record(scope, check_name(idem, "key"), fingerprint, holder, nonce)
 
         def retention() -> float:
-            return keep if keep is not None else min(float(store.request_retention), TTL_MAX)
+            if keep is not None:
+                return keep
+            kept = getattr(store, "request_retention", DEFAULT_REQUEST_RETENTION)
+            return min(float(kept), TTL_MAX)
 
         def dump(record: _Record, value: object) -> bytes:
             try:
@@ -481,6 +485,15 @@ def idempotent(
             with contextlib.suppress(DibsError):
                 await _drive_async(_release(record, run_hold), store)
 
+        if not inspect.iscoroutinefunction(fn) and inspect.iscoroutinefunction(
+            getattr(store, "claim", None)
+        ):
+            raise InvalidInput(
+                f"{scope} is a plain function but the store is asynchronous: "
+                "decorate an async def function, or pass a blocking store",
+                field="store",
+                value=store,
+            )
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
