@@ -456,7 +456,7 @@ work("order-1")
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
 def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
     make_store: StoreMaker, tmp_path: Path
