@@ -29,6 +29,7 @@ from dibs.exceptions import (
     StoreUnavailable,
     UnknownScheme,
 )
+from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
@@ -49,6 +50,7 @@ __all__ = [
     "FlightResult",
     "HoldLost",
     "HoldLostReason",
+    "IdempotencyInProgress",
     "InvalidInput",
     "Lot",
     "Match",
@@ -74,6 +76,7 @@ __all__ = [
     "UnknownScheme",
     "VehicleBlocked",
     "booking",
+    "idempotent",
     "match",
     "open",
     "reserve_path",

@@ -23,6 +23,7 @@ promises::
     ├── lot.VehicleBlocked (RuntimeError)  a vehicle's unit is held outside a parking of it
     ├── booking.ResourceBusy (TimeoutError) exclusive() waited too long for a resource
     ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
+    ├── idempotency.IdempotencyInProgress (RuntimeError) the same call is running now
     └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,
         NotInTask, UnknownTask             see dibs.tasks
 
