@@ -7,9 +7,9 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
 from dibs.limits import (
@@ -228,6 +228,28 @@ class Claim:
     updated_at: datetime
     taken_over: bool = False
 
+    if not TYPE_CHECKING:  # hidden from type checkers: Claim has exactly its fields
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for a field missing from __dict__: a claim built by
+            # claim_from_micros, whose times are still whole microseconds. Convert
+            # once, on first read, and keep the datetime (a frozen instance's
+            # __dict__ is ours to fill; both racing threads store an equal value).
+            key = _MICROS_KEYS.get(name)
+            if key is not None:
+                values = self.__dict__
+                if key in values:
+                    micros = values[key]
+                    value = None if micros is None else _fromtimestamp(micros / 1e6, UTC)
+                    values[name] = value
+                    return value
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The public fields only, times as datetimes: a pickle never carries the
+        # microsecond form, so any version of Claim can load it.
+        return {name: getattr(self, name) for name in _CLAIM_FIELDS}
+
     @property
     def units(self) -> tuple[Unit, ...]:
         """The unit targets of this claim."""
@@ -268,6 +290,10 @@ class SweepResult:
     purged_claims: int = 0
 
 
+_CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
+_MICROS_KEYS = {name: f"_{name}_us" for name in ("expires_at", "created_at", "updated_at")}
+_fromtimestamp = datetime.fromtimestamp
+
 # Claim and ClaimResult are made on every claim. A frozen dataclass's __init__
 # sets each field through object.__setattr__, which costs more than the rest of
 # an in-memory claim, so the stores build them through these (same objects,
@@ -301,6 +327,21 @@ def make_claim(
         updated_at=updated_at,
         taken_over=taken_over,
     )
+    return claim
+
+
+def claim_from_micros(values: dict[str, Any]) -> Claim:
+    """A :class:`Claim` from a dict of its fields with times in whole microseconds.
+
+    ``values`` holds ``id``, ``holder``, ``targets``, ``state``, ``fence``,
+    ``request_id``, ``taken_over`` and, in place of the three datetimes,
+    ``_expires_at_us`` (or None), ``_created_at_us`` and ``_updated_at_us``
+    (microseconds since the epoch). The datetimes are made when first read, so
+    a store that keeps integer times (memory://) builds a claim with one dict
+    copy. The dict is copied; later changes to it do not reach the claim.
+    """
+    claim: Claim = _new(Claim)
+    claim.__dict__.update(values)
     return claim
 
 
