@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
@@ -377,6 +378,10 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
     items = list(targets)
     if not items:
         raise InvalidInput("targets must not be empty", field="targets", value=items)
+    if type(items[0]) is Unit and len(set(map(type, items))) == 1:
+        # The common group claim (seats, a parking row): sort on a C-level key
+        # instead of the dataclass's Python __lt__; the same order.
+        return tuple(sorted(set(items), key=_unit_key))
     units: set[Unit] = set()
     spans: list[Span] = []
     for item in items:
@@ -405,6 +410,9 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
                 )
     spans.sort(key=_span_sort_key)
     return (*sorted(units), *spans)
+
+
+_unit_key = attrgetter("resource", "slot")
 
 
 def _span_sort_key(span: Span) -> tuple[str, str, int | float]:

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from operator import attrgetter
 from typing import Any, TypedDict
 
 from dibs._clock import Clock, SystemClock
@@ -84,6 +85,7 @@ _OCCUPYING = (_HELD, _CONFIRMED)
 _HOLDER_LOCKS = 64
 _new = object.__new__
 _time_ns = time.time_ns
+_unit_key = attrgetter("resource", "slot")  # Unit's order, from C
 
 
 # A claim record is the mutable dict that its Claim snapshots copy (see
@@ -226,14 +228,10 @@ class MemoryStore(Store):
         n = self._nstripes
         if len(targets) == 1 and type(targets[0]) is Unit:
             return (targets[0]._hash % n,)
-        return tuple(
-            sorted(
-                {
-                    t._hash % n if isinstance(t, Unit) else hash(("span", t.resource)) % n
-                    for t in targets
-                }
-            )
-        )
+        stripes = set()
+        for t in targets:
+            stripes.add(t._hash % n if isinstance(t, Unit) else hash(("span", t.resource)) % n)
+        return tuple(sorted(stripes))
 
     def _stripes_of(self, record: _Record) -> tuple[int, ...]:
         """The stripes of all a claim's targets: what a live transition holds."""
@@ -274,8 +272,7 @@ class MemoryStore(Store):
         # inline. Any other call (and any bad input) takes Store.claim, which
         # checks the input and raises the same errors on every store.
         if not (
-            type(targets) is Unit
-            and type(holder) is str
+            type(holder) is str
             and holder
             and len(holder) <= NAME_MAX_BYTES
             and holder.isascii()
@@ -297,6 +294,18 @@ class MemoryStore(Store):
             and self._fast_claim
             and not self._closed
         ):
+            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+        if type(targets) is not Unit:
+            if (
+                (type(targets) is list or type(targets) is tuple)
+                and targets
+                and type(targets[0]) is Unit
+                and len(set(map(type, targets))) == 1
+            ):
+                # A group of units (seats, a parking row): normalized as
+                # normalize_targets does, sorted and without duplicates.
+                units = tuple(sorted(set(targets), key=_unit_key))
+                return self._claim_units(units, holder, request_id, ttl)
             return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
         locks = self._locks
         n = self._nstripes
@@ -380,6 +389,54 @@ class MemoryStore(Store):
         values["granted"] = True
         values["claim"] = claim
         return result
+
+    def _claim_units(
+        self, units: tuple[Unit, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        """A group claim of units, input checked: the uncontended case inline."""
+        n = self._nstripes
+        stripes = {unit._hash % n for unit in units}
+        if request_id is not None:
+            stripes.add(hash(request_id) % n)
+        order = sorted(stripes)
+        locks = self._locks
+        for i in order:
+            locks[i].acquire()
+        try:
+            # Linearization point: every stripe of the claim is held.
+            now = self._now_us()
+            index = self._units
+            if (request_id is not None and request_id in self._requests) or any(
+                unit in index for unit in units
+            ):
+                # A replay, a conflict or a takeover: the general step decides.
+                return self._claim_locked(units, holder, request_id, ttl, now)
+            fence = self._newest_fence = next(self._fences)
+            claim_id = self._id_prefix + str(fence)
+            record: _Record = {
+                "id": claim_id,
+                "holder": holder,
+                "targets": units,
+                "state": _CONFIRMED if ttl is None else _HELD,
+                "fence": fence,
+                "request_id": request_id,
+                "taken_over": False,
+                "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
+                "_created_at_us": now,
+                "_updated_at_us": now,
+            }
+            for unit in units:
+                index[unit] = record
+            self._claims[claim_id] = record
+            self._index_holder(holder, claim_id, record)
+            if request_id is not None:
+                self._requests[request_id] = (holder, units, ttl, claim_id, (), now)
+            claim: Claim = _new(Claim)
+            claim.__dict__.update(record)
+        finally:
+            for i in reversed(order):
+                locks[i].release()
+        return _granted(claim)
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         # The common call inline: the ID is one of ours, the holder and the fence
@@ -723,11 +780,12 @@ class MemoryStore(Store):
         self._acquire(stripes)
         try:
             now = self._now_us()
-            try:
-                self._require_live(record, fence, now)
-            except HoldLost as lost:
-                if lost.reason is HoldLostReason.FENCE:
-                    raise
+            if not (record["fence"] == fence and _live(record, now)):
+                try:
+                    self._require_live(record, fence, now)
+                except HoldLost as lost:
+                    if lost.reason is HoldLostReason.FENCE:
+                        raise
                 return False
             record["state"] = _RELEASED
             record["_expires_at_us"] = None
