@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
             json.dumps(
                 {
                     "benchmark": "memory:// vs seatlock",
-                    "command": "python benchmarks/bench_peers_memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "command": "python benchmarks/bench_peers_memory.py "
+                    + " ".join(sys.argv[1:] if argv is None else argv),
                     "series": series,
                     "blocks_per_claim": {
                         "kept": stored,
