@@ -42,12 +42,14 @@ import seatlock
 
 import dibs
 
-Run = Callable[[], tuple[int, list[float]]]
-"""A round: returns (operations done, per-operation latencies in seconds)."""
+Run = Callable[[], tuple[int, float, list[float]]]
+"""A round: returns (operations done, seconds they took, per-operation latencies).
 
+Each round sets up its store or manager first, outside the timed part: seatlock
+needs its seats made up front, dibs does not, and only the operations count.
+"""
 
-def _sample(n: int, every: int) -> range:
-    return range(0, n, every)
+_timer = time.process_time  # --clock: CPU seconds by default (the machine is shared)
 
 
 # --- single-thread workloads ------------------------------------------------------------------
@@ -56,11 +58,12 @@ def _sample(n: int, every: int) -> range:
 def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
 
-    def run_dibs() -> tuple[int, list[float]]:
+    def run_dibs() -> tuple[int, float, list[float]]:
         store = dibs.open("memory://")
         claim, confirm = store.claim, store.confirm
         lat: list[float] = []
         clock = time.perf_counter
+        began = _timer()
         if timed:
             for unit in units:
                 t0 = clock()
@@ -71,14 +74,16 @@ def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
             for unit in units:
                 c = claim(unit, holder="alice", ttl=300).claim
                 confirm(c.id, holder="alice", fence=c.fence)  # type: ignore[union-attr]
+        took = _timer() - began
         store.close()
-        return seats, lat
+        return seats, took, lat
 
-    def run_seatlock() -> tuple[int, list[float]]:
+    def run_seatlock() -> tuple[int, float, list[float]]:
         manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(seats)], lock_timeout=300)
         lock, book = manager.lock_seat, manager.book_a_seat
         lat: list[float] = []
         clock = time.perf_counter
+        began = _timer()
         if timed:
             for i in range(seats):
                 t0 = clock()
@@ -89,7 +94,7 @@ def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
             for i in range(seats):
                 lock(i, "alice")
                 book(i, "alice")
-        return seats, lat
+        return seats, _timer() - began, lat
 
     return run_dibs if dibs_side else run_seatlock
 
@@ -97,11 +102,12 @@ def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
 def confirmed(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
 
-    def run_dibs() -> tuple[int, list[float]]:
+    def run_dibs() -> tuple[int, float, list[float]]:
         store = dibs.open("memory://")
         claim = store.claim
         lat: list[float] = []
         clock = time.perf_counter
+        began = _timer()
         if timed:
             for unit in units:
                 t0 = clock()
@@ -110,8 +116,9 @@ def confirmed(seats: int, *, dibs_side: bool, timed: bool) -> Run:
         else:
             for unit in units:
                 claim(unit, holder="alice")
+        took = _timer() - began
         store.close()
-        return seats, lat
+        return seats, took, lat
 
     if dibs_side:
         return run_dibs
@@ -122,11 +129,12 @@ def with_request_ids(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
     ids = [f"req-{i}" for i in range(seats)]
 
-    def run_dibs() -> tuple[int, list[float]]:
+    def run_dibs() -> tuple[int, float, list[float]]:
         store = dibs.open("memory://")
         claim = store.claim
         lat: list[float] = []
         clock = time.perf_counter
+        began = _timer()
         if timed:
             for unit, rid in zip(units, ids, strict=True):
                 t0 = clock()
@@ -135,15 +143,17 @@ def with_request_ids(seats: int, *, dibs_side: bool, timed: bool) -> Run:
         else:
             for unit, rid in zip(units, ids, strict=True):
                 claim(unit, holder="alice", request_id=rid, ttl=300)
+        took = _timer() - began
         store.close()
-        return seats, lat
+        return seats, took, lat
 
-    def run_seatlock() -> tuple[int, list[float]]:
+    def run_seatlock() -> tuple[int, float, list[float]]:
         # seatlock has no request IDs: its plain lock_seat, for scale only.
         manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(seats)], lock_timeout=300)
         lock = manager.lock_seat
         lat: list[float] = []
         clock = time.perf_counter
+        began = _timer()
         if timed:
             for i in range(seats):
                 t0 = clock()
@@ -152,7 +162,7 @@ def with_request_ids(seats: int, *, dibs_side: bool, timed: bool) -> Run:
         else:
             for i in range(seats):
                 lock(i, "alice")
-        return seats, lat
+        return seats, _timer() - began, lat
 
     return run_dibs if dibs_side else run_seatlock
 
@@ -167,7 +177,7 @@ def racing(threads: int, seats: int = 1000, repeats: int = 10) -> Callable[..., 
         units = [dibs.Unit("hall", str(i)) for i in range(seats)]
         orders = [random.Random(t).sample(range(seats), seats) for t in range(threads)]
 
-        def in_threads(attempt: Callable[[int, int], bool]) -> tuple[int, list[float]]:
+        def in_threads(attempt: Callable[[int, int], bool]) -> tuple[int, float, list[float]]:
             barrier = threading.Barrier(threads + 1)
             won = [0] * threads
             lats: list[list[float]] = [[] for _ in range(threads)]
@@ -192,14 +202,16 @@ def racing(threads: int, seats: int = 1000, repeats: int = 10) -> Callable[..., 
             for p in pool:
                 p.start()
             barrier.wait()
+            began = _timer()
             for p in pool:
                 p.join()
+            took = _timer() - began
             if sum(won) != seats:
                 raise AssertionError(f"{sum(won)} seats granted, expected {seats}")
-            return threads * seats, [x for lat in lats for x in lat]
+            return threads * seats, took, [x for lat in lats for x in lat]
 
-        def run_dibs() -> tuple[int, list[float]]:
-            done, lat = 0, []
+        def run_dibs() -> tuple[int, float, list[float]]:
+            done, took, lat = 0, 0.0, []
             for _ in range(repeats):
                 store = dibs.open("memory://")
                 claim = store.claim
@@ -208,14 +220,15 @@ def racing(threads: int, seats: int = 1000, repeats: int = 10) -> Callable[..., 
                 def attempt(t: int, i: int) -> bool:
                     return claim(units[i], holder=holders[t]).granted  # noqa: B023
 
-                n, more = in_threads(attempt)
+                n, seconds, more = in_threads(attempt)
                 done += n
+                took += seconds
                 lat += more
                 store.close()
-            return done, lat
+            return done, took, lat
 
-        def run_seatlock() -> tuple[int, list[float]]:
-            done, lat = 0, []
+        def run_seatlock() -> tuple[int, float, list[float]]:
+            done, took, lat = 0, 0.0, []
             for _ in range(repeats):
                 manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(seats)])
                 lock, book = manager.lock_seat, manager.book_a_seat
@@ -228,10 +241,11 @@ def racing(threads: int, seats: int = 1000, repeats: int = 10) -> Callable[..., 
                         return True
                     return False
 
-                n, more = in_threads(attempt)
+                n, seconds, more = in_threads(attempt)
                 done += n
+                took += seconds
                 lat += more
-            return done, lat
+            return done, took, lat
 
         return run_dibs if dibs_side else run_seatlock
 
@@ -243,14 +257,13 @@ def racing(threads: int, seats: int = 1000, repeats: int = 10) -> Callable[..., 
 
 def _rate(run: Run) -> float:
     gc.collect()
-    started = time.perf_counter()
-    done, _ = run()
-    return done / (time.perf_counter() - started)
+    done, seconds, _ = run()
+    return done / seconds
 
 
 def _p99_ms(run: Run) -> float:
     gc.collect()
-    _, lat = run()
+    _, _, lat = run()
     lat.sort()
     return lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
 
@@ -298,7 +311,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, help="write the figures here (see plot.py)")
     parser.add_argument("--profile", action="store_true", help="cProfile the dibs side")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="time rounds in CPU seconds of this process (default) or wall-clock seconds",
+    )
     args = parser.parse_args(argv)
+    global _timer
+    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
     thread_counts = [int(t) for t in args.threads.split(",")]
 
     workloads: list[tuple[str, int, Callable[..., Run]]] = [
@@ -309,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(
         f"memory:// vs seatlock 0.2.0, {args.rounds} interleaved rounds, "
-        f"{args.seats:,} seats per 1-thread round (Python {sys.version.split()[0]})"
+        f"{args.seats:,} seats per 1-thread round, {args.clock} time, setup untimed "
+        f"(Python {sys.version.split()[0]})"
     )
     print("ratio = seatlock ÷ dibs per round (above 1: seatlock faster); median [range]")
     print(f"{'workload':<40}{'dibs ops/s':>12}{'seatlock/s':>12}{'ratio':>8}  range")

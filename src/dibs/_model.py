@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
 from dibs.limits import (
@@ -229,23 +229,6 @@ class Claim:
     updated_at: datetime
     taken_over: bool = False
 
-    if not TYPE_CHECKING:  # hidden from type checkers: Claim has exactly its fields
-
-        def __getattr__(self, name: str) -> Any:
-            # Reached only for a field missing from __dict__: a claim built by
-            # claim_from_micros, whose times are still whole microseconds. Convert
-            # once, on first read, and keep the datetime (a frozen instance's
-            # __dict__ is ours to fill; both racing threads store an equal value).
-            key = _MICROS_KEYS.get(name)
-            if key is not None:
-                values = self.__dict__
-                if key in values:
-                    micros = values[key]
-                    value = None if micros is None else _fromtimestamp(micros / 1e6, UTC)
-                    values[name] = value
-                    return value
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def __getstate__(self) -> dict[str, Any]:
         # The public fields only, times as datetimes: a pickle never carries the
         # microsecond form, so any version of Claim can load it.
@@ -291,9 +274,47 @@ class SweepResult:
     purged_claims: int = 0
 
 
-_CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
-_MICROS_KEYS = {name: f"_{name}_us" for name in ("expires_at", "created_at", "updated_at")}
+class _MicrosTime:
+    """A time field of :class:`Claim`: a datetime, made from whole microseconds on first read.
+
+    A claim built by :func:`claim_from_micros` holds ``_<name>_us`` instead of
+    the datetime; the first read converts it and keeps the result (a frozen
+    instance's ``__dict__`` is ours to fill; racing readers store equal
+    values). A claim built by ``Claim(...)`` holds the datetime itself. Only
+    the three time fields pay for this: every other field stays a plain
+    instance attribute.
+    """
+
+    __slots__ = ("key", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.key = f"_{name}_us"
+
+    def __get__(self, claim: Claim | None, owner: type | None = None) -> Any:
+        if claim is None:
+            return self
+        values = claim.__dict__
+        try:
+            return values[self.name]
+        except KeyError:
+            if self.key not in values:
+                raise AttributeError(self.name) from None
+        micros = values[self.key]
+        value = None if micros is None else _fromtimestamp(micros / 1e6, UTC)
+        values[self.name] = value
+        return value
+
+    def __set__(self, claim: Claim, value: Any) -> None:
+        # Reached only from the dataclass __init__ (object.__setattr__): the frozen
+        # __setattr__ refuses every other assignment first.
+        claim.__dict__[self.name] = value
+
+
 _fromtimestamp = datetime.fromtimestamp
+for _name in ("expires_at", "created_at", "updated_at"):
+    setattr(Claim, _name, _MicrosTime(_name))
+_CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
 
 # Claim and ClaimResult are made on every claim. A frozen dataclass's __init__
 # sets each field through object.__setattr__, which costs more than the rest of

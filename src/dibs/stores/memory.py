@@ -330,22 +330,8 @@ class MemoryStore(Store):
                 # A replay or a conflict: the general step decides.
                 return self._claim_locked((targets,), holder, request_id, ttl, now)
             claimed = (targets,)
-            # The ID and fence are filled in once the unit is ours: a fence is
-            # drawn only by a claim that is granted.
-            record: _Record = {
-                "id": "",
-                "holder": holder,
-                "targets": claimed,
-                "state": _CONFIRMED if ttl is None else _HELD,
-                "fence": 0,
-                "request_id": request_id,
-                "taken_over": False,
-                "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
-                "_created_at_us": now,
-                "_updated_at_us": now,
-            }
-            current = self._units.setdefault(targets, record)
-            if current is not record:
+            current = self._units.get(targets)
+            if current is not None:
                 state = current["state"]
                 if request_id is not None or not (
                     state is _CONFIRMED or (state is _HELD and current["_expires_at_us"] > now)  # type: ignore[operator]
@@ -362,8 +348,19 @@ class MemoryStore(Store):
                 return lost
             fence = self._newest_fence = next(self._fences)
             claim_id = self._id_prefix + str(fence)
-            record["id"] = claim_id
-            record["fence"] = fence
+            record: _Record = {
+                "id": claim_id,
+                "holder": holder,
+                "targets": claimed,
+                "state": _CONFIRMED if ttl is None else _HELD,
+                "fence": fence,
+                "request_id": request_id,
+                "taken_over": False,
+                "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
+                "_created_at_us": now,
+                "_updated_at_us": now,
+            }
+            self._units[targets] = record
             self._claims[claim_id] = record
             # The holder's index, under the holder's lock: the sweep drops an
             # empty dict under it (module docstring).
@@ -404,13 +401,14 @@ class MemoryStore(Store):
             locks[i].acquire()
         try:
             # Linearization point: every stripe of the claim is held.
-            now = self._now_us()
+            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
             index = self._units
-            if (request_id is not None and request_id in self._requests) or any(
-                unit in index for unit in units
-            ):
-                # A replay, a conflict or a takeover: the general step decides.
-                return self._claim_locked(units, holder, request_id, ttl, now)
+            if request_id is not None and request_id in self._requests:
+                return self._claim_locked(units, holder, request_id, ttl, now)  # replay
+            for unit in units:
+                if unit in index:
+                    # Taken, or a dead hold to take over: the general step decides.
+                    return self._claim_locked(units, holder, request_id, ttl, now)
             fence = self._newest_fence = next(self._fences)
             claim_id = self._id_prefix + str(fence)
             record: _Record = {
@@ -520,7 +518,7 @@ class MemoryStore(Store):
             return super().release(claim_id, holder=holder, fence=fence)
         targets = record["targets"]
         if len(targets) != 1 or type(targets[0]) is not Unit:
-            return self._release(claim_id, holder, fence)
+            return self._release_group(record)
         unit = targets[0]
         lock = self._locks[unit._hash % self._nstripes]
         lock.acquire()
@@ -544,6 +542,35 @@ class MemoryStore(Store):
             return True
         finally:
             lock.release()
+
+    def _release_group(self, record: _Record) -> bool:
+        """Release a claim on several targets, its holder and fence checked."""
+        stripes = self._target_stripes(record["targets"])
+        locks = self._locks
+        for i in stripes:
+            locks[i].acquire()
+        try:
+            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            if not _live(record, now):
+                return False  # released, expired or taken over: a no-op
+            record["state"] = _RELEASED
+            record["_expires_at_us"] = None
+            record["_updated_at_us"] = now
+            index = self._units
+            for target in record["targets"]:
+                if type(target) is not Unit:
+                    self._detach(record)  # spans too: the general way
+                    break
+                if index.get(target) is record:
+                    del index[target]
+            else:
+                mine = self._by_holder.get(record["holder"])
+                if mine is not None:
+                    mine.pop(record["id"], None)
+            return True
+        finally:
+            for i in reversed(stripes):
+                locks[i].release()
 
     # --- claim --------------------------------------------------------------------------------
 
