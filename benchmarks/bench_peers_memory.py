@@ -50,6 +50,7 @@ needs its seats made up front, dibs does not, and only the operations count.
 """
 
 _timer = time.process_time  # --clock: CPU seconds by default (the machine is shared)
+_setup_timed = False  # --setup-timed: count making the store or the seats too
 
 
 # --- single-thread workloads ------------------------------------------------------------------
@@ -59,11 +60,12 @@ def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
 
     def run_dibs() -> tuple[int, float, list[float]]:
+        setup = _timer()
         store = dibs.open("memory://")
         claim, confirm = store.claim, store.confirm
         lat: list[float] = []
         clock = time.perf_counter
-        began = _timer()
+        began = setup if _setup_timed else _timer()
         if timed:
             for unit in units:
                 t0 = clock()
@@ -79,11 +81,12 @@ def hold_confirm(seats: int, *, dibs_side: bool, timed: bool) -> Run:
         return seats, took, lat
 
     def run_seatlock() -> tuple[int, float, list[float]]:
+        setup = _timer()
         manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(seats)], lock_timeout=300)
         lock, book = manager.lock_seat, manager.book_a_seat
         lat: list[float] = []
         clock = time.perf_counter
-        began = _timer()
+        began = setup if _setup_timed else _timer()
         if timed:
             for i in range(seats):
                 t0 = clock()
@@ -103,11 +106,12 @@ def confirmed(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
 
     def run_dibs() -> tuple[int, float, list[float]]:
+        setup = _timer()
         store = dibs.open("memory://")
         claim = store.claim
         lat: list[float] = []
         clock = time.perf_counter
-        began = _timer()
+        began = setup if _setup_timed else _timer()
         if timed:
             for unit in units:
                 t0 = clock()
@@ -130,11 +134,12 @@ def with_request_ids(seats: int, *, dibs_side: bool, timed: bool) -> Run:
     ids = [f"req-{i}" for i in range(seats)]
 
     def run_dibs() -> tuple[int, float, list[float]]:
+        setup = _timer()
         store = dibs.open("memory://")
         claim = store.claim
         lat: list[float] = []
         clock = time.perf_counter
-        began = _timer()
+        began = setup if _setup_timed else _timer()
         if timed:
             for unit, rid in zip(units, ids, strict=True):
                 t0 = clock()
@@ -148,12 +153,13 @@ def with_request_ids(seats: int, *, dibs_side: bool, timed: bool) -> Run:
         return seats, took, lat
 
     def run_seatlock() -> tuple[int, float, list[float]]:
+        setup = _timer()
         # seatlock has no request IDs: its plain lock_seat, for scale only.
         manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(seats)], lock_timeout=300)
         lock = manager.lock_seat
         lat: list[float] = []
         clock = time.perf_counter
-        began = _timer()
+        began = setup if _setup_timed else _timer()
         if timed:
             for i in range(seats):
                 t0 = clock()
@@ -317,9 +323,15 @@ def main(argv: list[str] | None = None) -> None:
         default="cpu",
         help="time rounds in CPU seconds of this process (default) or wall-clock seconds",
     )
+    parser.add_argument(
+        "--setup-timed",
+        action="store_true",
+        help="also time making the store (dibs) or the seats (seatlock), 1-thread workloads",
+    )
     args = parser.parse_args(argv)
-    global _timer
+    global _timer, _setup_timed  # one setting for the whole run
     _timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    _setup_timed = args.setup_timed
     thread_counts = [int(t) for t in args.threads.split(",")]
 
     workloads: list[tuple[str, int, Callable[..., Run]]] = [
@@ -330,7 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(
         f"memory:// vs seatlock 0.2.0, {args.rounds} interleaved rounds, "
-        f"{args.seats:,} seats per 1-thread round, {args.clock} time, setup untimed "
+        f"{args.seats:,} seats per 1-thread round, {args.clock} time, "
+        f"setup {'timed' if args.setup_timed else 'untimed'} "
         f"(Python {sys.version.split()[0]})"
     )
     print("ratio = seatlock ÷ dibs per round (above 1: seatlock faster); median [range]")

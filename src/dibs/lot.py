@@ -173,8 +173,11 @@ class Lot:
         its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
         length outside ``1..size``, and what the store raises.
         """
-        self._check_vehicle(vehicle_id)
-        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        if (type(length) is not int or not 1 <= length <= self.size) and (
+            isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size
+        ):
             raise InvalidInput(
                 f"length must be an integer from 1 to {self.size}, got {length!r}",
                 field="length",
@@ -242,7 +245,8 @@ class Lot:
         parked, already removed, or removed by a concurrent call),
         :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
         """
-        self._check_vehicle(vehicle_id)
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
         # The release is conditional on the claim still being live: of two
         # concurrent removes, exactly one gets True. A vehicle has at most one
         # live parking here, so a remembered claim that is still live is it.

@@ -182,6 +182,9 @@ class MemoryStore(Store):
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
         self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
+        # The sorted stripes of each claim on several targets, made once (the
+        # targets never change); dropped when the claim is purged.
+        self._group_stripes: dict[str, tuple[int, ...]] = {}
         # next() on itertools.count is atomic under the GIL; it is only called
         # with the claim's stripes held, so a later claim on the same target
         # (which must take the same stripe) draws a larger fence.
@@ -235,7 +238,8 @@ class MemoryStore(Store):
 
     def _stripes_of(self, record: _Record) -> tuple[int, ...]:
         """The stripes of all a claim's targets: what a live transition holds."""
-        return self._target_stripes(record["targets"])
+        stripes = self._group_stripes.get(record["id"])
+        return self._target_stripes(record["targets"]) if stripes is None else stripes
 
     def _acquire(self, stripes: tuple[int, ...]) -> None:
         # `stripes` is sorted ascending: the one global order (module docstring).
@@ -426,7 +430,16 @@ class MemoryStore(Store):
             for unit in units:
                 index[unit] = record
             self._claims[claim_id] = record
-            self._index_holder(holder, claim_id, record)
+            self._group_stripes[claim_id] = tuple(order)
+            holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
+            holder_lock.acquire()
+            try:
+                held_by = self._by_holder.get(holder)
+                if held_by is None:
+                    held_by = self._by_holder[holder] = {}
+                held_by[claim_id] = record
+            finally:
+                holder_lock.release()
             if request_id is not None:
                 self._requests[request_id] = (holder, units, ttl, claim_id, (), now)
             claim: Claim = _new(Claim)
@@ -545,7 +558,7 @@ class MemoryStore(Store):
 
     def _release_group(self, record: _Record) -> bool:
         """Release a claim on several targets, its holder and fence checked."""
-        stripes = self._target_stripes(record["targets"])
+        stripes = self._stripes_of(record)
         locks = self._locks
         for i in stripes:
             locks[i].acquire()
@@ -724,6 +737,8 @@ class MemoryStore(Store):
                     entries[:] = [e for e in entries if _indexed(e[1])]
                     entries.append((target, record))
         self._claims[claim_id] = record
+        if len(targets) > 1:
+            self._group_stripes[claim_id] = self._target_stripes(targets)
         self._index_holder(holder, claim_id, record)
         return _granted(claim_from_micros(record))  # type: ignore[arg-type]
 
@@ -889,6 +904,7 @@ class MemoryStore(Store):
                     if record["_updated_at_us"] + retention <= now:
                         self._detach(record)
                         self._claims.pop(record["id"], None)
+                        self._group_stripes.pop(record["id"], None)
                         purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):
             if request[5] + self._retention_us <= now:
@@ -934,6 +950,7 @@ class MemoryStore(Store):
         self._requests.clear()
         self._claims.clear()
         self._by_holder.clear()
+        self._group_stripes.clear()
 
 
 _BEFORE_ANY_EXPIRY = -(2**62)
