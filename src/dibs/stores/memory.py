@@ -193,7 +193,8 @@ class MemoryStore(Store):
         self._id_prefix = secrets.token_hex(4) + "-"
         # Store times are whole microseconds, as on the SQL stores, so that every store
         # judges an expiry at the same instant (a float sum can land an ulp either side).
-        # The system clock is read as integer nanoseconds: no float on the hot path.
+        # The system clock is read as integer nanoseconds, rounded to the nearest µs as
+        # on every store: no float on the hot path.
         self._system_clock = type(self.clock) is SystemClock
         self._clock_now = self.clock.now
         self._retention_us = round(self.request_retention * 1_000_000)
@@ -219,7 +220,7 @@ class MemoryStore(Store):
 
     def _now_us(self) -> int:
         if self._system_clock:
-            return _time_ns() // 1000
+            return (_time_ns() + 500) // 1000
         return round(self._clock_now() * 1_000_000)
 
     # --- locking ------------------------------------------------------------------------------
@@ -329,7 +330,11 @@ class MemoryStore(Store):
         try:
             # Linearization point: the check and the set below run with the
             # unit's stripe (and the request ID's) held.
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             if request_id is not None and request_id in self._requests:
                 # A replay or a conflict: the general step decides.
                 return self._claim_locked((targets,), holder, request_id, ttl, now)
@@ -405,7 +410,11 @@ class MemoryStore(Store):
             locks[i].acquire()
         try:
             # Linearization point: every stripe of the claim is held.
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             index = self._units
             if request_id is not None and request_id in self._requests:
                 return self._claim_locked(units, holder, request_id, ttl, now)  # replay
@@ -471,7 +480,11 @@ class MemoryStore(Store):
         lock.acquire()
         try:
             # Linearization point: the state check and write under the stripe.
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             state = record["state"]
             if state is _HELD and record["_expires_at_us"] > now:  # type: ignore[operator]
                 record["state"] = _CONFIRMED
@@ -504,7 +517,11 @@ class MemoryStore(Store):
         lock = self._locks[targets[0]._hash % self._nstripes]
         lock.acquire()
         try:
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             state = record["state"]
             if state is _HELD and record["_expires_at_us"] > now:  # type: ignore[operator]
                 record["_expires_at_us"] = now + round(ttl * 1_000_000)
@@ -536,7 +553,11 @@ class MemoryStore(Store):
         lock = self._locks[unit._hash % self._nstripes]
         lock.acquire()
         try:
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             state = record["state"]
             if not (
                 state is _CONFIRMED or (state is _HELD and record["_expires_at_us"] > now)  # type: ignore[operator]
@@ -563,7 +584,11 @@ class MemoryStore(Store):
         for i in stripes:
             locks[i].acquire()
         try:
-            now = _time_ns() // 1000 if self._system_clock else round(self._clock_now() * 1000000)
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
             if not _live(record, now):
                 return False  # released, expired or taken over: a no-op
             record["state"] = _RELEASED
