@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<40}{statistics.median(ours):>12,.0f}{statistics.median(peer):>12,.0f}"
             f"{statistics.median(ratios):>7.2f}x  {ratios[0]:.2f}-{ratios[-1]:.2f}"
         )
-        workload = name.split(",")[0]
+        workload = name.replace("1,000", "1000").split(",")[0]
         series += [
             {
                 "name": f"dibs memory:// - {workload}",

@@ -16,7 +16,9 @@ Every benchmark that takes ``--json FILE`` writes one JSON object of this shape
     }
 
 Points with the same ``name`` make one line, ordered by ``clients``; a name with
-one point is drawn as a marker. ``p99_ms`` may be null when a benchmark does not
+one point is drawn as a marker. Names of the form ``"<contender> - <workload>"``
+share a colour per workload; names starting with ``dibs`` are drawn solid, the
+others (peers, baselines) dashed. ``p99_ms`` may be null when a benchmark does not
 measure latency; that point is left out of the latency plot.
 
     python benchmarks/plot.py out.json [more.json ...] [--out docs/img] [--prefix NAME]
@@ -64,14 +66,22 @@ def plot(
 ) -> None:
     """One PNG: ``key`` of every series against clients."""
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    # One colour per workload (the part of a name after " - "), so that dibs and
+    # its baseline on one workload match: dibs solid, the baseline dashed.
+    workloads = list(dict.fromkeys(name.rpartition(" - ")[2] for name in lines))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = 0
     for name, points in lines.items():
         xs = [p["clients"] for p in points if p.get(key) is not None]
         ys = [p[key] for p in points if p.get(key) is not None]
         if not xs:
             continue
+        color = palette[workloads.index(name.rpartition(" - ")[2]) % len(palette)]
         dashed = not name.lower().startswith("dibs")  # peers and baselines dashed
-        ax.plot(xs, ys, marker="o", linestyle="--" if dashed else "-", label=name)
+        ax.plot(
+            xs, ys, marker="o" if not dashed else "s", color=color,
+            linestyle="--" if dashed else "-", label=name,
+        )  # fmt: skip
         drawn += 1
     clients = sorted({p["clients"] for points in lines.values() for p in points})
     ax.set_xscale("log", base=2)
