@@ -29,6 +29,9 @@ from typing import Protocol
 import dibs
 
 
+_timer = time.process_time  # --clock: CPU seconds of this process by default
+
+
 class ParkingLot:
     """The seed's thread-safe lot: per-slot locks in position order, a separate index lock."""
 
@@ -109,10 +112,10 @@ def run(
     for t in pool:
         t.start()
     barrier.wait()
-    started = time.perf_counter()
+    started = _timer()
     for t in pool:
         t.join()
-    return time.perf_counter() - started, sum(done)
+    return _timer() - started, sum(done)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,7 +134,16 @@ def main(argv: list[str] | None = None) -> None:
         help="also measure this store (memory:// always runs)",
     )
     parser.add_argument("--json", type=Path, help="write the figures here (see plot.py)")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="time rounds in CPU seconds of this process (default: the machine is shared) "
+        "or wall-clock seconds",
+    )
     args = parser.parse_args(argv)
+    global _timer  # one setting for the whole run
+    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
     thread_counts = [int(t) for t in str(args.threads).split(",")]
 
     counter = iter(range(10**9))
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(
             f"park+remove, {args.threads} threads x {args.pairs} attempts, lot of {args.size} "
-            f"slots, lengths 1/1/2/3, best of {args.repeat} interleaved rounds "
+            f"slots, lengths 1/1/2/3, best of {args.repeat} interleaved rounds, {args.clock} time "
             f"(Python {sys.version.split()[0]})"
         )
         series: list[dict[str, object]] = []

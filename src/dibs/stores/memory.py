@@ -573,6 +573,8 @@ class MemoryStore(Store):
             mine = self._by_holder.get(holder)
             if mine is not None:
                 mine.pop(claim_id, None)
+                if not mine:
+                    self._drop_holder(holder, mine)
             return True
         finally:
             lock.release()
@@ -605,6 +607,8 @@ class MemoryStore(Store):
                 mine = self._by_holder.get(record["holder"])
                 if mine is not None:
                     mine.pop(record["id"], None)
+                    if not mine:
+                        self._drop_holder(record["holder"], mine)
             return True
         finally:
             for i in reversed(stripes):
@@ -778,6 +782,16 @@ class MemoryStore(Store):
             held_by[claim_id] = record
         finally:
             lock.release()
+
+    def _drop_holder(self, holder: str, mine: dict[str, _Record]) -> None:
+        """Drop a holder's index once it is empty (a holder per vehicle or per request).
+
+        Under the holder's lock, as the sweep does: a claim adds to the dict under
+        it, so the dict is still empty when it goes.
+        """
+        with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+            if not mine and self._by_holder.get(holder) is mine:
+                del self._by_holder[holder]
 
     def _forget_holder(self, record: _Record) -> None:
         mine = self._by_holder.get(record["holder"])
