@@ -23,10 +23,23 @@ What guards what:
 * Which dict a holder's claims go into (``_by_holder[holder]`` being present):
   the holder's lock in ``_holder_locks``, a separate striped table taken
   innermost (after the claim's stripes) and never held while waiting for
-  another lock, so it adds no cycle. The sweep drops a holder's empty dict
-  under it, so a claim never adds to a dict the sweep has just dropped.
+  another lock, so it adds no cycle. The sweep, and a release that empties the
+  dict, drop a holder's empty dict under it, so a claim never adds to a dict
+  that has just been dropped.
+* ``_group_stripes[claim_id]``: written once when a claim on several targets is
+  made, popped when it is purged; the targets never change, so neither does it.
 * The dicts themselves (``_claims``, ``_by_holder``, and the containers
   above) rely on CPython's atomic single-operation dict updates.
+
+The hot paths. ``claim`` of one unit or of a group of units, and ``confirm``,
+``extend`` and ``release``, run inline in the public methods when the call is
+well-formed on its face (a transition recognises its claim: an ID found here,
+the claim's own holder and fence), taking the stripes by hand; anything else
+goes through :class:`~dibs.stores.base.Store`'s input checks to the general
+``_``-steps below, so every error is the same. A claim record is a plain dict
+that a :class:`~dibs.Claim` snapshot copies in one step (see
+``dibs._model.claim_from_micros``): its times stay integer microseconds until a
+caller reads one.
 
 The reason rule (docs/stores.md): a hold that the sweep marked expired keeps
 its unit and span entries until it is purged, so that a later claimant that
