@@ -28,7 +28,6 @@ from typing import Protocol
 
 import dibs
 
-
 _timer = time.process_time  # --clock: CPU seconds of this process by default
 
 
