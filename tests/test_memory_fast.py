@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from _race import race
 from dibs import (
@@ -39,6 +41,7 @@ from dibs import (
     Unit,
 )
 from dibs.stores.memory import MemoryStore
+from dibs.testing import strategies
 
 
 class GeneralPathStore(MemoryStore):
@@ -469,3 +472,90 @@ def test_transitions_racing_sweeps_and_takeovers_keep_one_live_claim_per_unit() 
     assert all(len(ids) == 1 for ids in live.values()), live
     for unit, ids in live.items():
         assert store._units[unit]["id"] == ids[0]
+
+
+# --- the same, over drawn inputs: any sequence of calls answers alike on both paths -----------
+
+Step = tuple[str, Any]
+
+
+def _steps() -> st.SearchStrategy[list[Step]]:
+    few = st.sampled_from(["a", "b", "c"])  # few names, so claims collide
+    holders = st.one_of(st.sampled_from(["alice", "bob"]), strategies.names(allow_empty=True))
+    unit_targets = strategies.units(few, few)
+    claim = st.tuples(
+        st.one_of(unit_targets, st.lists(unit_targets, min_size=1, max_size=4),
+                  strategies.target_lists(strategies.targets(few))),
+        holders,
+        st.one_of(st.none(), st.sampled_from(["r1", "r2"]), strategies.names(allow_empty=True)),
+        strategies.ttls(),
+    )  # fmt: skip
+    transition = st.tuples(
+        st.sampled_from(["confirm", "extend", "release"]),
+        st.integers(0, 5),  # which earlier claim
+        st.one_of(st.none(), holders),  # None: the claim's own holder
+        st.one_of(st.none(), st.integers(-2, 2), st.sampled_from([0, True, 2**63, 1.0, "1"])),
+        strategies.ttls(),
+    )
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("claim"), claim),
+            st.tuples(st.just("transition"), transition),
+            st.tuples(st.just("advance"), st.sampled_from([0.0005, 0.3, 1.0, 400.0])),
+            st.tuples(st.just("sweep"), st.none()),
+        ),
+        max_size=25,
+    )
+
+
+def _play(cls: type[MemoryStore], steps: list[Step]) -> list[Any]:
+    clock = FakeClock()
+    store = cls(clock=clock)
+    store._id_prefix = "c-"
+    made: list[Claim] = []
+    outcomes = []
+    for kind, arg in steps:
+        if kind == "claim":
+            targets, holder, request_id, ttl = arg
+
+            def call(t: Any = targets, h: Any = holder, r: Any = request_id, d: Any = ttl) -> Any:
+                result = store.claim(t, holder=h, request_id=r, ttl=d)
+                if result.claim is not None:
+                    made.append(result.claim)
+                return result
+
+            outcomes.append(_outcome(call))
+        elif kind == "transition":
+            method, which, holder, fence_delta, ttl = arg
+            if not made:
+                continue
+            claim = made[which % len(made)]
+            who = claim.holder if holder is None else holder
+            if fence_delta is None:
+                fence: Any = claim.fence
+            elif type(fence_delta) is int:
+                fence = claim.fence + fence_delta
+            else:
+                fence = fence_delta
+            if method == "extend":
+                outcomes.append(
+                    _outcome(lambda c=claim, w=who, f=fence, d=ttl: store.extend(
+                        c.id, holder=w, fence=f, ttl=d))
+                )  # fmt: skip
+            else:
+                outcomes.append(
+                    _outcome(lambda m=method, c=claim, w=who, f=fence: getattr(store, m)(
+                        c.id, holder=w, fence=f))
+                )  # fmt: skip
+        elif kind == "advance":
+            clock.advance(arg)
+        else:
+            outcomes.append(_outcome(store.sweep))
+    outcomes.append([_fields(c) for c in store.claim_log().claims()])
+    return outcomes
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_steps())
+def test_any_sequence_of_calls_answers_alike_on_both_paths(steps: list[Step]) -> None:
+    assert _play(MemoryStore, steps) == _play(GeneralPathStore, steps)
