@@ -415,9 +415,12 @@ class MemoryStore(Store):
         """A group claim of units, input checked: the uncontended case inline."""
         n = self._nstripes
         stripes = {unit._hash % n for unit in units}
+        mine = tuple(sorted(stripes))  # the claim's own: what its transitions take
         if request_id is not None:
             stripes.add(hash(request_id) % n)
-        order = sorted(stripes)
+            order = sorted(stripes)
+        else:
+            order = list(mine)
         locks = self._locks
         for i in order:
             locks[i].acquire()
@@ -452,7 +455,7 @@ class MemoryStore(Store):
             for unit in units:
                 index[unit] = record
             self._claims[claim_id] = record
-            self._group_stripes[claim_id] = tuple(order)
+            self._group_stripes[claim_id] = mine
             holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
             holder_lock.acquire()
             try:
