@@ -15,6 +15,7 @@ the ratio is the price of putting the decision in a store.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Protocol
 
 import dibs
+
+_timer = time.process_time  # --clock: CPU seconds of this process by default
 
 
 class ParkingLot:
@@ -76,34 +79,49 @@ class Parking(Protocol):
     def remove(self, vehicle_id: str) -> int: ...
 
 
-def run(lot: Parking, threads: int, pairs: int) -> tuple[float, int]:
-    """Run the workload; return (seconds, pairs completed)."""
+def run(
+    lot: Parking, threads: int, pairs: int, latencies: list[float] | None = None
+) -> tuple[float, int]:
+    """Run the workload; return (seconds, pairs completed).
+
+    With ``latencies``, each attempt's seconds are appended to it (a separate,
+    slower pass: timing every attempt costs both contenders alike).
+    """
     barrier = threading.Barrier(threads + 1)
     done = [0] * threads
 
     def worker(w: int) -> None:
         rng = random.Random(w)
         lengths = [rng.choice((1, 1, 2, 3)) for _ in range(pairs)]
+        clock = time.perf_counter
+        mine: list[float] = []
         barrier.wait()
         for i, length in enumerate(lengths):
             vehicle = f"v{w}-{i}"
+            started = clock()
             if lot.park(vehicle, length) is not None:
                 lot.remove(vehicle)
                 done[w] += 1
+            if latencies is not None:
+                mine.append(clock() - started)
+        if latencies is not None:
+            latencies.extend(mine)  # list.extend is atomic under the GIL
 
     pool = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
     for t in pool:
         t.start()
     barrier.wait()
-    started = time.perf_counter()
+    started = _timer()
     for t in pool:
         t.join()
-    return time.perf_counter() - started, sum(done)
+    return _timer() - started, sum(done)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument(
+        "--threads", default="4", help="threads, or a comma list to measure each (1,2,4,8)"
+    )
     parser.add_argument("--pairs", type=int, default=5000, help="park attempts per thread")
     parser.add_argument("--size", type=int, default=64, help="slots in the lot")
     parser.add_argument("--repeat", type=int, default=5, help="rounds; the best of each counts")
@@ -114,7 +132,18 @@ def main(argv: list[str] | None = None) -> None:
         choices=["sqlite"],
         help="also measure this store (memory:// always runs)",
     )
+    parser.add_argument("--json", type=Path, help="write the figures here (see plot.py)")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="time rounds in CPU seconds of this process (default: the machine is shared) "
+        "or wall-clock seconds",
+    )
     args = parser.parse_args(argv)
+    global _timer  # one setting for the whole run
+    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    thread_counts = [int(t) for t in str(args.threads).split(",")]
 
     counter = iter(range(10**9))
 
@@ -133,19 +162,41 @@ def main(argv: list[str] | None = None) -> None:
 
         print(
             f"park+remove, {args.threads} threads x {args.pairs} attempts, lot of {args.size} "
-            f"slots, lengths 1/1/2/3, best of {args.repeat} interleaved rounds "
+            f"slots, lengths 1/1/2/3, best of {args.repeat} interleaved rounds, {args.clock} time "
             f"(Python {sys.version.split()[0]})"
         )
-        best = dict.fromkeys(contenders, 0.0)
-        # Interleave the contenders round by round so a noisy neighbour on the
-        # machine slows all of them alike instead of one.
-        for _ in range(args.repeat):
-            for name, make in contenders.items():
-                seconds, completed = run(make(), args.threads, args.pairs)
-                best[name] = max(best[name], completed / seconds)
-    baseline = best["baseline ParkingLot"]
-    for name, rate in best.items():
-        print(f"  {name:<24} {rate:>10,.0f} pairs/s   ratio to baseline {rate / baseline:6.3f}")
+        series: list[dict[str, object]] = []
+        for threads in thread_counts:
+            best = dict.fromkeys(contenders, 0.0)
+            # Interleave the contenders round by round so a noisy neighbour on the
+            # machine slows all of them alike instead of one.
+            for _ in range(args.repeat):
+                for name, make in contenders.items():
+                    seconds, completed = run(make(), threads, args.pairs)
+                    best[name] = max(best[name], completed / seconds)
+            baseline = best["baseline ParkingLot"]
+            for name, rate in best.items():
+                latencies: list[float] = []
+                run(contenders[name](), threads, args.pairs, latencies)
+                latencies.sort()
+                p99 = latencies[int(len(latencies) * 0.99)] * 1000
+                print(
+                    f"  {threads} threads  {name:<24} {rate:>10,.0f} pairs/s   "
+                    f"ratio to baseline {rate / baseline:6.3f}   p99 {p99:.3f} ms"
+                )
+                series.append({"name": name, "clients": threads, "throughput": rate, "p99_ms": p99})
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "park+remove pairs/s: dibs.Lot vs the seed's ParkingLot",
+                    "command": "python benchmarks/bench_lot.py "
+                    + " ".join(sys.argv[1:] if argv is None else argv),
+                    "series": series,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

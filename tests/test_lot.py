@@ -349,3 +349,31 @@ def test_a_lot_can_keep_its_units_under_another_resource(store: Store) -> None:
     assert lot.position_of("car") == 0 and lot.remove("car") == 0
     with pytest.raises(InvalidInput):
         Lot(store, "row", 3, resource="")
+
+
+def test_a_remembered_park_that_went_stale_falls_back_to_the_store(store: Store) -> None:
+    """A Lot tries the claim its own park made first; another Lot may have moved the car."""
+    mine, theirs = Lot(store, "shared", 8), Lot(store, "shared", 8)
+    assert mine.park("car", 2) == 0
+    assert theirs.remove("car") == 0  # removed behind mine's back
+    with pytest.raises(NotParked):
+        mine.remove("car")
+    first = mine.park("car", 2)
+    assert first is not None and theirs.remove("car") == first
+    assert theirs.park("blocker", 3) == 0
+    assert theirs.park("car", 2) == 3  # parked again elsewhere, by the other lot
+    assert mine.remove("car") == 3  # the stale claim fails; the store knows the place
+    assert mine.position_of("car") is None and theirs.position_of("car") is None
+    with pytest.raises(NotParked):
+        theirs.remove("car")
+    assert mine.occupancy().slots[:3] == ("blocker",) * 3
+
+
+def test_a_lot_remembers_at_most_one_park_per_slot(store: Store) -> None:
+    """The remembered claims stay bounded: a park over a slot forgets whoever was there."""
+    mine, theirs = Lot(store, "bounded", 4), Lot(store, "bounded", 4)
+    for i in range(50):
+        assert mine.park(f"car-{i}", 2) is not None
+        theirs.remove(f"car-{i}")  # behind mine's back: mine's memory goes stale
+    assert len(mine._parked) <= 4
+    assert mine.occupancy().free == 4

@@ -7,8 +7,9 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any, TypeAlias
 
 from dibs.exceptions import InvalidInput
@@ -228,6 +229,11 @@ class Claim:
     updated_at: datetime
     taken_over: bool = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The public fields only, times as datetimes: a pickle never carries the
+        # microsecond form, so any version of Claim can load it.
+        return {name: getattr(self, name) for name in _CLAIM_FIELDS}
+
     @property
     def units(self) -> tuple[Unit, ...]:
         """The unit targets of this claim."""
@@ -268,6 +274,48 @@ class SweepResult:
     purged_claims: int = 0
 
 
+class _MicrosTime:
+    """A time field of :class:`Claim`: a datetime, made from whole microseconds on first read.
+
+    A claim built by :func:`claim_from_micros` holds ``_<name>_us`` instead of
+    the datetime; the first read converts it and keeps the result (a frozen
+    instance's ``__dict__`` is ours to fill; racing readers store equal
+    values). A claim built by ``Claim(...)`` holds the datetime itself. Only
+    the three time fields pay for this: every other field stays a plain
+    instance attribute.
+    """
+
+    __slots__ = ("key", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.key = f"_{name}_us"
+
+    def __get__(self, claim: Claim | None, owner: type | None = None) -> Any:
+        if claim is None:
+            return self
+        values = claim.__dict__
+        try:
+            return values[self.name]
+        except KeyError:
+            if self.key not in values:
+                raise AttributeError(self.name) from None
+        micros = values[self.key]
+        value = None if micros is None else _fromtimestamp(micros / 1e6, UTC)
+        values[self.name] = value
+        return value
+
+    def __set__(self, claim: Claim, value: Any) -> None:
+        # Reached only from the dataclass __init__ (object.__setattr__): the frozen
+        # __setattr__ refuses every other assignment first.
+        claim.__dict__[self.name] = value
+
+
+_fromtimestamp = datetime.fromtimestamp
+for _name in ("expires_at", "created_at", "updated_at"):
+    setattr(Claim, _name, _MicrosTime(_name))
+_CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
+
 # Claim and ClaimResult are made on every claim. A frozen dataclass's __init__
 # sets each field through object.__setattr__, which costs more than the rest of
 # an in-memory claim, so the stores build them through these (same objects,
@@ -304,6 +352,21 @@ def make_claim(
     return claim
 
 
+def claim_from_micros(values: dict[str, Any]) -> Claim:
+    """A :class:`Claim` from a dict of its fields with times in whole microseconds.
+
+    ``values`` holds ``id``, ``holder``, ``targets``, ``state``, ``fence``,
+    ``request_id``, ``taken_over`` and, in place of the three datetimes,
+    ``_expires_at_us`` (or None), ``_created_at_us`` and ``_updated_at_us``
+    (microseconds since the epoch). The datetimes are made when first read, so
+    a store that keeps integer times (memory://) builds a claim with one dict
+    copy. The dict is copied; later changes to it do not reach the claim.
+    """
+    claim: Claim = _new(Claim)
+    claim.__dict__.update(values)
+    return claim
+
+
 def make_result(
     granted: bool,
     claim: Claim | None = None,
@@ -336,6 +399,10 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
     items = list(targets)
     if not items:
         raise InvalidInput("targets must not be empty", field="targets", value=items)
+    if type(items[0]) is Unit and len(set(map(type, items))) == 1:
+        # The common group claim (seats, a parking row): sort on a C-level key
+        # instead of the dataclass's Python __lt__; the same order.
+        return tuple(sorted(set(items), key=_unit_key))
     units: set[Unit] = set()
     spans: list[Span] = []
     for item in items:
@@ -364,6 +431,9 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
                 )
     spans.sort(key=_span_sort_key)
     return (*sorted(units), *spans)
+
+
+_unit_key = attrgetter("resource", "slot")
 
 
 def _span_sort_key(span: Span) -> tuple[str, str, int | float]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dibs._model import Claim, Unit
-from dibs.exceptions import DibsError, InvalidInput
+from dibs.exceptions import ClaimNotFound, DibsError, InvalidInput
 from dibs.stores.base import Store
 
 __all__ = ["AlreadyParked", "Lot", "NotParked", "Occupancy", "VehicleBlocked"]
@@ -147,6 +147,13 @@ class Lot:
         # candidates, so a stale entry costs one lost claim or one fresh
         # snapshot. _hint_lock guards it and is never held across a store call.
         self._hint = [False] * size
+        # The claims of this instance's own parks, by vehicle, and which vehicle
+        # it last parked in each slot: remove tries the remembered claim first
+        # (its release is conditional, so a stale one just returns False and the
+        # store is asked). A park over a slot forgets the vehicle that was there,
+        # so at most `size` claims are kept. Guarded by _hint_lock too.
+        self._parked: dict[str, tuple[Claim, int, int]] = {}  # claim, start, length
+        self._parked_at: list[str | None] = [None] * size
         self._hint_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -166,8 +173,11 @@ class Lot:
         its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
         length outside ``1..size``, and what the store raises.
         """
-        self._check_vehicle(vehicle_id)
-        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        if (type(length) is not int or not 1 <= length <= self.size) and (
+            isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size
+        ):
             raise InvalidInput(
                 f"length must be an integer from 1 to {self.size}, got {length!r}",
                 field="length",
@@ -196,7 +206,11 @@ class Lot:
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
             if result:
-                self._learn((i, True) for i in range(start, start + length))
+                if result.replayed:
+                    self._learn((i, True) for i in range(start, start + length))
+                else:
+                    assert result.claim is not None
+                    self._remember(vehicle_id, result.claim, start, length)
                 return start
             if me in result.taken:
                 # Parked already, or a concurrent park of it won: find where.
@@ -231,10 +245,23 @@ class Lot:
         parked, already removed, or removed by a concurrent call),
         :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
         """
-        self._check_vehicle(vehicle_id)
-        claim = self._claim_of(vehicle_id)
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
         # The release is conditional on the claim still being live: of two
-        # concurrent removes, exactly one gets True.
+        # concurrent removes, exactly one gets True. A vehicle has at most one
+        # live parking here, so a remembered claim that is still live is it.
+        with self._hint_lock:
+            parked = self._parked.pop(vehicle_id, None)
+        if parked is not None:
+            mine, start, length = parked
+            try:
+                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+            except ClaimNotFound:  # ended and purged since: ask the store
+                released = False
+            if released:
+                self._forget(vehicle_id, start, length)
+                return start
+        claim = self._claim_of(vehicle_id)
         if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
             raise NotParked(
                 f"vehicle {vehicle_id!r} is not parked in lot {self.name!r}",
@@ -242,7 +269,7 @@ class Lot:
                 vehicle_id=vehicle_id,
             )
         start, length = self._placement(claim)
-        self._learn((i, False) for i in range(start, start + length))
+        self._forget(vehicle_id, start, length)
         return start
 
     # --- reads ---------------------------------------------------------------------------------
@@ -306,6 +333,26 @@ class Lot:
         with self._hint_lock:
             for i, taken in facts:
                 self._hint[i] = taken
+
+    def _remember(self, vehicle_id: str, claim: Claim, start: int, length: int) -> None:
+        """Note this instance's granted park: the slots are taken, and by which claim."""
+        with self._hint_lock:
+            for i in range(start, start + length):
+                self._hint[i] = True
+                before = self._parked_at[i]
+                if before is not None and before != vehicle_id:
+                    self._parked.pop(before, None)  # its claim no longer holds slot i
+                self._parked_at[i] = vehicle_id
+            self._parked[vehicle_id] = (claim, start, length)
+
+    def _forget(self, vehicle_id: str, start: int, length: int) -> None:
+        """Note a removal: the slots are free and no longer this vehicle's."""
+        with self._hint_lock:
+            self._parked.pop(vehicle_id, None)
+            for i in range(start, start + length):
+                self._hint[i] = False
+                if self._parked_at[i] == vehicle_id:
+                    self._parked_at[i] = None
 
     def _vehicle_unit(self, vehicle_id: str) -> Unit:
         return Unit(self._resource, f"vehicle:{vehicle_id}")

@@ -23,10 +23,23 @@ What guards what:
 * Which dict a holder's claims go into (``_by_holder[holder]`` being present):
   the holder's lock in ``_holder_locks``, a separate striped table taken
   innermost (after the claim's stripes) and never held while waiting for
-  another lock, so it adds no cycle. The sweep drops a holder's empty dict
-  under it, so a claim never adds to a dict the sweep has just dropped.
+  another lock, so it adds no cycle. The sweep, and a release that empties the
+  dict, drop a holder's empty dict under it, so a claim never adds to a dict
+  that has just been dropped.
+* ``_group_stripes[claim_id]``: written once when a claim on several targets is
+  made, popped when it is purged; the targets never change, so neither does it.
 * The dicts themselves (``_claims``, ``_by_holder``, and the containers
   above) rely on CPython's atomic single-operation dict updates.
+
+The hot paths. ``claim`` of one unit or of a group of units, and ``confirm``,
+``extend`` and ``release``, run inline in the public methods when the call is
+well-formed on its face (a transition recognises its claim: an ID found here,
+the claim's own holder and fence), taking the stripes by hand; anything else
+goes through :class:`~dibs.stores.base.Store`'s input checks to the general
+``_``-steps below, so every error is the same. A claim record is a plain dict
+that a :class:`~dibs.Claim` snapshot copies in one step (see
+``dibs._model.claim_from_micros``): its times stay integer microseconds until a
+caller reads one.
 
 The reason rule (docs/stores.md): a hold that the sweep marked expired keeps
 its unit and span entries until it is purged, so that a later claimant that
@@ -39,10 +52,10 @@ import itertools
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from operator import attrgetter
+from typing import Any, TypedDict
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
@@ -53,7 +66,7 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
-    make_claim,
+    claim_from_micros,
     make_result,
 )
 from dibs.exceptions import (
@@ -62,6 +75,7 @@ from dibs.exceptions import (
     InvalidInput,
     RequestConflict,
 )
+from dibs.limits import NAME_MAX_BYTES, TTL_MAX, TTL_MIN
 from dibs.stores.base import (
     DEFAULT_REQUEST_RETENTION,
     Store,
@@ -82,102 +96,74 @@ _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
 _OCCUPYING = (_HELD, _CONFIRMED)
 _HOLDER_LOCKS = 64
-_fromtimestamp = datetime.fromtimestamp
+_new = object.__new__
+_time_ns = time.time_ns
+_unit_key = attrgetter("resource", "slot")  # Unit's order, from C
 
 
-class _Record:
-    """The mutable claim behind :class:`~dibs.Claim` snapshots."""
-
-    __slots__ = (
-        "created_at",
-        "expires_at",
-        "fence",
-        "holder",
-        "id",
-        "request_id",
-        "state",
-        "stripes",
-        "taken_over",
-        "targets",
-        "updated_at",
-    )
-
-    def __init__(
-        self,
-        id: str,
-        holder: str,
-        targets: tuple[Target, ...],
-        state: ClaimState,
-        fence: int,
-        expires_at: int | None,
-        request_id: str | None,
-        now: int,
-        stripes: tuple[int, ...],
-    ) -> None:
-        self.id = id
-        self.holder = holder
-        self.targets = targets
-        self.state = state
-        self.fence = fence
-        self.expires_at = expires_at
-        self.request_id = request_id
-        self.created_at = now
-        self.updated_at = now
-        self.taken_over = False
-        self.stripes = stripes
-
-    def live(self, now: int) -> bool:
-        state = self.state
-        if state is _CONFIRMED:
-            return True
-        return state is _HELD and self.expires_at > now  # type: ignore[operator]
-
-    def snapshot(self, now: int) -> Claim:
-        state = self.state
-        if state is _HELD and self.expires_at <= now:  # type: ignore[operator]
-            state = _EXPIRED  # dead before a sweep marked it: derive on read
-        created = _fromtimestamp(self.created_at / 1e6, UTC)
-        return make_claim(
-            self.id,
-            self.holder,
-            self.targets,
-            state,
-            self.fence,
-            None if self.expires_at is None else _fromtimestamp(self.expires_at / 1e6, UTC),
-            self.request_id,
-            created,
-            created
-            if self.updated_at == self.created_at
-            else _fromtimestamp(self.updated_at / 1e6, UTC),
-            self.taken_over,
-        )
-
-    def kill(self, now: int, *, taken_over: bool) -> None:
-        """Mark a dead hold expired (idempotent; see the module docstring)."""
-        self.state = _EXPIRED
-        self.taken_over = self.taken_over or taken_over
-        self.updated_at = now
-
-    def takeable(self) -> bool:
-        """Whether a claim granted on a target of this dead record takes it over."""
-        state = self.state
-        return state is _HELD or (state is _EXPIRED and not self.taken_over)
-
-    def indexed(self) -> bool:
-        """Whether the unit and span indexes must keep this record (the reason rule)."""
-        state = self.state
-        return state in _OCCUPYING or (state is _EXPIRED and not self.taken_over)
-
-
-class _Request(NamedTuple):
-    """A request record; a named tuple because one is made per claim with an ID."""
-
+# A claim record is the mutable dict that its Claim snapshots copy (see
+# dibs._model.claim_from_micros): the Claim's fields with its three times kept
+# as whole microseconds. A snapshot is then one dict copy, and no datetime is
+# made unless a caller reads one. Its fields are guarded as the module
+# docstring says.
+class _Record(TypedDict):
+    id: str
     holder: str
     targets: tuple[Target, ...]
-    ttl: float | None
-    claim_id: str | None
-    taken: tuple[Target, ...]
-    created_at: int
+    state: ClaimState
+    fence: int
+    request_id: str | None
+    taken_over: bool
+    _expires_at_us: int | None
+    _created_at_us: int
+    _updated_at_us: int
+
+
+# A request record: (holder, targets, ttl, claim ID or None, taken, created at µs).
+# A plain tuple: one is made per claim with a request ID.
+_Request = tuple[str, tuple[Target, ...], float | None, str | None, tuple[Target, ...], int]
+
+
+def _live(record: _Record, now: int) -> bool:
+    state = record["state"]
+    if state is _CONFIRMED:
+        return True
+    return state is _HELD and record["_expires_at_us"] > now  # type: ignore[operator]
+
+
+def _snapshot(record: _Record, now: int) -> Claim:
+    claim = claim_from_micros(record)  # type: ignore[arg-type]
+    if record["state"] is _HELD and record["_expires_at_us"] <= now:  # type: ignore[operator]
+        claim.__dict__["state"] = _EXPIRED  # dead before a sweep marked it: derive on read
+    return claim
+
+
+def _kill(record: _Record, now: int, *, taken_over: bool) -> None:
+    """Mark a dead hold expired (idempotent; see the module docstring)."""
+    record["state"] = _EXPIRED
+    record["taken_over"] = record["taken_over"] or taken_over
+    record["_updated_at_us"] = now
+
+
+def _takeable(record: _Record) -> bool:
+    """Whether a claim granted on a target of this dead record takes it over."""
+    state = record["state"]
+    return state is _HELD or (state is _EXPIRED and not record["taken_over"])
+
+
+def _indexed(record: _Record) -> bool:
+    """Whether the unit and span indexes must keep this record (the reason rule)."""
+    state = record["state"]
+    return state in _OCCUPYING or (state is _EXPIRED and not record["taken_over"])
+
+
+def _granted(claim: Claim) -> ClaimResult:
+    """``ClaimResult(True, claim)``; ``taken`` and ``replayed`` read the class defaults."""
+    result: ClaimResult = _new(ClaimResult)
+    values = result.__dict__
+    values["granted"] = True
+    values["claim"] = claim
+    return result
 
 
 class MemoryStore(Store):
@@ -209,18 +195,31 @@ class MemoryStore(Store):
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
         self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
+        # The sorted stripes of each claim on several targets, made once (the
+        # targets never change); dropped when the claim is purged.
+        self._group_stripes: dict[str, tuple[int, ...]] = {}
         # next() on itertools.count is atomic under the GIL; it is only called
         # with the claim's stripes held, so a later claim on the same target
         # (which must take the same stripe) draws a larger fence.
         self._fences = itertools.count(1)
         self._newest_fence = 0
-        self._id_prefix = secrets.token_hex(4)
-        # The claim path reads the clock once per claim; skip a call layer.
-        self._clock_now = time.time if type(self.clock) is SystemClock else self.clock.now
+        self._id_prefix = secrets.token_hex(4) + "-"
         # Store times are whole microseconds, as on the SQL stores, so that every store
         # judges an expiry at the same instant (a float sum can land an ulp either side).
+        # The system clock is read as integer nanoseconds, rounded to the nearest µs as
+        # on every store: no float on the hot path.
+        self._system_clock = type(self.clock) is SystemClock
+        self._clock_now = self.clock.now
         self._retention_us = round(self.request_retention * 1_000_000)
         self._jobs = MemoryJobs()  # durable mode's rows live as long as this object
+        # The public claim, confirm, extend and release below do the common
+        # well-formed call inline. A subclass that overrides the backend step
+        # (dibs verify's planted bugs do) keeps its override on every call.
+        cls = type(self)
+        self._fast_claim = cls._claim is MemoryStore._claim
+        self._fast_confirm = cls._confirm is MemoryStore._confirm
+        self._fast_extend = cls._extend is MemoryStore._extend
+        self._fast_release = cls._release is MemoryStore._release
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -238,6 +237,8 @@ class MemoryStore(Store):
         return False
 
     def _now_us(self) -> int:
+        if self._system_clock:
+            return (_time_ns() + 500) // 1000
         return round(self._clock_now() * 1_000_000)
 
     # --- locking ------------------------------------------------------------------------------
@@ -248,15 +249,16 @@ class MemoryStore(Store):
     def _target_stripes(self, targets: tuple[Target, ...]) -> tuple[int, ...]:
         n = self._nstripes
         if len(targets) == 1 and type(targets[0]) is Unit:
-            return (hash(targets[0]) % n,)
-        return tuple(
-            sorted(
-                {
-                    hash(t) % n if isinstance(t, Unit) else hash(("span", t.resource)) % n
-                    for t in targets
-                }
-            )
-        )
+            return (targets[0]._hash % n,)
+        stripes = set()
+        for t in targets:
+            stripes.add(t._hash % n if isinstance(t, Unit) else hash(("span", t.resource)) % n)
+        return tuple(sorted(stripes))
+
+    def _stripes_of(self, record: _Record) -> tuple[int, ...]:
+        """The stripes of all a claim's targets: what a live transition holds."""
+        stripes = self._group_stripes.get(record["id"])
+        return self._target_stripes(record["targets"]) if stripes is None else stripes
 
     def _acquire(self, stripes: tuple[int, ...]) -> None:
         # `stripes` is sorted ascending: the one global order (module docstring).
@@ -271,11 +273,367 @@ class MemoryStore(Store):
 
     @contextmanager
     def _locked(self, stripes: tuple[int, ...]) -> Iterator[None]:
+        # Off the hot paths only: a generator context manager costs more than an
+        # uncontended confirm.
         self._acquire(stripes)
         try:
             yield
         finally:
             self._release_locks(stripes)
+
+    # --- the public calls, inline for the common case -------------------------------------------
+
+    def claim(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        request_id: str | None = None,
+        ttl: float | None = None,
+    ) -> ClaimResult:
+        # One unit, a plain ASCII holder and request ID, a TTL in range: everything
+        # inline. Any other call (and any bad input) takes Store.claim, which
+        # checks the input and raises the same errors on every store.
+        if not (
+            type(holder) is str
+            and holder
+            and len(holder) <= NAME_MAX_BYTES
+            and holder.isascii()
+            and "\x00" not in holder
+            and (
+                request_id is None
+                or (
+                    type(request_id) is str
+                    and request_id
+                    and len(request_id) <= NAME_MAX_BYTES
+                    and request_id.isascii()
+                    and "\x00" not in request_id
+                )
+            )
+            and (
+                ttl is None
+                or ((type(ttl) is float or type(ttl) is int) and TTL_MIN <= ttl <= TTL_MAX)
+            )
+            and self._fast_claim
+            and not self._closed
+        ):
+            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+        if type(targets) is not Unit:
+            if (
+                (type(targets) is list or type(targets) is tuple)
+                and targets
+                and type(targets[0]) is Unit
+                and len(set(map(type, targets))) == 1
+            ):
+                # A group of units (seats, a parking row): normalized as
+                # normalize_targets does, sorted and without duplicates.
+                units = tuple(sorted(set(targets), key=_unit_key))
+                return self._claim_units(units, holder, request_id, ttl)
+            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+        locks = self._locks
+        n = self._nstripes
+        stripe = targets._hash % n
+        first = locks[stripe]
+        second = None
+        if request_id is not None:
+            # Both stripes, in ascending order (module docstring).
+            rstripe = hash(request_id) % n
+            if rstripe < stripe:
+                first, second = locks[rstripe], first
+            elif rstripe > stripe:
+                second = locks[rstripe]
+        first.acquire()
+        if second is not None:
+            second.acquire()
+        try:
+            # Linearization point: the check and the set below run with the
+            # unit's stripe (and the request ID's) held.
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            if request_id is not None and request_id in self._requests:
+                # A replay or a conflict: the general step decides.
+                return self._claim_locked((targets,), holder, request_id, ttl, now)
+            claimed = (targets,)
+            current = self._units.get(targets)
+            if current is not None:
+                state = current["state"]
+                if request_id is not None or not (
+                    state is _CONFIRMED or (state is _HELD and current["_expires_at_us"] > now)  # type: ignore[operator]
+                ):
+                    # A request to record, or a dead hold to take over: the general step.
+                    return self._claim_locked(claimed, holder, request_id, ttl, now)
+                if current["holder"] == holder and current["targets"] == claimed:
+                    # Natural key: the holder re-claiming exactly what it holds.
+                    return make_result(True, _snapshot(current, now), (), replayed=True)
+                lost: ClaimResult = _new(ClaimResult)
+                values = lost.__dict__
+                values["granted"] = False
+                values["taken"] = claimed
+                return lost
+            fence = self._newest_fence = next(self._fences)
+            claim_id = self._id_prefix + str(fence)
+            record: _Record = {
+                "id": claim_id,
+                "holder": holder,
+                "targets": claimed,
+                "state": _CONFIRMED if ttl is None else _HELD,
+                "fence": fence,
+                "request_id": request_id,
+                "taken_over": False,
+                "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
+                "_created_at_us": now,
+                "_updated_at_us": now,
+            }
+            self._units[targets] = record
+            self._claims[claim_id] = record
+            # The holder's index, under the holder's lock: the sweep drops an
+            # empty dict under it (module docstring).
+            holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
+            holder_lock.acquire()
+            try:
+                held_by = self._by_holder.get(holder)
+                if held_by is None:
+                    held_by = self._by_holder[holder] = {}
+                held_by[claim_id] = record
+            finally:
+                holder_lock.release()
+            if request_id is not None:
+                self._requests[request_id] = (holder, claimed, ttl, claim_id, (), now)
+            claim: Claim = _new(Claim)
+            claim.__dict__.update(record)
+        finally:
+            if second is not None:
+                second.release()
+            first.release()
+        result: ClaimResult = _new(ClaimResult)
+        values = result.__dict__
+        values["granted"] = True
+        values["claim"] = claim
+        return result
+
+    def _claim_units(
+        self, units: tuple[Unit, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        """A group claim of units, input checked: the uncontended case inline."""
+        n = self._nstripes
+        stripes = {unit._hash % n for unit in units}
+        mine = tuple(sorted(stripes))  # the claim's own: what its transitions take
+        if request_id is not None:
+            stripes.add(hash(request_id) % n)
+            order = sorted(stripes)
+        else:
+            order = list(mine)
+        locks = self._locks
+        for i in order:
+            locks[i].acquire()
+        try:
+            # Linearization point: every stripe of the claim is held.
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            index = self._units
+            if request_id is not None and request_id in self._requests:
+                return self._claim_locked(units, holder, request_id, ttl, now)  # replay
+            for unit in units:
+                if unit in index:
+                    # Taken, or a dead hold to take over: the general step decides.
+                    return self._claim_locked(units, holder, request_id, ttl, now)
+            fence = self._newest_fence = next(self._fences)
+            claim_id = self._id_prefix + str(fence)
+            record: _Record = {
+                "id": claim_id,
+                "holder": holder,
+                "targets": units,
+                "state": _CONFIRMED if ttl is None else _HELD,
+                "fence": fence,
+                "request_id": request_id,
+                "taken_over": False,
+                "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
+                "_created_at_us": now,
+                "_updated_at_us": now,
+            }
+            for unit in units:
+                index[unit] = record
+            self._claims[claim_id] = record
+            self._group_stripes[claim_id] = mine
+            holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
+            holder_lock.acquire()
+            try:
+                held_by = self._by_holder.get(holder)
+                if held_by is None:
+                    held_by = self._by_holder[holder] = {}
+                held_by[claim_id] = record
+            finally:
+                holder_lock.release()
+            if request_id is not None:
+                self._requests[request_id] = (holder, units, ttl, claim_id, (), now)
+            claim: Claim = _new(Claim)
+            claim.__dict__.update(record)
+        finally:
+            for i in reversed(order):
+                locks[i].release()
+        return _granted(claim)
+
+    def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+        # The common call inline: the ID is one of ours, the holder and the fence
+        # are the claim's, so all three are known well-formed. Anything else
+        # takes Store.confirm, which checks the input first.
+        record = self._claims.get(claim_id) if type(claim_id) is str else None
+        if (
+            record is None
+            or type(holder) is not str
+            or record["holder"] != holder
+            or type(fence) is not int
+            or record["fence"] != fence
+            or not self._fast_confirm
+            or self._closed
+        ):
+            return super().confirm(claim_id, holder=holder, fence=fence)
+        targets = record["targets"]
+        if len(targets) != 1 or type(targets[0]) is not Unit:
+            return self._confirm(claim_id, holder, fence)
+        lock = self._locks[targets[0]._hash % self._nstripes]
+        lock.acquire()
+        try:
+            # Linearization point: the state check and write under the stripe.
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            state = record["state"]
+            if state is _HELD and record["_expires_at_us"] > now:  # type: ignore[operator]
+                record["state"] = _CONFIRMED
+                record["_expires_at_us"] = None
+                record["_updated_at_us"] = now
+            elif state is not _CONFIRMED:
+                self._require_live(record, fence, now)  # raises HoldLost with the reason
+            claim: Claim = _new(Claim)
+            claim.__dict__.update(record)
+        finally:
+            lock.release()
+        return claim
+
+    def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+        record = self._claims.get(claim_id) if type(claim_id) is str else None
+        if (
+            record is None
+            or type(holder) is not str
+            or record["holder"] != holder
+            or type(fence) is not int
+            or record["fence"] != fence
+            or not ((type(ttl) is float or type(ttl) is int) and TTL_MIN <= ttl <= TTL_MAX)
+            or not self._fast_extend
+            or self._closed
+        ):
+            return super().extend(claim_id, holder=holder, fence=fence, ttl=ttl)
+        targets = record["targets"]
+        if len(targets) != 1 or type(targets[0]) is not Unit:
+            return self._extend(claim_id, holder, fence, float(ttl))
+        lock = self._locks[targets[0]._hash % self._nstripes]
+        lock.acquire()
+        try:
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            state = record["state"]
+            if state is _HELD and record["_expires_at_us"] > now:  # type: ignore[operator]
+                record["_expires_at_us"] = now + round(ttl * 1_000_000)
+                record["_updated_at_us"] = now
+            elif state is not _CONFIRMED:
+                self._require_live(record, fence, now)  # raises HoldLost with the reason
+            claim: Claim = _new(Claim)
+            claim.__dict__.update(record)
+        finally:
+            lock.release()
+        return claim
+
+    def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+        record = self._claims.get(claim_id) if type(claim_id) is str else None
+        if (
+            record is None
+            or type(holder) is not str
+            or record["holder"] != holder
+            or type(fence) is not int
+            or record["fence"] != fence
+            or not self._fast_release
+            or self._closed
+        ):
+            return super().release(claim_id, holder=holder, fence=fence)
+        targets = record["targets"]
+        if len(targets) != 1 or type(targets[0]) is not Unit:
+            return self._release_group(record)
+        unit = targets[0]
+        lock = self._locks[unit._hash % self._nstripes]
+        lock.acquire()
+        try:
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            state = record["state"]
+            if not (
+                state is _CONFIRMED or (state is _HELD and record["_expires_at_us"] > now)  # type: ignore[operator]
+            ):
+                # Released, expired or taken over: a no-op (the fence is the claim's).
+                return False
+            record["state"] = _RELEASED
+            record["_expires_at_us"] = None
+            record["_updated_at_us"] = now
+            units = self._units
+            if units.get(unit) is record:
+                del units[unit]
+            mine = self._by_holder.get(holder)
+            if mine is not None:
+                mine.pop(claim_id, None)
+                if not mine:
+                    self._drop_holder(holder, mine)
+            return True
+        finally:
+            lock.release()
+
+    def _release_group(self, record: _Record) -> bool:
+        """Release a claim on several targets, its holder and fence checked."""
+        stripes = self._stripes_of(record)
+        locks = self._locks
+        for i in stripes:
+            locks[i].acquire()
+        try:
+            now = (
+                (_time_ns() + 500) // 1000
+                if self._system_clock
+                else round(self._clock_now() * 1000000)
+            )
+            if not _live(record, now):
+                return False  # released, expired or taken over: a no-op
+            record["state"] = _RELEASED
+            record["_expires_at_us"] = None
+            record["_updated_at_us"] = now
+            index = self._units
+            for target in record["targets"]:
+                if type(target) is not Unit:
+                    self._detach(record)  # spans too: the general way
+                    break
+                if index.get(target) is record:
+                    del index[target]
+            else:
+                mine = self._by_holder.get(record["holder"])
+                if mine is not None:
+                    mine.pop(record["id"], None)
+                    if not mine:
+                        self._drop_holder(record["holder"], mine)
+            return True
+        finally:
+            for i in reversed(stripes):
+                locks[i].release()
 
     # --- claim --------------------------------------------------------------------------------
 
@@ -283,56 +641,62 @@ class MemoryStore(Store):
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
         n = self._nstripes
-        if len(targets) == 1 and type(targets[0]) is Unit:
-            stripes: tuple[int, ...] = (hash(targets[0]) % n,)
-        else:
-            stripes = self._target_stripes(targets)
+        stripes = self._target_stripes(targets)
         if request_id is not None:
             rstripe = hash(request_id) % n
-            if len(stripes) == 1:
-                only = stripes[0]
-                if rstripe != only:
-                    stripes = (only, rstripe) if only < rstripe else (rstripe, only)
-            elif rstripe not in stripes:
+            if rstripe not in stripes:
                 stripes = tuple(sorted((*stripes, rstripe)))
-        # The claim path takes its locks by hand: a generator context manager
-        # costs more than the rest of an uncontended claim.
+        # Locks taken by hand: a generator context manager costs more than the
+        # rest of an uncontended claim.
         locks = self._locks
         for i in stripes:
             locks[i].acquire()
         try:
-            # Linearization point: everything below runs with every stripe the
-            # claim touches held, so the check and the set are one step.
-            now = round(self._clock_now() * 1_000_000)
-            if request_id is not None:
-                prior = self._requests.get(request_id)
-                if prior is not None and prior.created_at + self._retention_us > now:
-                    if (prior.holder, prior.targets, prior.ttl) != (holder, targets, ttl):
-                        raise RequestConflict(
-                            f"request ID {request_id!r} was already used with different input",
-                            request_id=request_id,
-                        )
-                    return self._replay(prior, now)
-            result = self._decide(targets, holder, request_id, ttl, stripes, now)
-            if request_id is not None:
-                self._requests[request_id] = _Request(
-                    holder,
-                    targets,
-                    ttl,
-                    result.claim.id if result.claim is not None else None,
-                    result.taken,
-                    now,
-                )
-            return result
+            return self._claim_locked(targets, holder, request_id, ttl, self._now_us())
         finally:
             for i in reversed(stripes):
                 locks[i].release()
 
+    def _claim_locked(
+        self,
+        targets: tuple[Target, ...],
+        holder: str,
+        request_id: str | None,
+        ttl: float | None,
+        now: int,
+    ) -> ClaimResult:
+        """Decide a claim and record its request; the caller holds all its stripes.
+
+        Linearization point: everything here runs with every stripe the claim
+        touches held (its targets' and its request ID's), so the check and the
+        set are one step.
+        """
+        if request_id is not None:
+            prior = self._requests.get(request_id)
+            if prior is not None and prior[5] + self._retention_us > now:
+                if (prior[0], prior[1], prior[2]) != (holder, targets, ttl):
+                    raise RequestConflict(
+                        f"request ID {request_id!r} was already used with different input",
+                        request_id=request_id,
+                    )
+                return self._replay(prior, now)
+        result = self._decide(targets, holder, request_id, ttl, now)
+        if request_id is not None:
+            self._requests[request_id] = (
+                holder,
+                targets,
+                ttl,
+                result.claim.id if result.claim is not None else None,
+                result.taken,
+                now,
+            )
+        return result
+
     def _replay(self, prior: _Request, now: int) -> ClaimResult:
-        if prior.claim_id is None:
-            return make_result(False, None, prior.taken, replayed=True)
-        record = self._claims.get(prior.claim_id)
-        claim = record.snapshot(now) if record is not None else None
+        if prior[3] is None:
+            return make_result(False, None, prior[4], replayed=True)
+        record = self._claims.get(prior[3])
+        claim = _snapshot(record, now) if record is not None else None
         return make_result(True, claim, (), replayed=True)
 
     def _decide(
@@ -341,26 +705,25 @@ class MemoryStore(Store):
         holder: str,
         request_id: str | None,
         ttl: float | None,
-        stripes: tuple[int, ...],
         now: int,
     ) -> ClaimResult:
         units = self._units
         # Allocated only when needed: throwaway objects on the hot path cost
         # more in garbage collection than in their own construction.
         taken: list[Target] | None = None
-        blockers: set[_Record] | None = None
+        blockers: dict[str, _Record] | None = None
         dead: list[_Record] | None = None
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 current = units.get(target)
                 if current is None:
                     continue
-                if current.live(now):
+                if _live(current, now):
                     if taken is None or blockers is None:
-                        taken, blockers = [], set()
+                        taken, blockers = [], {}
                     taken.append(target)
-                    blockers.add(current)
-                elif current.takeable():
+                    blockers[current["id"]] = current
+                elif _takeable(current):
                     if dead is None:
                         dead = []
                     dead.append(current)
@@ -372,42 +735,44 @@ class MemoryStore(Store):
                     switch = span.kind != target.kind
                     if not switch and not span.overlaps(target):
                         continue
-                    if current.live(now):
+                    if _live(current, now):
                         if switch:
                             raise span_kind_mismatch(target, span.kind)
                         if taken is None or blockers is None:
-                            taken, blockers = [], set()
+                            taken, blockers = [], {}
                         if target not in taken:
                             taken.append(target)
-                        blockers.add(current)
-                    elif current.takeable():
+                        blockers[current["id"]] = current
+                    elif _takeable(current):
                         if dead is None:
                             dead = []
                         dead.append(current)
         if taken:
             assert blockers is not None
             if len(blockers) == 1:
-                (mine,) = blockers
+                (mine,) = blockers.values()
                 # Natural key: the holder re-claiming exactly what it holds.
-                if mine.holder == holder and mine.targets == targets:
-                    return make_result(True, mine.snapshot(now), (), replayed=True)
+                if mine["holder"] == holder and mine["targets"] == targets:
+                    return make_result(True, _snapshot(mine, now), (), replayed=True)
             return make_result(False, None, tuple(taken))
 
         fence = self._newest_fence = next(self._fences)
-        record = _Record(
-            f"{self._id_prefix}-{fence}",
-            holder,
-            targets,
-            _CONFIRMED if ttl is None else _HELD,
-            fence,
-            None if ttl is None else now + round(ttl * 1_000_000),
-            request_id,
-            now,
-            stripes,
-        )
+        claim_id = self._id_prefix + str(fence)
+        record: _Record = {
+            "id": claim_id,
+            "holder": holder,
+            "targets": targets,
+            "state": _CONFIRMED if ttl is None else _HELD,
+            "fence": fence,
+            "request_id": request_id,
+            "taken_over": False,
+            "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
+            "_created_at_us": now,
+            "_updated_at_us": now,
+        }
         if dead is not None:
             for old in dead:
-                old.kill(now, taken_over=True)
+                _kill(old, now, taken_over=True)
                 self._forget_holder(old)
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
@@ -419,20 +784,40 @@ class MemoryStore(Store):
                 else:
                     # Drop ended entries while we hold the resource's stripe; dead
                     # holds stay until a claimant takes them over or a sweep purges them.
-                    entries[:] = [e for e in entries if e[1].indexed()]
+                    entries[:] = [e for e in entries if _indexed(e[1])]
                     entries.append((target, record))
-        self._claims[record.id] = record
-        with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+        self._claims[claim_id] = record
+        if len(targets) > 1:
+            self._group_stripes[claim_id] = self._target_stripes(targets)
+        self._index_holder(holder, claim_id, record)
+        return _granted(claim_from_micros(record))  # type: ignore[arg-type]
+
+    def _index_holder(self, holder: str, claim_id: str, record: _Record) -> None:
+        # Under the holder's lock: the sweep drops an empty dict under it.
+        lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
+        lock.acquire()
+        try:
             held_by = self._by_holder.get(holder)
             if held_by is None:
                 held_by = self._by_holder[holder] = {}
-            held_by[record.id] = record
-        return make_result(True, record.snapshot(now))
+            held_by[claim_id] = record
+        finally:
+            lock.release()
+
+    def _drop_holder(self, holder: str, mine: dict[str, _Record]) -> None:
+        """Drop a holder's index once it is empty (a holder per vehicle or per request).
+
+        Under the holder's lock, as the sweep does: a claim adds to the dict under
+        it, so the dict is still empty when it goes.
+        """
+        with self._holder_locks[hash(holder) % _HOLDER_LOCKS]:
+            if not mine and self._by_holder.get(holder) is mine:
+                del self._by_holder[holder]
 
     def _forget_holder(self, record: _Record) -> None:
-        mine = self._by_holder.get(record.holder)
+        mine = self._by_holder.get(record["holder"])
         if mine is not None:
-            mine.pop(record.id, None)
+            mine.pop(record["id"], None)
 
     # --- transitions on one claim ---------------------------------------------------------------
 
@@ -440,71 +825,88 @@ class MemoryStore(Store):
         record = self._claims.get(claim_id)
         if record is None:
             raise claim_not_found(claim_id)
-        if record.holder != holder:
+        if record["holder"] != holder:
             raise not_holder(claim_id, holder)
         return record
 
     def _require_live(self, record: _Record, fence: int, now: int) -> None:
         """Raise HoldLost unless ``record`` is live and ``fence`` is its fence."""
         # A dead hold is judged, not written: the sweep or a takeover marks it.
+        state = record["state"]
         reason = lost_reason(
-            real_fence=record.fence,
+            real_fence=record["fence"],
             fence=fence,
-            state=record.state,
-            dead=record.state is _HELD and record.expires_at <= now,  # type: ignore[operator]
-            taken_over=record.taken_over,
+            state=state,
+            dead=state is _HELD and record["_expires_at_us"] <= now,  # type: ignore[operator]
+            taken_over=record["taken_over"],
         )
         if reason is not None:
-            raise hold_lost(record.id, reason, fence)
+            raise hold_lost(record["id"], reason, fence)
+
+    # The general transitions: a claim on several targets, or a call that did
+    # not match the inline case (the public methods above have checked the input).
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         record = self._owned(claim_id, holder)
-        with self._locked(record.stripes):
+        stripes = self._stripes_of(record)
+        self._acquire(stripes)
+        try:
             # Linearization point: the state check and write under all stripes.
             now = self._now_us()
             self._require_live(record, fence, now)
-            if record.state is _HELD:
-                record.state = _CONFIRMED
-                record.expires_at = None
-                record.updated_at = now
-            return record.snapshot(now)
+            if record["state"] is _HELD:
+                record["state"] = _CONFIRMED
+                record["_expires_at_us"] = None
+                record["_updated_at_us"] = now
+            return _snapshot(record, now)
+        finally:
+            self._release_locks(stripes)
 
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
         record = self._owned(claim_id, holder)
-        with self._locked(record.stripes):
+        stripes = self._stripes_of(record)
+        self._acquire(stripes)
+        try:
             now = self._now_us()
             self._require_live(record, fence, now)
-            if record.state is _HELD:
-                record.expires_at = now + round(ttl * 1_000_000)
-                record.updated_at = now
-            return record.snapshot(now)
+            if record["state"] is _HELD:
+                record["_expires_at_us"] = now + round(ttl * 1_000_000)
+                record["_updated_at_us"] = now
+            return _snapshot(record, now)
+        finally:
+            self._release_locks(stripes)
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
         record = self._owned(claim_id, holder)
-        with self._locked(record.stripes):
+        stripes = self._stripes_of(record)
+        self._acquire(stripes)
+        try:
             now = self._now_us()
-            try:
-                self._require_live(record, fence, now)
-            except HoldLost as lost:
-                if lost.reason is HoldLostReason.FENCE:
-                    raise
+            if not (record["fence"] == fence and _live(record, now)):
+                try:
+                    self._require_live(record, fence, now)
+                except HoldLost as lost:
+                    if lost.reason is HoldLostReason.FENCE:
+                        raise
                 return False
-            record.state = _RELEASED
-            record.expires_at = None
-            record.updated_at = now
-            self._detach(record, now)
+            record["state"] = _RELEASED
+            record["_expires_at_us"] = None
+            record["_updated_at_us"] = now
+            self._detach(record)
             return True
+        finally:
+            self._release_locks(stripes)
 
-    def _detach(self, record: _Record, now: int) -> None:
+    def _detach(self, record: _Record) -> None:
         """Remove an ended record from the indexes; caller holds all its stripes."""
-        for target in record.targets:
+        for target in record["targets"]:
             if isinstance(target, Unit):
                 if self._units.get(target) is record:
                     del self._units[target]
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
-                    entries[:] = [e for e in entries if e[1] is not record and e[1].indexed()]
+                    entries[:] = [e for e in entries if e[1] is not record and _indexed(e[1])]
                     if not entries:
                         del self._spans[target.resource]
         self._forget_holder(record)
@@ -515,23 +917,24 @@ class MemoryStore(Store):
         record = self._claims.get(claim_id)
         if record is None:
             return None
-        with self._locked(record.stripes):
-            return record.snapshot(self._now_us())
+        with self._locked(self._stripes_of(record)):
+            return _snapshot(record, self._now_us())
 
     def _holder_of(self, target: Unit | Span) -> str | None:
         now = self._now_us()
         if isinstance(target, Unit):
             record = self._units.get(target)
-            return record.holder if record is not None and record.live(now) else None
+            return record["holder"] if record is not None and _live(record, now) else None
         for span, record in list(self._spans.get(target.resource, ())):
-            if span.overlaps(target) and record.live(now):
-                return record.holder
+            if span.overlaps(target) and _live(record, now):
+                return record["holder"]
         return None
 
     def _claims_of(self, holder: str) -> list[Claim]:
         now = self._now_us()
         records = list(self._by_holder.get(holder, {}).copy().values())
-        return [r.snapshot(now) for r in sorted(records, key=lambda r: r.fence) if r.live(now)]
+        records.sort(key=lambda r: r["fence"])
+        return [_snapshot(r, now) for r in records if _live(r, now)]
 
     # --- housekeeping ---------------------------------------------------------------------------
 
@@ -540,33 +943,35 @@ class MemoryStore(Store):
         now = self._now_us()
         retention = self._retention_us
         for record in list(self._claims.copy().values()):
-            if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
-                with self._locked(record.stripes):
+            state = record["state"]
+            if state is _HELD and record["_expires_at_us"] <= now:  # type: ignore[operator]
+                with self._locked(self._stripes_of(record)):
                     now = self._now_us()
-                    if record.state is _HELD and record.expires_at <= now:  # type: ignore[operator]
-                        record.kill(now, taken_over=False)
+                    if record["state"] is _HELD and record["_expires_at_us"] <= now:  # type: ignore[operator]
+                        _kill(record, now, taken_over=False)
                         # Its unit and span entries stay until the purge, so that
                         # a later claimant can still take it over (the reason rule).
                         self._forget_holder(record)
                         expired += 1
             elif (
-                record.state in (_RELEASED, _EXPIRED)
-                and record.updated_at + retention <= now
+                state in (_RELEASED, _EXPIRED)
+                and record["_updated_at_us"] + retention <= now
                 # Like every store, keep the newest claim (see SQLiteStore).
-                and record.fence != self._newest_fence
+                and record["fence"] != self._newest_fence
             ):
-                with self._locked(record.stripes):
+                with self._locked(self._stripes_of(record)):
                     # A takeover may have marked it since (and moved updated_at).
-                    if record.updated_at + retention <= now:
-                        self._detach(record, now)
-                        self._claims.pop(record.id, None)
+                    if record["_updated_at_us"] + retention <= now:
+                        self._detach(record)
+                        self._claims.pop(record["id"], None)
+                        self._group_stripes.pop(record["id"], None)
                         purged_claims += 1
         for request_id, request in list(self._requests.copy().items()):
-            if request.created_at + self._retention_us <= now:
+            if request[5] + self._retention_us <= now:
                 stripe = hash(request_id) % self._nstripes
                 with self._locked((stripe,)):
                     current = self._requests.get(request_id)
-                    if current is not None and current.created_at + self._retention_us <= now:
+                    if current is not None and current[5] + self._retention_us <= now:
                         del self._requests[request_id]
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):
@@ -596,8 +1001,8 @@ class MemoryStore(Store):
     def _log(self) -> list[Claim]:
         # list() copies the values in one step under the GIL; no stripe is taken,
         # so a claim in flight may be seen half-written: read a quiet store.
-        records = sorted(list(self._claims.values()), key=lambda r: r.fence)
-        return [r.snapshot(_BEFORE_ANY_EXPIRY) for r in records]
+        records = sorted(list(self._claims.values()), key=lambda r: r["fence"])
+        return [_snapshot(r, _BEFORE_ANY_EXPIRY) for r in records]
 
     def _close(self) -> None:
         self._units.clear()
@@ -605,6 +1010,7 @@ class MemoryStore(Store):
         self._requests.clear()
         self._claims.clear()
         self._by_holder.clear()
+        self._group_stripes.clear()
 
 
 _BEFORE_ANY_EXPIRY = -(2**62)

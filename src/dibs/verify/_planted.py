@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dibs
-from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit
+from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit, claim_from_micros
 from dibs.exceptions import InvalidInput
 from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
@@ -76,13 +76,13 @@ class _CheckThenActSQLite(SQLiteStore):
 class _UnfencedMemory(MemoryStore):
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         record = self._owned(claim_id, holder)
-        with self._locked(record.stripes):
+        with self._locked(self._stripes_of(record)):
             now = self._now_us()
             # BUG: no fence, state or expiry condition.
-            record.state = ClaimState.CONFIRMED
-            record.expires_at = None
-            record.updated_at = now
-            return record.snapshot(now)
+            record["state"] = ClaimState.CONFIRMED
+            record["_expires_at_us"] = None
+            record["_updated_at_us"] = now
+            return claim_from_micros(dict(record))
 
 
 class _UnfencedSQLite(SQLiteStore):
