@@ -378,7 +378,9 @@ class TaskProcessor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.shutdown(wait=True)
+        # An exception must surface now, not after work timed for next week: cancel
+        # what has not started, ask running tasks to stop, and wait only for them.
+        self.shutdown(wait=True, timeout=None if exc is None else 0)
 
     def _check_open(self) -> None:
         if self._engine.closing:
