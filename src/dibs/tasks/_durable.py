@@ -23,6 +23,7 @@ claims above, one completed run — with no leader.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -39,10 +40,12 @@ from typing import Any
 from dibs._model import ClaimState, Unit
 from dibs.exceptions import ClaimNotFound, DibsError, HoldLost, InvalidInput
 from dibs.stores.base import Store
+from dibs.tasks._async import AsyncLane
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
-from dibs.tasks._handle import Backoff, TaskHandle, current, current_job
+from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
+from dibs.tasks._worker import Outcome, OutcomeKind
 
 __all__ = ["DurableRunner", "JobRecord", "RegisteredTask", "encode_payload"]
 
@@ -79,6 +82,11 @@ class RegisteredTask:
     backoff: Backoff
     timeout: float | None
 
+    @property
+    def is_async(self) -> bool:
+        """Whether its attempts run on the processor's event loop (an ``async def``)."""
+        return inspect.iscoroutinefunction(self.fn)
+
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -105,7 +113,15 @@ class _Running:
     fence: int
     claim_id: str
     handle: TaskHandle[Any] | None = None
+    token: CancelToken | None = None  # an async attempt's; a thread attempt's is its handle's
     lost: bool = False
+
+    def cancel(self) -> None:
+        """Ask the attempt to stop (cooperatively in a thread, at its next await on the loop)."""
+        if self.handle is not None:
+            self.handle.cancel()
+        elif self.token is not None:
+            self.token.cancel(CancelReason.CANCELLED)
 
 
 class DurableRunner:
@@ -120,11 +136,13 @@ class DurableRunner:
         poll: float,
         rng: random.Random,
         take_jobs: bool,
+        async_workers: int = 100,
     ) -> None:
         self.store = store
         self.jobs = job_table(store)
         self._submit = submit
         self._slots = workers
+        self.lane = AsyncLane("dibs-tasks-async", async_workers)
         self.lease = lease
         self.poll = poll
         self.max_lost = MAX_LOST
@@ -192,8 +210,8 @@ class DurableRunner:
             return False
         with self._lock:
             running = self._running.get(job_id)
-        if running is not None and running.handle is not None:
-            running.handle.cancel()  # running here: no need to wait for a heartbeat
+        if running is not None:
+            running.cancel()  # running here: no need to wait for a heartbeat
         return True
 
     def record(self, job_id: str) -> JobRecord | None:
@@ -225,6 +243,7 @@ class DurableRunner:
         for thread in self._threads:
             thread.join()
         self._unlisten()
+        self.lane.close()
         self.jobs.close()
 
     # --- taking jobs ----------------------------------------------------------------------
@@ -234,10 +253,12 @@ class DurableRunner:
             with self._wake:
                 if not self._taking:
                     return
-                free = self._slots - len(self._running)
-            if free > 0:
+                threads = sum(1 for r in self._running.values() if r.token is None)
+                free = self._slots - threads
+            free_async = self.lane.free
+            if free > 0 or free_async > 0:
                 try:
-                    self._take_some(free)
+                    self._take_some(free, free_async)
                 except DibsError:
                     log.exception("durable poll failed; trying again")
             with self._wake:
@@ -246,12 +267,17 @@ class DurableRunner:
                 # Other processes add rows without telling us: this wait is the poll.
                 self._wake.wait(self.poll)
 
-    def _take_some(self, free: int) -> None:
+    def _take_some(self, free: int, free_async: int) -> None:
         now = self.store.now().timestamp()
-        for job in self.jobs.due(now, limit=free * 4 + 8):
-            if free <= 0:
+        for job in self.jobs.due(now, limit=(free + free_async) * 4 + 8):
+            if free <= 0 and free_async <= 0:
                 return
-            if job.name in self.tasks and job.id not in self._running and self._take(job, now):
+            task = self.tasks.get(job.name)
+            if task is None or job.id in self._running:
+                continue
+            if task.is_async and free_async > 0 and self._take(job, now):
+                free_async -= 1
+            elif not task.is_async and free > 0 and self._take(job, now):
                 free -= 1
 
     def _take(self, job: Job, now: float) -> bool:
@@ -300,8 +326,10 @@ class DurableRunner:
         with self._lock:
             self._running[job.id] = running
         task = self.tasks[job.name]
-        handle = self._submit(self._run, running, timeout=task.timeout)
-        running.handle = handle
+        if task.is_async:
+            self._start_async(task, running)
+        else:
+            running.handle = self._submit(self._run, running, timeout=task.timeout)
         return True
 
     # --- running and finishing ------------------------------------------------------------
@@ -315,26 +343,64 @@ class DurableRunner:
             args, kwargs = json.loads(job.args)
             reset = current_job.set(job.id)
             try:
-                value = task.fn(*args, **kwargs)
-                kind, outcome = "ok", json.dumps(value)
+                recorded = _recorded(running, current().token, task.fn(*args, **kwargs), None)
             except Exception as exc:
-                token = current().token
-                if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
-                    # Our hold is gone, or this process is stopping: the attempt is
-                    # left unrecorded, and the job is taken over once its lease lapses.
-                    return
-                if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
-                    kind, outcome = "cancelled", "".join(traceback.format_exception(exc))
-                else:
-                    kind, outcome = "error", "".join(traceback.format_exception(exc))
+                recorded = _recorded(running, current().token, None, exc)
             finally:
                 current_job.reset(reset)
-            self._complete(running, kind, outcome)
+            if recorded is not None:
+                self._complete(running, *recorded)
         finally:
-            with self._lock:
-                self._running.pop(job.id, None)
-            with self._wake:
-                self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._ran(running)
+
+    def _ran(self, running: _Running) -> None:
+        with self._lock:
+            self._running.pop(running.job.id, None)
+        with self._wake:
+            self._wake.notify_all()  # the poller, the heartbeat and waiters all wait on it
+
+    def _start_async(self, task: RegisteredTask, running: _Running) -> None:
+        """Run an ``async def`` attempt on the lane's loop; record it on a finisher thread."""
+        job = running.job
+        token = CancelToken(job.id, task.timeout)
+        running.token = token
+        context = TaskContext(
+            task_id=job.id, attempt=running.attempt, token=token,
+            schedule_id=job.schedule_id, nominal_time=_nominal(job), job_id=job.id,
+        )  # fmt: skip
+
+        def finish(outcome: Outcome) -> None:
+            try:
+                if outcome.kind is OutcomeKind.OK:
+                    recorded = _recorded(running, token, outcome.value, None)
+                else:
+                    assert outcome.error is not None
+                    recorded = _recorded(running, token, None, outcome.error)
+                if recorded is not None:
+                    self._complete(running, *recorded)
+            except DibsError:
+                # As for a worker that died: the lease lapses and another takes over.
+                log.exception("recording job %s attempt %d failed", job.id, running.attempt)
+            finally:
+                self._ran(running)
+
+        try:
+            args, kwargs = json.loads(job.args)
+        except ValueError as exc:
+            finish(Outcome(OutcomeKind.FAILED, error=exc))
+            return
+        self.lane.start(task.fn, args, kwargs, context, task.timeout, finish)
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no async attempt is running; False if ``timeout`` real seconds passed."""
+        return self.lane.wait_idle(timeout)
+
+    def cancel_async(self, reason: CancelReason) -> None:
+        """Set the token of every running async attempt (the shutdown deadline passed)."""
+        with self._lock:
+            tokens = [r.token for r in self._running.values() if r.token is not None]
+        for token in tokens:
+            token.cancel(reason)
 
     def _complete(self, running: _Running, kind: str, outcome: str) -> None:
         job = running.job
@@ -401,8 +467,7 @@ class DurableRunner:
                     )
                 except (HoldLost, ClaimNotFound):
                     item.lost = True
-                    if item.handle is not None:
-                        item.handle.cancel()
+                    item.cancel()
                 except DibsError:
                     log.exception("heartbeat for job %s failed", item.job.id)
             try:
@@ -411,5 +476,34 @@ class DurableRunner:
                 log.exception("reading cancellations failed")
                 continue
             for item in running:
-                if item.job.id in flagged and item.handle is not None:
-                    item.handle.cancel()  # cooperative: the task sees its token set
+                if item.job.id in flagged:
+                    item.cancel()  # cooperative: the task sees its token set
+
+
+def _recorded(
+    running: _Running, token: CancelToken, value: Any, exc: BaseException | None
+) -> tuple[str, str] | None:
+    """What an attempt that returned ``value`` or raised ``exc`` records, or None for nothing."""
+    if exc is None:
+        try:
+            return "ok", json.dumps(value)
+        except (TypeError, ValueError) as error:
+            exc = error
+    if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
+        # Our hold is gone, or this process is stopping: the attempt is left
+        # unrecorded, and the job is taken over once its lease lapses.
+        return None
+    text = "".join(traceback.format_exception(exc))
+    if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
+        return "cancelled", text
+    return "error", text
+
+
+def _nominal(job: Job) -> datetime | None:
+    """A schedule occurrence's nominal time, from its job ID ``"{schedule}@{iso instant}"``."""
+    if job.schedule_id is None:
+        return None
+    try:
+        return datetime.fromisoformat(job.id.rsplit("@", 1)[1])
+    except (IndexError, ValueError):
+        return None

@@ -6,6 +6,7 @@ import itertools
 import random
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -17,7 +18,7 @@ from dibs.stores.base import Store
 from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._engine import Engine
-from dibs.tasks._errors import ProcessorClosed
+from dibs.tasks._errors import CancelReason, ProcessorClosed
 from dibs.tasks._handle import Backoff, TaskHandle
 from dibs.tasks._jobs import Job
 from dibs.tasks._options import check_fn, check_id, task_options
@@ -49,7 +50,10 @@ class TaskProcessor:
     heartbeats (a crashed worker's job is taken over after at most that);
     ``poll`` is how often the job table is read for jobs other processes
     added (on PostgreSQL a fallback: LISTEN/NOTIFY wakes workers at once);
-    ``take_jobs=False`` makes an enqueue-only client. A processor that takes
+    ``take_jobs=False`` makes an enqueue-only client. Durable tasks defined
+    with ``async def`` run as tasks on one event loop thread, up to
+    ``async_workers`` at once, next to the ``workers`` threads that run the
+    others. A processor that takes
     jobs also runs the store's sweeper as the durable schedule ``dibs.sweep``
     every ``sweep_every`` seconds (None: not from this process). Raises
     :class:`~dibs.InvalidInput` for a bad argument.
@@ -67,11 +71,12 @@ class TaskProcessor:
         poll: float = 0.5,
         take_jobs: bool = True,
         sweep_every: float | None = 60.0,
+        async_workers: int = 100,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidInput(
-                f"workers must be an int >= 1, got {workers!r}", field="workers", value=workers
-            )
+        for field, count in (("workers", workers), ("async_workers", async_workers)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise InvalidInput(f"{field} must be an int >= 1, got {count!r}", field=field,
+                                   value=count)  # fmt: skip
         self._engine = Engine(workers, clock, rng, name)
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
@@ -82,7 +87,7 @@ class TaskProcessor:
             self._durable = DurableRunner(
                 store, self.submit, workers, to_seconds(lease, "lease"),
                 to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
-                take_jobs,
+                take_jobs, async_workers,
             )  # fmt: skip
             if take_jobs and sweep_every is not None:
                 self._add_sweeper(to_seconds(sweep_every, "sweep_every"))
@@ -336,8 +341,14 @@ class TaskProcessor:
 
         ``timeout`` is real seconds. Tasks timed for later do not count until due.
         """
+        start = time.monotonic()
         with self._engine.lock:
-            return self._engine.wait_idle(timeout)
+            if not self._engine.wait_idle(timeout):
+                return False
+        if self._durable is None:
+            return True
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        return self._durable.wait_idle(left)
 
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking work, finish what was submitted, cancel what is left at the deadline.
@@ -353,6 +364,7 @@ class TaskProcessor:
         engine = self._engine
         if timeout is not None:
             timeout = to_seconds(timeout, "timeout", allow_zero=True)
+        start = time.monotonic()
         if self._durable is not None:
             self._durable.stop_taking()  # running jobs keep their heartbeats while they drain
         with engine.lock:
@@ -361,6 +373,11 @@ class TaskProcessor:
                 return
             engine.idle.wait_for(lambda: engine.finished)
         if self._durable is not None:
+            # Async attempts drain until the same deadline, in real seconds, then are cancelled.
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            if not self._durable.wait_idle(left):
+                self._durable.cancel_async(CancelReason.SHUTDOWN)
+                self._durable.wait_idle(None)
             self._durable.stop()
         with engine.lock:
             # A worker stuck in a task that ignored its token is left behind (daemon).
