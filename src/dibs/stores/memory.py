@@ -220,7 +220,7 @@ class MemoryStore(Store):
         # Store times are whole microseconds, as on the SQL stores, so that every store
         # judges an expiry at the same instant (a float sum can land an ulp either side).
         self._retention_us = round(self.request_retention * 1_000_000)
-        self._jobs = MemoryJobs()  # durable mode's rows live as long as this object
+        self._jobs = MemoryJobs(self._clock_now)  # durable mode's rows live as long as this object
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
