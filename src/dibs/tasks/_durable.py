@@ -142,6 +142,7 @@ class DurableRunner:
         self.jobs = job_table(store)
         self._submit = submit
         self._slots = workers
+        self.queues: list[str] | None = None  # the queues taken from; None: every queue
         self.lane = AsyncLane("dibs-tasks-async", async_workers)
         self.lease = lease
         self.poll = poll
