@@ -302,9 +302,7 @@ class TaskProcessor:
 
         def sweep() -> dict[str, int]:
             swept = durable.store.sweep()
-            purged = durable.jobs.purge(
-                durable.store.now().timestamp() - durable.store.request_retention
-            )
+            purged = durable.jobs.purge(durable.store.request_retention)
             return {
                 "expired": swept.expired,
                 "purged_requests": swept.purged_requests,
