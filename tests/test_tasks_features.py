@@ -322,7 +322,7 @@ def test_results_and_errors_reach_a_waiting_client(
     assert failed.value.job_id == bad and "KeyError: 'nope'" in (failed.value.error or "")
     assert [a.outcome_kind for a in client.wait(bad).attempts] == ["error", "error"]
 
-    nobody = client.enqueue("echo", 1, queue="nobody-takes-this")
+    nobody = client.enqueue("echo", 1, delay=3600)  # not due for an hour
     with pytest.raises(WaitTimeout):
         client.result(nobody, timeout=0.05)
     assert client.cancel(nobody)

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from dibs.exceptions import InvalidInput
+
 __all__ = [
     "DEFAULT_QUEUE",
     "FINISHED_STATES",
@@ -206,11 +208,11 @@ class JobTable(Protocol):
 
     def extend(
         self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
-    ) -> dict[str, bool]:
+    ) -> dict[tuple[str, int], bool]:
         """Extend the leases of running ``(job_id, fence)`` pairs to ``now + lease_ttl``.
 
-        One statement. Returns ``{job_id: cancel_requested}`` for those still held;
-        a pair missing from the answer has lost its lease (taken over or finished).
+        One statement. Returns ``{(job_id, fence): cancel_requested}`` for those still
+        held; a pair missing from the answer has lost its lease (reclaimed or finished).
         """
         ...
 
@@ -369,8 +371,6 @@ class MemoryJobs:
 
     def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
         if connection is not None:
-            from dibs.exceptions import InvalidInput
-
             raise InvalidInput(
                 "a memory store's job table takes no connection", field="connection",
                 value=connection,
@@ -461,15 +461,15 @@ class MemoryJobs:
 
     def extend(
         self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
-    ) -> dict[str, bool]:
+    ) -> dict[tuple[str, int], bool]:
         with self._lock:
             at = self._now(now)
-            alive: dict[str, bool] = {}
+            alive: dict[tuple[str, int], bool] = {}
             for job_id, fence in held:
                 job = self._held(job_id, fence)
                 if job is not None:
                     self._rows[job_id] = replace(job, lease_expires=at + lease_ttl)
-                    alive[job_id] = job.cancel_requested
+                    alive[job_id, fence] = job.cancel_requested
             return alive
 
     def finish(
@@ -562,7 +562,9 @@ class MemoryJobs:
             return {
                 i
                 for i in job_ids
-                if (j := self._rows.get(i)) is not None and j.cancel_requested and j.state == "running"
+                if (j := self._rows.get(i)) is not None
+                and j.cancel_requested
+                and j.state == "running"
             }
 
     def retry(self, job_id: str, now: float | None = None) -> bool:
@@ -601,8 +603,7 @@ class MemoryJobs:
                 if j.state in (states or FINISHED_STATES)
                 and j.state in FINISHED_STATES
                 and (queues is None or j.queue in queues)
-                and (j.finished_at or 0.0)
-                + (retention if j.retention is None else j.retention)
+                and (j.finished_at or 0.0) + (retention if j.retention is None else j.retention)
                 < at
             ]
             for i in old:

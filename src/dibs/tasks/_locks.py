@@ -34,6 +34,9 @@ __all__ = ["LOCK_RESOURCE", "LockKeys"]
 
 log = logging.getLogger("dibs.tasks")
 
+Attempt = tuple[str, int | None]
+"""An attempt of a job: its ID and the fence its take gave it."""
+
 LOCK_RESOURCE = "dibs.tasks.lock"
 """The resource whose slots are lock keys: a lock key ``k`` is ``Unit(LOCK_RESOURCE, k)``."""
 
@@ -46,14 +49,14 @@ class _Held:
 
 
 class LockKeys:
-    """The lock-key holds of one worker process's running jobs, by job ID."""
+    """The lock-key holds of one worker process's running attempts, by ``(job ID, fence)``."""
 
     def __init__(self, store: Store, holder: str, lease: float) -> None:
         self._store = store
         self._holder = holder
         self._lease = lease
         self._lock = threading.Lock()  # guards _held
-        self._held: dict[str, _Held] = {}
+        self._held: dict[Attempt, _Held] = {}
 
     def acquire(self, job: Job) -> bool:
         """Claim ``job``'s lock key for its attempt; False if another attempt holds it.
@@ -69,36 +72,37 @@ class LockKeys:
         if not won or won.claim is None:
             return False
         with self._lock:
-            self._held[job.id] = _Held(won.claim.id, holder, won.claim.fence)
+            self._held[job.id, job.fence] = _Held(won.claim.id, holder, won.claim.fence)
         return True
 
-    def extend(self, job_ids: list[str]) -> set[str]:
-        """Extend the holds of these running jobs by a lease; return the jobs whose hold is lost.
+    def extend(self, attempts: list[Attempt]) -> set[Attempt]:
+        """Extend the holds of these running attempts by a lease; return those whose hold is lost.
 
         A lost hold means another attempt may now run a job of that key: the
         caller asks this job to stop, as for a lost lease.
         """
         with self._lock:
-            held = [(job_id, self._held[job_id]) for job_id in job_ids if job_id in self._held]
-        lost: set[str] = set()
-        for job_id, hold in held:
+            held = [(attempt, self._held[attempt]) for attempt in attempts if attempt in self._held]
+        lost: set[Attempt] = set()
+        for attempt, hold in held:
             try:
                 self._store.extend(
                     hold.claim_id, holder=hold.holder, fence=hold.fence, ttl=self._lease
                 )
             except (HoldLost, ClaimNotFound):
-                lost.add(job_id)
+                lost.add(attempt)
             except DibsError:
-                log.exception("extending the lock key hold of job %s failed", job_id)
+                log.exception("extending the lock key hold of job %s failed", attempt[0])
         return lost
 
-    def release(self, job_id: str) -> None:
-        """Give back the lock key held for ``job_id``, if any; never raises.
+    def release(self, attempt: Attempt) -> None:
+        """Give back the lock key held for ``attempt``, if any; never raises.
 
         A failed release is harmless: the hold expires within a lease.
         """
+        job_id = attempt[0]
         with self._lock:
-            hold = self._held.pop(job_id, None)
+            hold = self._held.pop(attempt, None)
         if hold is None:
             return
         try:
