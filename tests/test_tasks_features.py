@@ -30,6 +30,7 @@ from dibs.tasks import (
     current,
 )
 from dibs.tasks._jobs import job_table
+from dibs.tasks._locks import LockKeys
 
 GUARD = 60.0
 
@@ -266,9 +267,8 @@ def test_jobs_sharing_a_lock_key_never_run_at_once(
     processors: Callable[..., TaskProcessor],
 ) -> None:
     overlap = Overlap()
-    hosts = [processors(workers=4) for _ in range(2)]  # 8 threads on 2 "hosts"
-    for host in hosts:
 
+    def define(host: TaskProcessor) -> None:
         @host.task("sync")
         def sync(account: str) -> None:
             overlap.run(account, 0.005)
@@ -277,13 +277,44 @@ def test_jobs_sharing_a_lock_key_never_run_at_once(
         def locked() -> None:
             overlap.run("global", 0.005)
 
-    client = hosts[0]
+    client = processors(take_jobs=False)
+    define(client)
+    # All due before any worker starts: each take gets several jobs of one key at once,
+    # so only the lock key's claim keeps them apart.
     ids = [client.enqueue("sync", f"acct-{i % 3}", lock_key=f"acct-{i % 3}") for i in range(60)]
     ids += [client.enqueue("locked") for _ in range(10)]
+    for _ in range(2):  # 8 threads on 2 "hosts"
+        define(processors(workers=4))
     for job_id in ids:
         assert client.wait(job_id, timeout=GUARD).state == "done"
     assert overlap.most == {"acct-0": 1, "acct-1": 1, "acct-2": 1, "global": 1}
     assert client.job(ids[0]).lock_key == "acct-0"  # type: ignore[union-attr]
+    put_back = [a for i in ids for a in client.job(i).attempts if a.outcome_kind == "put_back"]  # type: ignore[union-attr]
+    assert all(a.attempt == 1 for a in put_back)  # putting back never counts as an attempt
+
+
+def test_a_lock_key_claim_admits_one_attempt_at_a_time(store: Store, fine_switching: None) -> None:
+    """The arbiter itself, without the job table's help: 8 threads, one holder name."""
+    locks = LockKeys(store, "host:1:abc", lease=30.0)  # one worker process's
+    overlap = Overlap()
+    admitted = [0] * 8
+
+    def attempts(thread: int) -> None:
+        for n in range(60):
+            job = Job(id=f"j-{thread}-{n}", name="t", args="[[], {}]", run_at=0.0, attempt=1,
+                      max_attempts=1, state="running", fence=1, lock_key="k")  # fmt: skip
+            if locks.acquire(job):
+                admitted[thread] += 1
+                overlap.run("k", 0)
+                locks.release((job.id, job.fence))
+
+    threads = [threading.Thread(target=attempts, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(GUARD)
+    assert overlap.most == {"k": 1}
+    assert sum(admitted) > 8  # released holds are claimed again
 
 
 def test_different_lock_keys_do_run_at_once(processors: Callable[..., TaskProcessor]) -> None:

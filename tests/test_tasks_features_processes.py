@@ -46,7 +46,7 @@ processor = TaskProcessor(store=store, workers=4, lease=LEASE, poll=0.02, sweep_
 @processor.task("locked")
 def locked(key, seconds):
     effect("start", key)
-    time.sleep(seconds)
+    current().token.sleep(seconds)  # wakes early if the job is cancelled
     effect("end", key)
     return os.getpid()
 
@@ -119,13 +119,13 @@ def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]
     place.close()
 
 
-def never_overlap(effects: list[tuple[str, int, str, str]], dead: set[int]) -> None:
-    """Per lock key, live runs alternate start/end; a dead worker's start ends its run."""
+def never_overlap(effects: list[tuple[str, int, str, str]], dead: set[tuple[str, int]]) -> None:
+    """Per lock key, runs alternate start/end; the killed run (job, pid) ends at its start."""
     running: dict[str, tuple[str, int] | None] = {}
     for job, pid, what, key in effects:
         if what == "start":
             assert running.get(key) is None, f"{key}: {job} started while {running[key]} ran"
-            running[key] = None if pid in dead else (job, pid)
+            running[key] = None if (job, pid) in dead else (job, pid)
         else:
             assert running.get(key) == (job, pid)
             running[key] = None
@@ -143,11 +143,13 @@ def test_lock_keys_hold_across_processes_and_free_after_a_killed_workers_lease(
     wait_for(lambda: any(job == victim_job for job, *_ in workers.effects()))
     ((_, victim, _, _),) = [e for e in workers.effects() if e[0] == victim_job]
     os.kill(victim, signal.SIGKILL)
-    # The killed worker's hold on "a" lapses with its lease: every other job of "a" runs.
+    # Its job would be taken over for another hour-long run: cancel it. Its lease
+    # lapses, and so does the dead worker's hold on "a": every other job of "a" runs.
+    assert workers.client.cancel(victim_job)
     for job_id in ids:
         assert workers.client.wait(job_id, timeout=GUARD).state == "done"
-    never_overlap(workers.effects(), dead={victim})
-    assert workers.client.cancel(victim_job)  # taken over and sleeping: let it go
+    never_overlap(workers.effects(), dead={(victim_job, victim)})
+    assert workers.client.wait(victim_job, timeout=GUARD).state in ("cancelled", "done")
 
 
 def test_a_client_waiting_for_a_result_outlives_the_worker_it_waited_on(
