@@ -164,9 +164,10 @@ class DurableRunner:
             threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="dibs-tasks-heartbeat", daemon=True),
         ]
+        # Listening first: a job added between the first take and the listen is not missed.
+        self._unlisten = self.jobs.listen(self._notify) if take_jobs else (lambda: None)
         for thread in self._threads:
             thread.start()
-        self._unlisten = self.jobs.listen(self._notify) if take_jobs else (lambda: None)
 
     def _notify(self) -> None:
         with self._wake:

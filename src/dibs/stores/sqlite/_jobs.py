@@ -84,10 +84,16 @@ class SQLiteJobs(SQLJobs):
             return stop_local  # one process: the local wake-ups are all there is
         stopped = threading.Event()
         path = self._pool.path
+        conn: sqlite3.Connection | None = None
+        seen: int | None = None
+        try:  # the baseline, before returning: every commit from now on wakes
+            conn = sqlite3.connect(path, check_same_thread=False)
+            (seen,) = conn.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            log.warning("job table watcher failed (%s); polling until it is back", exc)
 
         def watch() -> None:
-            conn: sqlite3.Connection | None = None
-            seen: int | None = None
+            nonlocal conn, seen
             pause = WAKE_MIN
             while not stopped.wait(pause):
                 try:
@@ -101,9 +107,8 @@ class SQLiteJobs(SQLJobs):
                     conn, seen, pause = None, None, 1.0
                     continue
                 if version != seen:
-                    if seen is not None:
-                        wake()
                     seen, pause = version, WAKE_MIN
+                    wake()  # after a failure too: commits may have been missed
                 else:
                     pause = min(pause * 2, WAKE_MAX)
             if conn is not None:
