@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import StoreMaker
 from dibs import InvalidInput, Store
@@ -31,6 +33,8 @@ from dibs.tasks import (
 )
 from dibs.tasks._jobs import job_table
 from dibs.tasks._locks import LockKeys
+from dibs.tasks._records import PRIORITY_MAX, PRIORITY_MIN
+from dibs.testing import strategies
 
 GUARD = 60.0
 
@@ -476,3 +480,44 @@ def test_an_exception_leaving_the_block_does_not_wait_for_timed_work() -> None:
     assert handle.status == "cancelled" and not ran.is_set()
     with pytest.raises(ProcessorClosed):
         tasks.submit(ran.set)
+
+
+# --- the input domain ------------------------------------------------------------------------
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    queue=strategies.names(),
+    lock_key=strategies.names(),
+    priority=st.integers(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX),
+    retention=st.floats(min_value=0, max_value=1e9),
+)
+def test_any_name_in_the_domain_is_a_queue_and_a_lock_key(
+    store: Store,
+    processors: Callable[..., TaskProcessor],
+    queue: str,
+    lock_key: str,
+    priority: int,
+    retention: float,
+) -> None:
+    # The fixtures are made once for all examples: one enqueue-only client on one store.
+    client = processors(take_jobs=False, name="client")
+    client.task("echo")(lambda value: value)
+    job_id = client.enqueue(
+        "echo", queue, queue=queue, lock_key=lock_key, priority=priority, retention=retention
+    )
+    record = client.job(job_id)
+    assert record is not None
+    assert (record.queue, record.lock_key, record.priority) == (queue, lock_key, priority)
+    assert record.args == [queue]
+    table = job_table(store)
+    assert job_id in [j.id for j in table.find(queues=[queue])]
+    # The lock key is a unit slot on the store: any name in the domain can be claimed.
+    locks = LockKeys(store, "host:1:abc", lease=30.0)
+    row = table.get(job_id)
+    assert row is not None
+    assert locks.acquire(row) and not LockKeys(store, "host:2:def", lease=30.0).acquire(row)
+    locks.release((row.id, row.fence))
+    assert client.cancel(job_id)
