@@ -202,8 +202,8 @@ def _run_show(args: argparse.Namespace) -> int:
         return EXIT_OK
     for name, value in detail.items():
         if name not in ("attempts", "error", "result"):
-            print(f"{name + ':':<17}{'' if value is None else value}")
-    print(f"{'result:':<17}{json.dumps(detail['result'])}")
+            print(f"{name + ':':<19}{'' if value is None else value}")
+    print(f"{'result:':<19}{json.dumps(detail['result'])}")
     print("attempts:")
     rows: list[tuple[str, ...]] = [("#", "HOLDER", "STARTED (UTC)", "ENDED (UTC)", "OUTCOME")]
     for attempt in detail["attempts"]:
