@@ -521,3 +521,28 @@ def test_any_name_in_the_domain_is_a_queue_and_a_lock_key(
     assert locks.acquire(row) and not LockKeys(store, "host:2:def", lease=30.0).acquire(row)
     locks.release((row.id, row.fence))
     assert client.cancel(job_id)
+
+
+def test_jobs_lists_and_retry_runs_a_failed_job_again(
+    processors: Callable[..., TaskProcessor],
+) -> None:
+    ran: list[tuple[str, Any]] = []
+    worker = processors()
+    register(worker, ran)
+    bad = worker.enqueue("boom")
+    ok = worker.enqueue("mail", "bo")
+    later = worker.enqueue("echo", 1, delay=3600)
+    assert worker.wait(bad, timeout=GUARD).state == "failed"
+    worker.wait(ok, timeout=GUARD)
+    assert [r.id for r in worker.jobs(states=["failed"])] == [bad]
+    assert [r.id for r in worker.jobs(queues=["mail"])] == [ok]
+    assert {r.id for r in worker.jobs(task="echo")} == {later}
+    assert len(worker.jobs(limit=2)) == 2 and len(worker.jobs()) == 3
+    assert worker.retry(bad) and not worker.retry(ok) and not worker.retry("j-nope")
+    with pytest.raises(JobFailed):
+        worker.result(bad, timeout=GUARD)
+    record = worker.wait(bad)
+    assert [a.outcome_kind for a in record.attempts] == ["error"] * 4  # 2 + 2 after the retry
+    for wrong in ({"states": ["lost"]}, {"queues": []}, {"limit": 0}, {"task": ""}):
+        with pytest.raises(InvalidInput):
+            worker.jobs(**wrong)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
 from dibs.limits import NAME_MAX_BYTES
 from dibs.stores.base import Store
-from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES
+from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._engine import Engine
@@ -417,6 +417,45 @@ class TaskProcessor:
         """A snapshot of durable job ``job_id``, or None if there is none."""
         job = self._require_store().jobs.get(check_id(job_id, "job_id"))
         return None if job is None else to_record(job)
+
+    def jobs(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        queues: Iterable[str] | None = None,
+        task: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Snapshots of the durable jobs matching every filter given, earliest due first.
+
+        ``states`` among ``pending``, ``running``, ``done``, ``failed`` and
+        ``cancelled``; ``queues`` and ``task`` (a registered name) narrow it;
+        at most ``limit`` (None: all). Raises :class:`~dibs.InvalidInput` for a
+        bad filter or without a store.
+        """
+        durable = self._require_store()
+        wanted = None if states is None else list(states)
+        for state in wanted or []:
+            if state not in (*LIVE_STATES, *FINISHED_STATES):
+                raise InvalidInput(f"no job state {state!r}", field="states", value=state)
+        names = None if queues is None else _check_queues(queues)
+        if task is not None:
+            check_id(task, "task")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidInput(f"limit must be an int >= 1, got {limit!r}", field="limit",
+                               value=limit)  # fmt: skip
+        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=limit)
+        return [to_record(row) for row in rows]
+
+    def retry(self, job_id: str) -> bool:
+        """Run a ``failed`` or ``cancelled`` durable job again, now, with its retries restored.
+
+        Returns False for a job in any other state or none. Raises
+        :class:`~dibs.InvalidInput` without a store.
+        """
+        return self._require_store().jobs.retry(check_id(job_id, "job_id"))
 
     def _run_at(self, at: object, delay: object) -> float | None:
         """The due time of a job: ``at``, now + ``delay``, or None (now, on the store's clock)."""
