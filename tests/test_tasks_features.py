@@ -186,12 +186,12 @@ def _caller_connection(make_store: StoreMaker) -> Any:
     """The caller's own connection to the store's database, in a transaction (autocommit off)."""
     if make_store.kind == "sqlite":
         conn = sqlite3.connect(make_store.tmp_path / "dibs.db", isolation_level=None)
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TABLE IF NOT EXISTS caller_orders (id INTEGER PRIMARY KEY)")
         conn.execute("BEGIN IMMEDIATE")
         return conn
     assert make_store.pg_url is not None
     conn = psycopg.connect(make_store.pg_url)
-    conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY)")
+    conn.execute("CREATE TABLE IF NOT EXISTS caller_orders (id serial PRIMARY KEY)")
     conn.commit()
     return conn
 
@@ -219,7 +219,7 @@ def test_a_job_enqueued_in_the_callers_transaction_exists_iff_it_commits(
     register(worker, ran)
     conn = _caller_connection(make_store)
     try:
-        conn.execute("INSERT INTO orders DEFAULT VALUES")
+        conn.execute("INSERT INTO caller_orders DEFAULT VALUES")
         job_id = client.enqueue("echo", "order", connection=conn)
         batch = client.enqueue_many("echo", [("a",), ("b",)], connection=conn)
         _end(conn, commit)
