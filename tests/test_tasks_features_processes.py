@@ -26,7 +26,7 @@ from conftest import StoreMaker
 from dibs.tasks import TaskProcessor
 
 GUARD = 90.0
-LEASE = 1.0
+LEASE = 4.0  # long enough that a loaded machine never lapses a live lease
 
 WORKER = r"""
 import os, sqlite3, sys, time
