@@ -1,4 +1,4 @@
-"""docs/tasks.md: its first example and every example of the durable-job features run as pasted.
+"""docs/tasks.md: its first examples and every example of the durable-job features run as pasted.
 
 Each block runs alone in a fresh directory, in a subprocess (as a reader would
 paste it). A block that says it needs a server gets ``$DIBS_URL`` pointing at
@@ -24,10 +24,12 @@ SECTION = "## Durable jobs: queues, priorities"
 def _blocks() -> list[tuple[str, str]]:
     text = DOC.read_text()
     first = BLOCK.findall(text)[0]
+    durable = BLOCK.findall(text[text.index("## Durable mode:") :])[0]
     start = text.index(SECTION)
     section = text[start : text.index("\n## ", start + 1)]
     features = BLOCK.findall(section)
-    return [("first", first), *((f"features-{i}", block) for i, block in enumerate(features))]
+    numbered = ((f"features-{i}", block) for i, block in enumerate(features))
+    return [("first", first), ("durable", durable), *numbered]
 
 
 BLOCKS = _blocks()
@@ -64,6 +66,7 @@ def test_the_feature_examples_print_what_their_comments_say(tmp_path: Path) -> N
         )  # fmt: skip
         outputs[name] = done.stdout.splitlines()
     assert outputs["first"] == ["report for 2026-12-03", "scheduled"]
+    assert outputs["durable"] == ["invoice 42 sent", "done", "True"]
     assert "pending" in outputs["features-0"][1]
     assert outputs["features-1"] == ["['a.png@128', 'b.png@64']"]
     assert (
