@@ -28,6 +28,40 @@ __all__ = ["pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
 STORE_KINDS = ["memory", "sqlite", "postgresql"]
 """Every store the contract runs on."""
 
+QUICK_MODULES = frozenset(
+    {
+        "test_booking.py",
+        "test_contract.py",
+        "test_domain.py",
+        "test_inputs.py",
+        "test_job_tables.py",
+        "test_lot.py",
+        "test_matching.py",
+        "test_memory.py",
+        "test_migrations.py",
+        "test_package.py",
+        "test_paths.py",
+        "test_singleflight.py",
+        "test_sqlite.py",
+        "test_tasks.py",
+        "test_tasks_schedules.py",
+    }
+)
+"""The day-to-day subset, ``pytest -m quick``: the store contract and the input domain on
+every store, the patterns, in-process tasks. Tests marked ``slow`` (processes, long races)
+are left out, and so is every module not named here (the service, ``dibs verify``, the
+browser, the docs blocks and site): the whole suite, ``scripts/test``, runs those."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "quick: the day-to-day subset (conftest.QUICK_MODULES)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in QUICK_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
+
 
 class StoreMaker:
     """Opens stores of one kind onto one shared place (a file, a database)."""

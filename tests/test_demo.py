@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import dibs
 from dibs import (
     Claim,
     ClaimNotFound,
@@ -106,6 +107,7 @@ def test_help_says_the_default_file_is_recreated(capsys: pytest.CaptureFixture[s
 
 def test_sweep_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    dibs.open(url).close()  # sweep refuses a store that does not exist yet
     assert main(["sweep", "--store", url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["expired"] == 0
 

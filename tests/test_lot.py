@@ -292,6 +292,7 @@ def _process_churn(
     return outcome
 
 
+@pytest.mark.slow  # processes: left out of the quick subset
 def test_processes_churn_on_one_sqlite_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'lot.db'}"
     workers, rounds, size = 4, 250, 6

@@ -131,6 +131,7 @@ def _reserve_many(directory: str, worker: int, count: int) -> list[str]:
     return got
 
 
+@pytest.mark.slow  # processes: left out of the quick subset
 def test_processes_never_share_a_path(tmp_path: Path) -> None:
     workers, count = 8, 250
     context = multiprocessing.get_context("spawn")

@@ -77,6 +77,7 @@ def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'race.db'}"
 
 
+@pytest.mark.slow  # processes: left out of the quick subset
 def test_processes_racing_on_one_file_get_one_winner_per_unit(url: str) -> None:
     dibs.open(url).close()
     ctx = multiprocessing.get_context("spawn")
@@ -115,6 +116,7 @@ def _sweeps(url: str, at: float, seconds: float) -> int:
     return expired
 
 
+@pytest.mark.slow  # processes: left out of the quick subset
 def test_processes_taking_over_dead_holds_never_overlap(url: str) -> None:
     dibs.open(url).close()
     ctx = multiprocessing.get_context("spawn")
@@ -154,6 +156,7 @@ _DURABLE_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # processes: left out of the quick subset
 def test_what_returned_to_the_caller_survives_kill_9(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'durable.db'}"
     dibs.open(url).close()

@@ -25,9 +25,11 @@ from dibs.exceptions import (
     SchemaError,
     SpanKindMismatch,
     StoreClosed,
+    StoreMisconfigured,
     StoreUnavailable,
     UnknownScheme,
 )
+from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
@@ -48,6 +50,7 @@ __all__ = [
     "FlightResult",
     "HoldLost",
     "HoldLostReason",
+    "IdempotencyInProgress",
     "InvalidInput",
     "Lot",
     "Match",
@@ -64,6 +67,7 @@ __all__ = [
     "SpanKindMismatch",
     "Store",
     "StoreClosed",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SweepResult",
     "SystemClock",
@@ -72,6 +76,7 @@ __all__ = [
     "UnknownScheme",
     "VehicleBlocked",
     "booking",
+    "idempotent",
     "match",
     "open",
     "reserve_path",

@@ -15,11 +15,20 @@ import sys
 from collections.abc import Callable, Sequence
 
 import dibs
-from dibs._cli_options import add_store_option
+from dibs._cli_options import (
+    STORE_DEFAULT,
+    add_store_option,
+    count,
+    positive_int,
+    seconds,
+    seconds_or_zero,
+    whole_number,
+)
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
-from dibs.exceptions import DibsError, InvalidInput
+from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured
 from dibs.service._cli import add_commands as add_service_commands
+from dibs.stores import default_url, redact, store_class
 from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
 from dibs.verify._cli import add_verify_command
@@ -30,7 +39,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 """The demo's audit failed, or the store could not do its job."""
 EXIT_USAGE = 2
-"""Bad arguments or a bad store URL (argparse uses 2 as well)."""
+"""Bad arguments, a bad store URL, or a store that cannot be opened as configured (a wrong
+password, a missing database, directory or store); argparse uses 2 as well."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,9 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInput as exc:
         print(f"dibs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except StoreMisconfigured as exc:
+        print(f"dibs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except DibsError as exc:
         print(f"dibs: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file named on the command line (a history, a secret, a keys file): say
+        # which and why, without a traceback.
+        print(f"dibs: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("dibs: interrupted", file=sys.stderr)
         return 130
@@ -66,17 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"must be in (0, 60] seconds, got {text}")
+def _hold_seconds(text: str) -> float:
+    value = seconds(text)
+    if value > 60:
+        raise argparse.ArgumentTypeError(f"expected at most 60 seconds, got {text!r}")
     return value
 
 
@@ -106,39 +119,41 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_store_option(p, "store to rush", default_help=f"a fresh {DEFAULT_URL}")
     p.add_argument(
         "--seats",
-        type=_positive_int,
+        type=positive_int,
         default=d.seats,
         help=f"seats in the venue (default {d.seats})",
     )
     p.add_argument(
         "--row-size",
-        type=_positive_int,
+        type=positive_int,
         default=d.row_size,
         help=f"seats per row (default {d.row_size})",
     )
     p.add_argument(
         "--customers",
-        type=_positive_int,
+        type=positive_int,
         default=d.customers,
         help=f"simulated customers (default {d.customers})",
     )
     p.add_argument(
         "--processes",
-        type=int,
+        type=count,
         default=d.processes,
         help=f"worker processes (default {d.processes}); 0 runs the customers as threads "
         "in this process, as memory:// always does",
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=d.threads,
         help=f"concurrent store calls per worker process (default {d.threads})",
     )
     p.add_argument(
-        "--ttl", type=_seconds, default=d.ttl, help=f"hold TTL in seconds (default {d.ttl:g})"
+        "--ttl", type=_hold_seconds, default=d.ttl, help=f"hold TTL in seconds (default {d.ttl:g})"
     )
-    p.add_argument("--seed", type=int, help="seed for the customers' plan (races still vary)")
+    p.add_argument(
+        "--seed", type=whole_number, help="seed for the customers' plan (races still vary)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(run=_run_demo)
@@ -174,7 +189,8 @@ def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "Mark holds whose TTL has passed as expired and purge request records and ended "
             "claims older than the store's retention. Safe to run at any time, alongside "
-            "claims and other sweeps."
+            "claims and other sweeps. Refuses (exit 2) a store that does not exist yet, "
+            "rather than create an empty one."
         ),
     )
     add_store_option(p, "store to sweep")
@@ -183,7 +199,17 @@ def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    with dibs.open(args.store) as store:
+    # Sweeping maintains a store; a URL with a typo must not make a new, empty one.
+    url = args.store or default_url()
+    if store_class(url).exists(url) is False:
+        given = "" if args.store else f" (no --store given, so the default: {STORE_DEFAULT})"
+        raise StoreMisconfigured(
+            f"no dibs store at {redact(url)}{given}; sweep maintains an existing store and "
+            "never creates one",
+            cause="the store does not exist",
+        )
+    store = dibs.open(url)
+    with store:
         result = store.sweep()
     counts = {
         "expired": result.expired,
@@ -225,7 +251,7 @@ def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_or_zero,
         default=30.0,
         help="seconds to drain running jobs after SIGTERM before cancelling them (default 30)",
     )
@@ -233,10 +259,6 @@ def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    if not args.timeout >= 0:
-        raise InvalidInput(
-            f"--timeout must be >= 0, got {args.timeout}", field="timeout", value=args.timeout
-        )
     run_worker(load_app(args.app, args.store), args.timeout)
     return EXIT_OK
 

@@ -14,6 +14,7 @@ promises::
     ├── HoldLost                           the hold expired, was released or taken over
     ├── StoreClosed (RuntimeError)         the store was closed
     ├── SchemaError (RuntimeError)         the stored schema is newer than this code
+    ├── StoreMisconfigured (RuntimeError)  cannot be opened as configured; retrying won't help
     ├── StoreUnavailable (ConnectionError) transient; the only error worth retrying
     │
     │   raised by the patterns, defined beside them:
@@ -22,6 +23,7 @@ promises::
     ├── lot.VehicleBlocked (RuntimeError)  a vehicle's unit is held outside a parking of it
     ├── booking.ResourceBusy (TimeoutError) exclusive() waited too long for a resource
     ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
+    ├── idempotency.IdempotencyInProgress (RuntimeError) the same call is running now
     └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,
         NotInTask, UnknownTask             see dibs.tasks
 
@@ -45,6 +47,7 @@ __all__ = [
     "SchemaError",
     "SpanKindMismatch",
     "StoreClosed",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "UnknownScheme",
 ]
@@ -148,6 +151,19 @@ class SchemaError(DibsError, RuntimeError):
 
     found: int
     supported: int
+
+
+class StoreMisconfigured(DibsError, RuntimeError):
+    """Raised when a store cannot be opened as configured; retrying the same call cannot help.
+
+    A wrong password, a database, role or directory that does not exist, an
+    option the driver rejects. ``cause`` is the driver's or the file system's
+    own words (never a password). Fix the URL or the setup, then open again.
+    Deliberately not a :class:`StoreUnavailable` (and not a ``ConnectionError``),
+    so retry loops that retry those give up at once.
+    """
+
+    cause: str
 
 
 class StoreUnavailable(DibsError, ConnectionError):

@@ -82,7 +82,9 @@ def match(
 
     Raises :class:`~dibs.RequestConflict` when another holder holds an
     assignment under ``request_id``, :class:`~dibs.InvalidInput` for bad
-    arguments, and what the store raises.
+    arguments (an empty candidate list among them; a callable may return no
+    candidates in a round, which then counts as a round with all taken), and
+    what the store raises.
     """
     if check_request_id(request_id) is None:
         raise InvalidInput("match() needs a request_id", field="request_id", value=request_id)
@@ -106,6 +108,11 @@ def match(
     pick = rng if rng is not None else random
     dispatch = Unit(REQUEST_RESOURCE, request_id)
     fixed = None if callable(candidates) else _units(candidates)
+    if fixed is not None and not fixed:
+        # No round could ever succeed: a mistake to report now, not an outcome to retry.
+        raise InvalidInput(
+            "match() needs at least one candidate, got none", field="candidates", value=candidates
+        )
 
     earlier = _assignment(store, holder, dispatch)
     if earlier is not None:

@@ -365,14 +365,21 @@ class Api:
         return JSONResponse(self.claim_to_wire(claim))
 
     async def list_claims(self, request: Request) -> Response:
-        """``GET /v1/claims?holder=me``: the caller's live claims, a snapshot."""
+        """``GET /v1/claims?holder=me``: the caller's holder name and live claims, a snapshot."""
         key = self.authorize(request)
         self.parameters(request, {"holder"})
         wanted = request.query_params.get("holder", "me")
         if wanted not in ("me", key.holder):
             raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
         claims = await self.call("claims_of", lambda: self.store.claims_of(key.holder))
-        return JSONResponse({"snapshot": True, "claims": [self.claim_to_wire(c) for c in claims]})
+        # The holder is the caller's own name (the seat map shows "you are ...").
+        return JSONResponse(
+            {
+                "snapshot": True,
+                "holder": key.holder,
+                "claims": [self.claim_to_wire(c) for c in claims],
+            }
+        )
 
     async def confirm(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""

@@ -13,7 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from dibs._cli_options import add_store_option
+from dibs._cli_options import (
+    add_store_option,
+    port,
+    positive_int,
+    positive_number,
+    seconds,
+)
 from dibs.exceptions import InvalidInput
 from dibs.service._keys import KeyRing
 from dibs.stores import default_url
@@ -33,13 +39,6 @@ def _keys_path(value: str | None) -> Path:
     return Path(value or os.environ.get("DIBS_KEYS") or DEFAULT_KEYS)
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -56,7 +55,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--keys", metavar="FILE", help=f"API keys file (default $DIBS_KEYS, else ./{DEFAULT_KEYS})"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument(
         "--showing",
         action="append",
@@ -71,26 +70,34 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a parking row served under /v1/lots (repeatable; default lot-1:40)",
     )
     p.add_argument(
-        "--rate", type=_positive, default=50.0, help="requests/s per API key (default 50)"
-    )
-    p.add_argument("--burst", type=int, default=100, help="burst per API key (default 100)")
-    p.add_argument(
-        "--max-body", type=int, default=64 * 1024, help="max request body bytes (default 65536)"
+        "--rate", type=positive_number, default=50.0, help="requests/s per API key (default 50)"
     )
     p.add_argument(
-        "--request-timeout", type=_positive, default=10.0, help="store call timeout, s (default 10)"
+        "--burst", type=positive_int, default=100, help="burst per API key (default 100)"
+    )
+    p.add_argument(
+        "--max-body",
+        type=positive_int,
+        default=64 * 1024,
+        help="max request body bytes (default 65536)",
+    )
+    p.add_argument(
+        "--request-timeout", type=seconds, default=10.0, help="store call timeout, s (default 10)"
     )
     p.add_argument(
         "--idempotency-wait",
-        type=_positive,
+        type=seconds,
         default=5.0,
         help="how long a duplicate Idempotency-Key waits, s (default 5)",
     )
     p.add_argument(
-        "--sweep-interval", type=_positive, default=30.0, help="seconds between sweeps (default 30)"
+        "--sweep-interval", type=seconds, default=30.0, help="seconds between sweeps (default 30)"
     )
     p.add_argument(
-        "--threads", type=int, default=32, help="worker threads for store calls (default 32)"
+        "--threads",
+        type=positive_int,
+        default=32,
+        help="worker threads for store calls (default 32)",
     )
     p.add_argument(
         "--private-map", action="store_true", help="require an API key for the seat map stream too"

@@ -112,7 +112,8 @@ class RateLimiter:
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the record's extras."""
 
-    _STANDARD = frozenset(vars(logging.makeLogRecord({})))
+    # uvicorn adds color_message: the message again, with ANSI colour codes for terminals.
+    _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {

@@ -403,11 +403,15 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                             "type": "object",
                             "properties": {
                                 "snapshot": {"const": True},
+                                "holder": {
+                                    "type": "string",
+                                    "description": "Who you are: your API key's holder.",
+                                },
                                 "claims": {"type": "array", "items": _ref("Claim")},
                             },
-                            "required": ["snapshot", "claims"],
+                            "required": ["snapshot", "holder", "claims"],
                         },
-                        "Your held and confirmed claims.",
+                        "Who you are, and your held and confirmed claims.",
                     ),
                     "403": _error("`holder` names someone else."),
                     **_READ,

@@ -21,8 +21,9 @@ import importlib
 import os
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from dibs.exceptions import InvalidInput, UnknownScheme
+from dibs.exceptions import InvalidInput, StoreMisconfigured, UnknownScheme
 from dibs.stores.base import Store
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "available_schemes",
     "default_url",
     "open_store",
+    "redact",
     "store_class",
 ]
 
@@ -131,14 +133,39 @@ def store_class(url: str) -> type[Store]:
     return loaded
 
 
-def open_store(url: str | None = None, **options: Any) -> Store:
+def open_store(url: str | None = None, *, create: bool = True, **options: Any) -> Store:
     """Open the store named by ``url`` (default ``$DIBS_URL``, else ``sqlite:///dibs.db``).
 
     Keyword options go to the store's :meth:`~Store.from_url` (``clock=``,
-    ``request_retention=`` and backend-specific ones). Raises
-    :class:`~dibs.UnknownScheme` for a scheme no store handles and
-    :class:`~dibs.InvalidInput` for a malformed URL.
+    ``request_retention=`` and backend-specific ones). With ``create=False``
+    a store that does not exist yet (see :meth:`Store.exists`) is refused
+    with :class:`~dibs.StoreMisconfigured` instead of being created. Raises
+    :class:`~dibs.UnknownScheme` for a scheme no store handles,
+    :class:`~dibs.InvalidInput` for a malformed URL,
+    :class:`~dibs.StoreMisconfigured` for a store that cannot be opened as
+    configured and :class:`~dibs.StoreUnavailable` for one that cannot be
+    reached now.
     """
     if url is None:
         url = default_url()
-    return store_class(url).from_url(url, **options)
+    cls = store_class(url)
+    if not create and cls.exists(url, **options) is False:
+        where = redact(url)
+        raise StoreMisconfigured(
+            f"no dibs store exists at {where} yet (and create=False makes none)",
+            cause="the store does not exist",
+        )
+    return cls.from_url(url, **options)
+
+
+def redact(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``: safe for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.split("://", 1)[0] + "://…"
+    if password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))

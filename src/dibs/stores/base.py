@@ -8,6 +8,7 @@ every backend gets the same errors for the same bad input.
 from __future__ import annotations
 
 import abc
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -94,6 +95,7 @@ class Store(abc.ABC):
         self._closed = False
         self._made: dict[str, object] = {}
         self._made_lock = threading.Lock()  # guards _made
+        self._logger = logging.getLogger(_logger_name(type(self)))
 
     @classmethod
     @abc.abstractmethod
@@ -108,6 +110,17 @@ class Store(abc.ABC):
         cannot be reached, :class:`~dibs.SchemaError` for a schema newer than
         the code.
         """
+
+    @classmethod
+    def exists(cls, url: str, **options: Any) -> bool | None:
+        """Whether a store already exists at ``url``, found without creating anything.
+
+        ``dibs.open(url, create=False)`` asks this first, so that commands that
+        only read or maintain a store (``dibs sweep``) refuse to make a new, empty
+        one. None (the default) means this store cannot tell; it is then opened
+        as usual. Raises like :meth:`from_url` when the store cannot be reached.
+        """
+        return None
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -153,7 +166,11 @@ class Store(abc.ABC):
         released, or ``fence`` is not the claim's.
         """
         self._check_open()
-        return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        try:
+            return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        except HoldLost as exc:
+            self._log_lost("confirm", exc)
+            raise
 
     def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
         """Push a live hold's expiry to ``ttl`` seconds from now on the store's clock.
@@ -164,9 +181,13 @@ class Store(abc.ABC):
         self._check_open()
         ttl_seconds = check_ttl(ttl, allow_none=False)
         assert ttl_seconds is not None
-        return self._extend(
-            check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
-        )
+        try:
+            return self._extend(
+                check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
+            )
+        except HoldLost as exc:
+            self._log_lost("extend", exc)
+            raise
 
     def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
         """Give up a live hold or confirmed claim; True if this call released it.
@@ -177,7 +198,11 @@ class Store(abc.ABC):
         ``fence``) when ``fence`` is not the claim's.
         """
         self._check_open()
-        return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        try:
+            return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+        except HoldLost as exc:
+            self._log_lost("release", exc)
+            raise
 
     def get(self, claim_id: str) -> Claim | None:
         """Return the claim with this ID as stored now, or None."""
@@ -214,7 +239,17 @@ class Store(abc.ABC):
         in any number of processes.
         """
         self._check_open()
-        return self._sweep()
+        result = self._sweep()
+        if result.expired or result.purged_requests or result.purged_claims:
+            self._logger.info(
+                "sweep: expired %d dead holds, purged %d request records and %d ended claims",
+                result.expired,
+                result.purged_requests,
+                result.purged_claims,
+            )
+        else:
+            self._logger.debug("sweep: nothing to do")
+        return result
 
     def close(self) -> None:
         """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`."""
@@ -275,6 +310,10 @@ class Store(abc.ABC):
 
     # --- for backends ---------------------------------------------------------------------------
 
+    def _log_lost(self, operation: str, exc: HoldLost) -> None:
+        # DEBUG: a lost hold is the caller's to handle, and may come once per claim.
+        self._logger.debug("%s of claim %s: hold lost (%s)", operation, exc.claim_id, exc.reason)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
@@ -319,6 +358,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _close(self) -> None: ...
+
+
+def _logger_name(cls: type[Store]) -> str:
+    """``dibs.stores.<package>`` for a built-in store, ``dibs.stores.<scheme>`` for a plug-in."""
+    for klass in cls.__mro__:  # a subclass of a built-in store logs as that store
+        module = klass.__module__
+        if module.startswith("dibs.stores.") and klass is not Store:
+            return module
+    return f"dibs.stores.{getattr(cls, 'scheme', 'plugin')}"
 
 
 # --- errors every backend raises, worded once -------------------------------------------------

@@ -232,6 +232,11 @@ class MemoryStore(Store):
             )
         return cls(**options)
 
+    @classmethod
+    def exists(cls, url: str, **options: Any) -> bool:
+        """Never: a memory:// store is born empty in the process that opens it."""
+        return False
+
     def _now_us(self) -> int:
         return round(self._clock_now() * 1_000_000)
 

@@ -14,7 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from dibs._cli_options import add_store_option
+from dibs._cli_options import (
+    add_store_option,
+    count,
+    positive_int,
+    seconds,
+    seconds_or_zero,
+    whole_number,
+)
 from dibs.exceptions import InvalidInput
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
@@ -47,14 +54,14 @@ def add_verify_command(
         ),
     )
     add_store_option(p, "store to verify", default="memory://", default_help="memory://")
-    p.add_argument("--clients", type=_positive, default=d.clients, help="client processes")
-    p.add_argument("--ops", type=_positive, default=d.ops, help="operations per client")
+    p.add_argument("--clients", type=positive_int, default=d.clients, help="client processes")
+    p.add_argument("--ops", type=positive_int, default=d.ops, help="operations per client")
     p.add_argument(
         "--faults",
         default="",
         help=f"comma-separated faults: {', '.join(FAULTS)} (default none)",
     )
-    p.add_argument("--ttl", type=float, default=d.ttl, help="base hold TTL in seconds")
+    p.add_argument("--ttl", type=seconds, default=d.ttl, help="base hold TTL in seconds")
     p.add_argument(
         "--ttl-spread",
         metavar="X,Y,...",
@@ -76,7 +83,7 @@ def add_verify_command(
     )
     p.add_argument(
         "--sweep-interval",
-        type=float,
+        type=seconds_or_zero,
         default=d.sweep_interval,
         metavar="SECONDS",
         help=(
@@ -86,20 +93,20 @@ def add_verify_command(
     )
     p.add_argument(
         "--fault-interval",
-        type=float,
+        type=seconds,
         default=d.fault_interval,
         metavar="SECONDS",
         help="seconds between fault rounds (default %(default)s)",
     )
     p.add_argument(
         "--restart-every",
-        type=_positive,
+        type=positive_int,
         default=d.restart_every,
         metavar="N",
         help="the restart fault restarts the server every N fault rounds (default %(default)s)",
     )
-    p.add_argument("--resources", type=_positive, default=d.resources, help="unit resources")
-    p.add_argument("--seed", type=int, default=0, help="seed for the clients' choices")
+    p.add_argument("--resources", type=positive_int, default=d.resources, help="unit resources")
+    p.add_argument("--seed", type=whole_number, default=0, help="seed for the clients' choices")
     p.add_argument("--history", metavar="FILE", help="keep the history here (JSON lines)")
     p.add_argument(
         "--plant",
@@ -155,9 +162,9 @@ def add_verify_command(
         "a store whose job table is empty, instead of a fresh SQLite file",
         default_help="a fresh SQLite file at FILE",
     )
-    t.add_argument("--workers", type=_positive, default=3, help="worker processes")
-    t.add_argument("--jobs", type=_positive, default=600, help="one-off jobs")
-    t.add_argument("--duration", type=float, default=8.0, help="seconds of faults at least")
+    t.add_argument("--workers", type=positive_int, default=3, help="worker processes")
+    t.add_argument("--jobs", type=positive_int, default=600, help="one-off jobs")
+    t.add_argument("--duration", type=seconds, default=8.0, help="seconds of faults at least")
     t.add_argument("--json", action="store_true", help="print the figures as JSON")
     t.set_defaults(run=_run_tasks)
 
@@ -165,26 +172,26 @@ def add_verify_command(
 def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget",
-        type=float,
+        type=seconds,
         default=10.0,
         help="seconds of search per resource before its verdict is unknown (default 10)",
     )
     p.add_argument(
         "--shrink",
-        type=float,
+        type=seconds_or_zero,
         default=10.0,
         help="seconds spent shrinking each offending sub-history (default 10)",
     )
     p.add_argument(
         "--witnesses",
-        type=int,
+        type=count,
         default=3,
         metavar="N",
         help="shrink and explain the first N non-linearizable resources (default 3)",
     )
     p.add_argument(
         "--log-anomalies",
-        type=int,
+        type=count,
         default=10,
         metavar="N",
         help="print the first N log-replay anomalies in full (default 10)",
@@ -199,13 +206,6 @@ def _check_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the figures, anomaly kinds, witnesses and their op IDs as JSON",
     )
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _run_verify(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ committed: retry with the same request ID to learn which.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -44,7 +45,7 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool, PoolClosed
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from dibs._clock import Clock
 from dibs._model import (
@@ -84,10 +85,13 @@ from dibs.stores.base import (
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
+from dibs.stores.postgres._connect import RecordingPool, cause_of, describe, first_connection
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_id", "split_url"]
+
+logger = logging.getLogger("dibs.stores.postgres")
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -222,7 +226,9 @@ class PostgresStore(Store):
             # A mistake, not an outage: refuse now, rather than let the pool
             # retry it until pool_timeout and call it unavailable.
             raise InvalidInput(
-                f"not a valid PostgreSQL connection string: {exc}", field="url", value=str(exc)
+                f"not a valid PostgreSQL connection string: {cause_of(exc)}",
+                field="url",
+                value=cause_of(exc),
             ) from None
         self.schema = schema
         self.max_retries = max_retries
@@ -236,15 +242,17 @@ class PostgresStore(Store):
         self._conninfo = conninfo
         self._fork_lock = threading.Lock()
         self._pid = os.getpid()
+        self._where = describe(conninfo)
+        self._failing = False  # the last call failed for want of the server (logged once)
+        # The first open connects directly, not through a pool: a refusal is raised now
+        # with libpq's cause, where a pool would retry it quietly until pool_timeout.
+        with first_connection(conninfo, float(pool_timeout)) as conn:
+            self._create_schema(conn, create_extension)
         self._own_pool = self._new_pool()
-        try:
-            self._create_schema(create_extension)
-        except BaseException:
-            self._own_pool.close()
-            raise
+        logger.debug("opened the PostgreSQL store at %s, schema %r", self._where, schema)
 
-    def _new_pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
-        pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+    def _new_pool(self) -> RecordingPool:
+        pool = RecordingPool(
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-{self.schema}",
@@ -255,7 +263,7 @@ class PostgresStore(Store):
         return pool
 
     @property
-    def _pool(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+    def _pool(self) -> RecordingPool:
         """This process's pool. A forked child opens its own and never touches the parent's.
 
         The parent's connections share their sockets with the child: a query
@@ -267,6 +275,12 @@ class PostgresStore(Store):
                 if self._pid != os.getpid():
                     abandon(self._own_pool)
                     self._own_pool = self._new_pool()
+                    logger.info(
+                        "forked child %d: the parent's (%d) PostgreSQL connections are left "
+                        "alone, and this process opened a pool of its own",
+                        os.getpid(),
+                        self._pid,
+                    )
                     self._pid = os.getpid()
         return self._own_pool
 
@@ -282,6 +296,18 @@ class PostgresStore(Store):
         """
         conninfo, ours = split_url(url)
         return cls(conninfo, **{**ours, **options})
+
+    @classmethod
+    def exists(cls, url: str, **options: Any) -> bool:
+        """Whether the database holds this store's schema; creates nothing.
+
+        Raises :class:`~dibs.StoreMisconfigured` or :class:`~dibs.StoreUnavailable`
+        when the database cannot be reached, as opening does.
+        """
+        conninfo, ours = split_url(url)
+        merged = {**ours, **options}
+        with first_connection(conninfo, float(merged.get("pool_timeout", 10.0))) as conn:
+            return schema_version(conn, str(merged.get("schema", "dibs"))) > 0
 
     # --- the one boundary with the driver -------------------------------------------------------
 
@@ -319,17 +345,26 @@ class PostgresStore(Store):
             )
 
         try:
-            return retrying(
+            answer = retrying(
                 attempt,
                 transient=lambda exc: isinstance(exc, _RETRY),
                 gave_up=gave_up,
                 attempts=self.max_retries + 1,
                 delay=0.002,
                 max_delay=0.25,
+                logger=logger,
             )
         except (psycopg.Error, UnicodeError) as exc:
             mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
-            raise (mapped or self._translate(exc, params, answered=answered)) from exc
+            error = mapped or self._translate(exc, params, answered=answered)
+            if isinstance(error, StoreUnavailable) and not self._failing:
+                self._failing = True  # once per outage, not once per call
+                logger.warning("%s", error)
+            raise error from exc
+        if self._failing:
+            self._failing = False
+            logger.info("the PostgreSQL store at %s answers again", self._where)
+        return answer
 
     def _translate(
         self, exc: psycopg.Error | UnicodeError, params: Sequence[Any], *, answered: bool
@@ -346,6 +381,12 @@ class PostgresStore(Store):
             # a program limit such as an index row too big for its page).
             return _bad_input(exc, params)
         where = f" ({sqlstate})" if sqlstate else ""
+        if isinstance(exc, PoolTimeout) and self._own_pool.last_error:
+            return StoreUnavailable(
+                f"PostgreSQL store at {self._where} unavailable: {exc}; the last connection "
+                f"attempt failed: {self._own_pool.last_error}",
+                cause=self._own_pool.last_error,
+            )
         # Anything else is the server's or the connection's trouble, and may
         # pass: connection loss, shutdown, statement_timeout, lock_timeout
         # (55P03), a read-only standby (25006), a pool closed underneath. A
@@ -375,29 +416,26 @@ class PostgresStore(Store):
 
     # --- schema -----------------------------------------------------------------------------------
 
-    def _create_schema(self, create_extension: bool) -> None:
+    def _create_schema(self, conn: psycopg.Connection[TupleRow], create_extension: bool) -> None:
         s = sql.Identifier(self.schema)
         try:
-            with self._pool.connection() as conn:
+            version = schema_version(conn, self.schema)
+            if version == SCHEMA_VERSION:
+                return
+            with conn.transaction():
+                # One creator at a time across every host; the others wait, then
+                # find the schema at the current version.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs:{self.schema}",))
                 version = schema_version(conn, self.schema)
-                if version == SCHEMA_VERSION:
-                    return
-                with conn.transaction():
-                    # One creator at a time across every host; the others wait, then
-                    # find the schema at the current version.
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs:{self.schema}",)
-                    )
-                    version = schema_version(conn, self.schema)
-                    CLAIMS.check(version, f"PostgreSQL schema {self.schema!r}")
-                    if version == 0:
-                        self._ensure_extension(conn, create_extension)
-                        exists = conn.execute(
-                            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
-                        ).fetchone()
-                        if not exists:  # a schema made for us needs no CREATE on the database
-                            conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
-                    upgrade(conn, self.schema, CLAIMS)
+                CLAIMS.check(version, f"PostgreSQL schema {self.schema!r}")
+                if version == 0:
+                    self._ensure_extension(conn, create_extension)
+                    exists = conn.execute(
+                        "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
+                    ).fetchone()
+                    if not exists:  # a schema made for us needs no CREATE on the database
+                        conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
+                upgrade(conn, self.schema, CLAIMS)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SchemaError(
                 f"cannot create dibs schema {self.schema!r}: {exc}. Grant CREATE on the "

@@ -32,6 +32,7 @@ is no cure: SQLite's cleanup on close may delete the WAL under other processes
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
-from dibs.exceptions import StoreClosed, StoreUnavailable
+from dibs.exceptions import StoreClosed, StoreMisconfigured, StoreUnavailable
 from dibs.stores._fork import abandon
 from dibs.stores._retry import retrying
 
@@ -51,6 +52,8 @@ IDLE_LIMIT = 16
 """Idle connections a pool keeps; more are closed when they come back."""
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("dibs.stores.sqlite")
 
 # Pools of this process, for the fork hooks. The lock guards the set; the fork hooks hold it
 # from before the fork until after it, so no pool is created halfway through a fork.
@@ -87,6 +90,8 @@ class SQLitePool:
         self.busy_timeout = busy_timeout
         self.synchronous = synchronous
         self.memory = path == ":memory:"
+        # The last call failed (logged once per outage); unguarded: a race costs a log line.
+        self._failing = False
         self._cond = threading.Condition(threading.Lock())  # guards every field below
         self._idle: list[sqlite3.Connection] = []  # LIFO: the warmest statement cache first
         self._busy: dict[sqlite3.Connection, int] = {}  # checked out -> owner thread ident
@@ -150,9 +155,25 @@ class SQLitePool:
             )
 
         try:
-            return retrying(work, transient=_busy, gave_up=gave_up, seconds=self.busy_timeout)
+            answer = retrying(
+                work, transient=_busy, gave_up=gave_up, seconds=self.busy_timeout, logger=logger
+            )
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            raise
         except sqlite3.DatabaseError as exc:
-            raise StoreUnavailable(f"SQLite store {self.path!r}: {exc}") from exc
+            error = StoreUnavailable(f"SQLite store {self.path!r}: {exc}")
+            self._failed(error)
+            raise error from exc
+        if self._failing:
+            self._failing = False
+            logger.info("SQLite store %r answers again", self.path)
+        return answer
+
+    def _failed(self, error: StoreUnavailable) -> None:
+        if not self._failing:  # once per outage, not once per call
+            self._failing = True
+            logger.warning("%s", error)
 
     def close(self) -> None:
         """Close idle connections now, and busy ones as they come back."""
@@ -231,7 +252,7 @@ class SQLitePool:
                 cached_statements=256,
             )
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path!r}: {exc}") from exc
+            raise _open_error(self.path, exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -308,6 +329,24 @@ class SQLitePool:
             if self._file is not None:
                 _refused_files[self._file] = why
         self._pid = pid
+
+
+def _open_error(path: str, exc: sqlite3.Error) -> StoreMisconfigured | StoreUnavailable:
+    """Why SQLite could not open ``path`` (it only says "unable to open database file")."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        why = f"the directory {folder!r} does not exist; create it first"
+    elif not os.path.isdir(folder):
+        why = f"{folder!r} is not a directory"
+    elif os.path.isdir(path):
+        why = "it is a directory, not a database file"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        why = f"this process may not create files in {folder!r}"
+    elif os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        why = "this process may not read and write it"
+    else:
+        return StoreUnavailable(f"cannot open SQLite store {path!r}: {exc}")
+    return StoreMisconfigured(f"cannot open SQLite store {path!r}: {why}", cause=why)
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

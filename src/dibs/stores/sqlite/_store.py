@@ -133,6 +133,18 @@ class SQLiteStore(Store):
         Query options: ``synchronous``, ``busy_timeout`` (seconds),
         ``request_retention`` (seconds).
         """
+        path, query = cls._split_url(url)
+        return cls(path, **{**query, **options})
+
+    @classmethod
+    def exists(cls, url: str, **options: Any) -> bool:
+        """Whether the SQLite file exists (``:memory:`` always does); nothing is created."""
+        path, _ = cls._split_url(url)
+        return path == ":memory:" or os.path.isfile(path)
+
+    @staticmethod
+    def _split_url(url: str) -> tuple[str, dict[str, Any]]:
+        """The file path and the options of a ``sqlite://`` URL; raises InvalidInput."""
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost"):
             raise InvalidInput(
@@ -162,7 +174,7 @@ class SQLiteStore(Store):
                 field="url",
                 value=url,
             )
-        return cls(path, **{**query, **options})
+        return path, query
 
     # --- connections and transactions -----------------------------------------------------------
 

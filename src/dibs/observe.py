@@ -1,0 +1,307 @@
+"""OpenTelemetry spans and metrics around a store's calls, for those who ask: ``instrument(store)``.
+
+Off by default and free when off: nothing in dibs imports OpenTelemetry
+until :func:`instrument` is called, and an uninstrumented store runs exactly
+the code it always did. The ``otel`` extra installs the API
+(``pip install 'dibs[otel]'``); the application installs and configures an
+SDK and exporter as usual, or passes providers here.
+
+Each call of the contract (``claim``, ``confirm``, ``extend``, ``release``,
+``get``, ``holder_of``, ``claims_of``, ``sweep``) becomes one span named
+``dibs.<operation>`` (kind CLIENT) with these attributes:
+
+* ``dibs.store``: the store's scheme (``memory``, ``sqlite``, ``postgresql``…);
+* ``dibs.operation``: the operation;
+* ``dibs.outcome``: ``granted``, ``taken`` or ``replayed`` for a claim,
+  ``ok`` for the rest, ``error`` when it raised;
+* ``dibs.targets``: how many targets a claim names;
+* ``error.type``: the exception's class when it raised (the span's status is
+  then ERROR; the exception's message is not recorded, since it may name a
+  holder).
+
+Holder names, resources, slots, claim and request IDs are never recorded:
+they may be personal data. Two instruments are recorded on the meter
+``dibs``:
+
+* ``dibs.claims`` (counter, ``{claim}``): claims by ``dibs.store`` and ``dibs.outcome``;
+* ``dibs.operation.duration`` (histogram, seconds): every call by
+  ``dibs.store``, ``dibs.operation`` and ``dibs.outcome``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs.exceptions import InvalidInput
+from dibs.stores.base import Store
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.jobs import JobTable
+
+__all__ = ["InstrumentedStore", "instrument"]
+
+_T = TypeVar("_T")
+
+_classes: dict[type[Store], type[InstrumentedStore]] = {}
+
+
+def instrument(
+    store: Store,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> InstrumentedStore:
+    """``store`` with a span and metrics around every call; the same store, claims and errors.
+
+    Uses the global tracer and meter providers unless others are given.
+    Closing the returned store closes ``store``. Raises
+    :class:`~dibs.InvalidInput` for something that is not a store, and
+    ``ImportError`` when ``opentelemetry-api`` is not installed.
+    """
+    if isinstance(store, InstrumentedStore):
+        return store
+    if not isinstance(store, Store):
+        raise InvalidInput(
+            f"instrument() takes a dibs store, got {store!r}", field="store", value=store
+        )
+    try:
+        from opentelemetry import metrics, trace  # noqa: PLC0415  (optional: only when asked)
+    except ImportError as exc:  # pragma: no cover - the otel extra is installed in tests
+        raise ImportError(
+            f"dibs.observe needs OpenTelemetry: pip install 'dibs[otel]' ({exc})"
+        ) from exc
+    import dibs  # noqa: PLC0415  (dibs imports this module's users; here only for the version)
+
+    tracer = trace.get_tracer("dibs", dibs.__version__, tracer_provider=tracer_provider)
+    meter = metrics.get_meter("dibs", dibs.__version__, meter_provider=meter_provider)
+    cls = _classes.get(type(store))
+    if cls is None:
+        # A subclass per store class, so that the class-level facts (scheme,
+        # in_process, local_clock, verify_faults) read as the wrapped store's.
+        cls = type(
+            f"Instrumented{type(store).__name__}",
+            (InstrumentedStore,),
+            {
+                "scheme": getattr(type(store), "scheme", "plugin"),
+                "in_process": type(store).in_process,
+                "local_clock": type(store).local_clock,
+                "verify_faults": type(store).verify_faults,
+                "__module__": __name__,
+            },
+        )
+        _classes[type(store)] = cls
+    return cls(store, tracer, meter)
+
+
+class InstrumentedStore(Store):
+    """A store whose calls are traced and measured; everything else is the wrapped store's.
+
+    Made by :func:`instrument`. Attributes the wrapped store has and this
+    class does not (``path``, ``schema``…) are read from it.
+    """
+
+    scheme = "instrumented"
+
+    def __init__(self, store: Store, tracer: Any, meter: Any) -> None:
+        super().__init__(clock=store.clock, request_retention=store.request_retention)
+        from opentelemetry.context import attach, detach  # noqa: PLC0415
+        from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context  # noqa: PLC0415
+
+        self.store = store
+        """The wrapped store."""
+        self._tracer = tracer
+        self._kind = SpanKind.CLIENT
+        self._error = StatusCode.ERROR
+        self._attach = attach
+        self._detach = detach
+        self._in_context = set_span_in_context
+        self._claims = meter.create_counter(
+            "dibs.claims", unit="{claim}", description="Claims, by store and outcome"
+        )
+        self._duration = meter.create_histogram(
+            "dibs.operation.duration",
+            unit="s",
+            description="Duration of store calls, by store, operation and outcome",
+        )
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Open the store ``url`` names (as :func:`dibs.open` does) and instrument it."""
+        from dibs.stores import open_store  # noqa: PLC0415  (the registry imports the stores)
+
+        return instrument(open_store(url, **options))  # type: ignore[return-value]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names this class lacks: the wrapped store's own attributes.
+        if name.startswith("__") or name == "store":
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def __repr__(self) -> str:
+        return f"instrument({self.store!r})"
+
+    # --- the traced calls -----------------------------------------------------------------------
+
+    def _traced(
+        self,
+        operation: str,
+        call: Callable[[], _T],
+        outcome: Callable[[_T], str] | None = None,
+        targets: int | None = None,
+    ) -> _T:
+        attributes: dict[str, str | int] = {"dibs.store": self.scheme, "dibs.operation": operation}
+        if targets is not None:
+            attributes["dibs.targets"] = targets
+        span = self._tracer.start_span(f"dibs.{operation}", kind=self._kind, attributes=attributes)
+        # Attached by hand rather than with start_as_current_span(): two context
+        # managers fewer per call, and no exception recorded (its message may name
+        # a holder).
+        token = self._attach(self._in_context(span))
+        started = time.perf_counter()
+        try:
+            result = call()
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            span.set_attribute("dibs.outcome", "error")
+            span.set_status(self._error)
+            self._measure(operation, "error", started, counted=outcome is not None)
+            raise
+        else:
+            said = outcome(result) if outcome is not None else "ok"
+            span.set_attribute("dibs.outcome", said)
+            self._measure(operation, said, started, counted=outcome is not None)
+            return result
+        finally:
+            self._detach(token)
+            span.end()
+
+    def _measure(self, operation: str, outcome: str, started: float, *, counted: bool) -> None:
+        seconds = time.perf_counter() - started
+        labels = {"dibs.store": self.scheme, "dibs.outcome": outcome}
+        if counted:
+            self._claims.add(1, labels)
+        self._duration.record(seconds, {**labels, "dibs.operation": operation})
+
+    def claim(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        request_id: str | None = None,
+        ttl: float | None = None,
+    ) -> ClaimResult:
+        """Traced :meth:`Store.claim`."""
+        # Counted only when that costs nothing: an iterator is the store's to consume.
+        count = (
+            1
+            if isinstance(targets, Unit | Span)
+            else len(targets)
+            if isinstance(targets, list | tuple | set | frozenset)
+            else None
+        )
+        return self._traced(
+            "claim",
+            lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+            _claim_outcome,
+            count,
+        )
+
+    def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+        """Traced :meth:`Store.confirm`."""
+        return self._traced(
+            "confirm", lambda: self.store.confirm(claim_id, holder=holder, fence=fence)
+        )
+
+    def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+        """Traced :meth:`Store.extend`."""
+        return self._traced(
+            "extend", lambda: self.store.extend(claim_id, holder=holder, fence=fence, ttl=ttl)
+        )
+
+    def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+        """Traced :meth:`Store.release`."""
+        return self._traced(
+            "release", lambda: self.store.release(claim_id, holder=holder, fence=fence)
+        )
+
+    def get(self, claim_id: str) -> Claim | None:
+        """Traced :meth:`Store.get`."""
+        return self._traced("get", lambda: self.store.get(claim_id))
+
+    def holder_of(self, target: Unit | Span) -> str | None:
+        """Traced :meth:`Store.holder_of`."""
+        return self._traced("holder_of", lambda: self.store.holder_of(target))
+
+    def claims_of(self, holder: str) -> list[Claim]:
+        """Traced :meth:`Store.claims_of`."""
+        return self._traced("claims_of", lambda: self.store.claims_of(holder))
+
+    def sweep(self) -> SweepResult:
+        """Traced :meth:`Store.sweep`."""
+        return self._traced("sweep", self.store.sweep)
+
+    # --- the rest is the wrapped store's ---------------------------------------------------------
+
+    def job_table(self) -> JobTable | None:
+        """The wrapped store's job table (its calls are not traced)."""
+        return self.store.job_table()
+
+    def change_feed(self) -> ChangeFeed | None:
+        """The wrapped store's change feed."""
+        return self.store.change_feed()
+
+    def claim_log(self) -> ClaimLog | None:
+        """The wrapped store's claim log."""
+        return self.store.claim_log()
+
+    def integrity_check(self) -> str | None:
+        """The wrapped store's integrity check."""
+        return self.store.integrity_check()
+
+    def _now(self) -> float:
+        return self.store._now()
+
+    def _close(self) -> None:
+        self.store.close()
+
+    # The contract's _-methods are never reached (the public methods above
+    # delegate whole), but a Store must define them.
+
+    def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        return self.store._claim(targets, holder, request_id, ttl)
+
+    def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        return self.store._confirm(claim_id, holder, fence)
+
+    def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        return self.store._extend(claim_id, holder, fence, ttl)
+
+    def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        return self.store._release(claim_id, holder, fence)
+
+    def _get(self, claim_id: str) -> Claim | None:
+        return self.store._get(claim_id)
+
+    def _holder_of(self, target: Unit | Span) -> str | None:
+        return self.store._holder_of(target)
+
+    def _claims_of(self, holder: str) -> list[Claim]:
+        return self.store._claims_of(holder)
+
+    def _sweep(self) -> SweepResult:
+        return self.store._sweep()
+
+
+def _claim_outcome(result: ClaimResult) -> str:
+    if result.replayed:
+        return "replayed"
+    return "granted" if result else "taken"

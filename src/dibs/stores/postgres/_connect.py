@@ -1,0 +1,127 @@
+"""Opening connections to PostgreSQL, and telling a mistake from an outage.
+
+A store's first open makes one direct connection (no pool yet), so a refusal
+comes back at once with libpq's own words instead of after ``pool_timeout``
+of background retries and their log lines. libpq gives no SQLSTATE for a
+connection it could not open, only a message, so :func:`connect_error` reads
+it: the server's refusals that no retry can fix (authentication, a missing
+database or role, ``pg_hba.conf``, a rejected option) are
+:class:`~dibs.StoreMisconfigured`; everything else (refused, timed out, the
+server starting up or full, a name that does not resolve yet) is
+:class:`~dibs.StoreUnavailable`, with the cause. A server whose messages are
+not in English falls on the retryable side, still with its cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from dibs.exceptions import StoreMisconfigured, StoreUnavailable
+
+__all__ = ["RecordingPool", "connect_error", "first_connection"]
+
+logger = logging.getLogger("dibs.stores.postgres")
+
+_QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+
+# Fragments of libpq's and the server's messages for refusals a retry cannot fix.
+_MISTAKES = (
+    "authentication failed",  # password, scram, md5, ident, peer, cert
+    "no password supplied",
+    "does not exist",  # database "x" / role "x"
+    "no pg_hba.conf entry",
+    "not permitted to log in",
+    "permission denied for database",
+    "invalid",  # libpq's own: invalid sslmode value, invalid port number, ...
+    "but ssl was required",
+    "unrecognized configuration parameter",
+)
+# Refusals that look like the above but pass: checked first.
+_PASSING = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "too many connections",
+    "remaining connection slots are reserved",
+)
+
+
+def cause_of(exc: BaseException) -> str:
+    """libpq's message on one line, without the repeated "connection failed:" prefix."""
+    text = " ".join(str(exc).split())
+    return text.removeprefix("connection failed: ")
+
+
+def connect_error(exc: psycopg.Error, where: str) -> StoreMisconfigured | StoreUnavailable:
+    """The dibs error for a connection to ``where`` that could not be opened."""
+    cause = cause_of(exc)
+    # Names the message quotes (a host "invalid.example", a database "x_does_not_exist")
+    # must not decide; only libpq's and the server's own words do.
+    low = _QUOTED.sub("", cause).lower()
+    pgconn = getattr(exc, "pgconn", None)
+    mistake = (pgconn is not None and bool(getattr(pgconn, "needs_password", False))) or (
+        not any(p in low for p in _PASSING) and any(m in low for m in _MISTAKES)
+    )
+    if mistake or isinstance(exc, psycopg.ProgrammingError):
+        return StoreMisconfigured(
+            f"cannot open the PostgreSQL store at {where}: {cause}. Retrying will not help: "
+            "check the user, password, database and options in the URL",
+            cause=cause,
+        )
+    return StoreUnavailable(f"cannot reach the PostgreSQL store at {where}: {cause}", cause=cause)
+
+
+def describe(conninfo: str) -> str:
+    """Where a conninfo points, for messages: host, port, database and user, never a password."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return "(unparsable conninfo)"
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    db = params.get("dbname") or params.get("user") or "?"
+    user = params.get("user")
+    return f"{host}:{port}/{db}" + (f" as {user!r}" if user else "")
+
+
+def first_connection(conninfo: str, timeout: float) -> psycopg.Connection[TupleRow]:
+    """One autocommit connection, made now; raises at once with libpq's cause.
+
+    ``timeout`` bounds a connect that hangs (a host that drops packets) when
+    the conninfo sets no ``connect_timeout`` of its own.
+    """
+    extra: dict[str, Any] = {}
+    if "connect_timeout" not in conninfo_to_dict(conninfo):
+        extra["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum is 2
+    try:
+        return psycopg.connect(conninfo, autocommit=True, **extra)
+    except psycopg.Error as exc:
+        error = connect_error(exc, describe(conninfo))
+        logger.debug("%s", error)  # raised, not logged louder: the caller reports it
+        raise error from exc
+
+
+class RecordingPool(ConnectionPool[psycopg.Connection[TupleRow]]):
+    """A pool that remembers why its last connection attempt failed, for the timeout's message.
+
+    psycopg_pool's own timeout says only "couldn't get a connection after N sec".
+    """
+
+    last_error: str | None = None
+
+    def _connect(self, timeout: float | None = None) -> psycopg.Connection[TupleRow]:
+        try:
+            conn = super()._connect(timeout)
+        except psycopg.Error as exc:
+            self.last_error = cause_of(exc)
+            raise
+        self.last_error = None
+        return conn

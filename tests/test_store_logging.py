@@ -1,0 +1,111 @@
+"""The stores log through ``logging`` as ``dibs.stores.<store>``, at levels an operator likes.
+
+Claims are silent at INFO however many there are; a sweep that did something
+is one INFO line; a lost hold and every retry are DEBUG; an outage is one
+WARNING when it starts and one INFO line when it ends (see
+tests/test_open_errors.py for PostgreSQL's).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+
+import dibs
+from dibs import FakeClock, HoldLost, StoreUnavailable, Unit
+from dibs.stores._retry import retrying
+
+LOGGERS = {
+    "memory": "dibs.stores.memory",
+    "sqlite": "dibs.stores.sqlite",
+    "postgresql": "dibs.stores.postgres",
+}
+
+
+def _ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("dibs.")]
+
+
+def test_claims_are_silent_at_info(store: dibs.Store, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="dibs"):
+        for i in range(200):
+            result = store.claim(Unit(f"seat-{i % 20}", "show"), holder=f"h{i}", ttl=60)
+            if result:
+                assert result.claim is not None
+                store.confirm(result.claim.id, holder=f"h{i}", fence=result.claim.fence)
+            store.holder_of(Unit(f"seat-{i % 20}", "show"))
+    assert _ours(caplog) == []
+
+
+def test_a_sweep_that_did_something_is_one_info_line(
+    store: dibs.Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="dibs"):
+        store.sweep()
+        idle = _ours(caplog)
+        assert [(r.name, r.levelno) for r in idle] == [(LOGGERS[store.scheme], logging.DEBUG)]
+        caplog.clear()
+        for i in range(3):
+            assert store.claim(Unit(f"seat-{i}"), holder="alice", ttl=5)
+        clock.advance(10)
+        assert store.sweep().expired == 3
+    [line] = _ours(caplog)
+    assert line.name == LOGGERS[store.scheme] and line.levelno == logging.INFO
+    assert "expired 3 dead holds" in line.getMessage()
+
+
+def test_a_lost_hold_is_debug_and_names_no_holder(
+    store: dibs.Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = store.claim(Unit("seat-1"), holder="alice-secret-name", ttl=5).claim
+    assert held is not None
+    clock.advance(10)
+    assert store.claim(Unit("seat-1"), holder="bob", ttl=5)  # takes the dead hold over
+    with caplog.at_level(logging.DEBUG, logger="dibs"), pytest.raises(HoldLost):
+        store.confirm(held.id, holder="alice-secret-name", fence=held.fence)
+    [line] = _ours(caplog)
+    assert line.levelno == logging.DEBUG and "taken_over" in line.getMessage()
+    assert held.id in line.getMessage() and "alice" not in line.getMessage()
+
+
+def test_each_retry_is_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
+    tries = []
+
+    def flaky() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "done"
+
+    log = logging.getLogger("dibs.stores.test")
+    with caplog.at_level(logging.DEBUG, logger="dibs"):
+        assert (
+            retrying(flaky, transient=lambda e: True, gave_up=lambda e, n: e, delay=0, logger=log)
+            == "done"
+        )
+    assert [(r.name, r.levelno) for r in caplog.records] == [
+        ("dibs.stores.test", logging.DEBUG),
+        ("dibs.stores.test", logging.DEBUG),
+    ]
+    assert "database is locked" in caplog.records[0].getMessage()
+
+
+def test_a_sqlite_outage_is_one_warning_then_one_info(
+    tmp_path: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = f"{tmp_path}/x.db"
+    with dibs.open(f"sqlite:///{path}?busy_timeout=0.05") as store:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # every write and read waits past busy_timeout
+        with caplog.at_level(logging.INFO, logger="dibs"):
+            for i in range(5):
+                with pytest.raises(StoreUnavailable):
+                    store.claim(Unit(f"seat-{i}"), holder="alice")
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            assert store.claim(Unit("seat-9"), holder="alice")
+            assert store.claim(Unit("seat-8"), holder="alice")
+    lines = [(r.name, r.levelno) for r in _ours(caplog)]
+    assert lines == [("dibs.stores.sqlite", logging.WARNING), ("dibs.stores.sqlite", logging.INFO)]
