@@ -15,14 +15,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import dibs
 from dibs._cli_options import add_store_option
 from dibs.exceptions import InvalidInput
-from dibs.stores import default_url, store_class
+from dibs.stores import default_url
 from dibs.stores.jobs import FINISHED_STATES, LIVE_STATES, Job, JobTable
 from dibs.tasks._jobs import job_table
 
@@ -133,39 +131,23 @@ def _seconds(text: str) -> float:
 
 @contextmanager
 def _existing_table(url: str | None) -> Iterator[tuple[dibs.Store, JobTable]]:
-    """The store at ``url`` and its job table; InvalidInput if there is no store there."""
+    """The store at ``url`` and its job table; refuses a store that does not exist.
+
+    Raises :class:`~dibs.InvalidInput` for memory:// (it holds no other
+    process's jobs) and :class:`~dibs.StoreMisconfigured` where no store exists.
+    """
     url = url or default_url()
-    _refuse_missing(url)
-    store = dibs.open(url)
-    try:
-        yield store, job_table(store)
-    finally:
-        store.close()
-
-
-def _refuse_missing(url: str) -> None:
-    scheme = url.partition(":")[0].lower()
-    if scheme == "memory":
+    if url.partition(":")[0].lower() == "memory":
         raise InvalidInput(
             "memory:// lives inside one process and holds no jobs another can see; "
             "give --store a sqlite:// or postgresql:// URL",
             field="store", value=url,
         )  # fmt: skip
-    if scheme == "sqlite":
-        path = unquote(urlsplit(url).path)
-        path = path[1:] if path.startswith("/") else path
-        if path == ":memory:" or not Path(path).is_file():
-            raise InvalidInput(
-                f"no dibs store at {url}: {path!r} does not exist (dibs jobs creates none)",
-                field="store", value=url,
-            )  # fmt: skip
-        return
-    # Other stores say whether they exist, when they can tell (PostgreSQL: its schema).
-    exists: Callable[[str], bool | None] | None = getattr(store_class(url), "exists", None)
-    if exists is not None and exists(url) is False:
-        raise InvalidInput(
-            f"no dibs store at {url} (dibs jobs creates none)", field="store", value=url
-        )
+    store = dibs.open(url, create=False)
+    try:
+        yield store, job_table(store)
+    finally:
+        store.close()
 
 
 # --- the subcommands -------------------------------------------------------------------------
