@@ -124,7 +124,7 @@ def to_record(job: Job) -> JobRecord:
         args, kwargs = None, None
     return JobRecord(
         id=job.id, name=job.name, state=job.state, attempt=job.attempt,
-        max_attempts=job.max_attempts, run_at=_when(job.run_at or 0.0) or datetime.now(UTC),
+        max_attempts=job.max_attempts, run_at=datetime.fromtimestamp(job.run_at or 0.0, UTC),
         result=json.loads(job.outcome) if done and job.outcome is not None else None,
         error=job.outcome if job.outcome_kind == "error" else None,
         schedule_id=job.schedule_id, queue=job.queue, priority=job.priority,
