@@ -247,21 +247,7 @@ def test_postgresql_wakes_workers_by_notify(pg_url: str, tmp_path: Path, clock: 
         place.close()
 
 
-def live_attempts(store: Store, processor: TaskProcessor, job_ids: list[str]) -> list[Unit]:
-    """The attempt units of these jobs that still have a live claim on the store."""
-    units: list[Unit] = []
-    for job_id in job_ids:
-        record = processor.job(job_id)
-        assert record is not None
-        units += [
-            Unit(job_id, str(n))
-            for n in range(1, record.attempt + 1)
-            if store.holder_of(Unit(job_id, str(n))) is not None
-        ]
-    return units
-
-
-def test_finished_attempts_leave_no_live_claims(fleet: Fleet, clock: FakeClock) -> None:
+def test_finished_attempts_hold_nothing(fleet: Fleet, clock: FakeClock) -> None:
     host = fleet.host(lease=1000)  # fake time jumps past short leases
     failed: set[str] = set()
 
@@ -286,66 +272,59 @@ def test_finished_attempts_leave_no_live_claims(fleet: Fleet, clock: FakeClock) 
     wait_for(lambda: len(occurrences()) == 6)
     host.unschedule("s")
     assert host.join(GUARD)
-    finished = jobs + occurrences()
-    assert all((r := host.job(j)) is not None and r.state == "done" for j in finished)
-    assert {host.job(j).attempt for j in jobs[10:]} == {2}  # type: ignore[union-attr]
-    # Every attempt ended with its claim: nothing stays claimed per finished job.
     assert host._durable is not None
+    table = host._durable.jobs
+    finished = [table.get(j) for j in jobs + occurrences()]
+    # Finishing ended every attempt's lease in the same statement: nothing stays held.
+    assert all(j is not None and j.state == "done" for j in finished)
+    assert all(j.holder is None and j.lease_expires is None for j in finished)  # type: ignore[union-attr]
+    assert {host.job(j).attempt for j in jobs[10:]} == {2}  # type: ignore[union-attr]
+    kinds = [[a.outcome_kind for a in table.get(j).attempts] for j in jobs[10:]]  # type: ignore[union-attr]
+    assert kinds == [["error", "ok"]] * 5
+    # Nor in the store: durable jobs take no claims.
     assert fleet.store.claims_of(host._durable.holder) == []
-    assert live_attempts(fleet.store, host, finished) == []
-    # So the store's sweeper purges them once they are past the retention, like the rows.
-    fleet.down()
-    clock.advance(fleet.store.request_retention + 1)
-    assert fleet.store.sweep().purged_claims >= len(finished) - 1
 
 
-def test_a_stale_read_cannot_run_a_finished_attempt_again(fleet: Fleet, clock: FakeClock) -> None:
+def test_a_stale_fence_changes_nothing(fleet: Fleet, clock: FakeClock) -> None:
     client = fleet.host(take_jobs=False)
     assert client._durable is not None
     jobs = client._durable.jobs
     job_id = client.enqueue("tick")
-    pending = jobs.get(job_id)
-    fleet.gate.clear()
-    worker = fleet.host()
-    assert worker._durable is not None
-    wait_for(lambda: fleet.runs == [job_id])
-    running = jobs.get(job_id)
-    assert pending is not None and running is not None and running.state == "running"
-    fleet.gate.set()
-    assert worker.join(GUARD)
-    wait_for(lambda: (r := client.job(job_id)) is not None and r.state == "done")
-    # A poller that read the row before the attempt ended: its claims are granted now
-    # (the attempt's claim was released), but the row refuses them, and it gives them back.
-    now = fleet.store.now().timestamp()
-    for stale in (pending, running):
-        assert not worker._durable._take(stale, now)
-    assert jobs.purge(now + 1) == 1
-    for stale in (pending, running):  # and the same once the row is gone
-        assert not worker._durable._take(stale, now)
-    assert worker.join(GUARD)
-    assert fleet.runs == [job_id]
-    assert fleet.store.holder_of(Unit(job_id, "1")) is None
-    assert fleet.store.holder_of(Unit(job_id, "2")) is None
+    (first,) = jobs.take(None, 5, 1.0, "a")  # a worker that then stalls past its lease
+    assert first.fence is not None
+    clock.advance(2)
+    assert jobs.reclaim() == 1
+    (second,) = jobs.take(None, 5, 1.0, "b")  # the next attempt, another fence
+    assert (second.attempt, second.fence) == (2, first.fence + 1)
+    # The stalled worker wakes: its heartbeat, finish and put-back all change nothing.
+    assert jobs.extend([(job_id, first.fence)], 1.0) == {}
+    assert jobs.finish(job_id, first.fence, "ok", "1") is None
+    assert not jobs.put_back(job_id, first.fence)
+    assert second.fence is not None
+    assert jobs.finish(job_id, second.fence, "ok", "2") == "done"
+    assert jobs.finish(job_id, second.fence, "ok", "3") is None  # recorded once
+    done = jobs.get(job_id)
+    assert done is not None and (done.state, done.outcome) == ("done", "2")
+    assert [(a.attempt, a.holder, a.outcome_kind) for a in done.attempts] == [
+        (1, "a", "lost"),
+        (2, "b", "ok"),
+    ]
+    assert jobs.take(None, 5, 1.0, "c") == []  # finished: never taken again
 
 
-def test_an_attempt_confirmed_by_a_dead_worker_is_settled_and_released(fleet: Fleet) -> None:
+def test_a_dead_workers_job_is_taken_over_after_its_lease(fleet: Fleet, clock: FakeClock) -> None:
     client = fleet.host(take_jobs=False)
     assert client._durable is not None
     jobs = client._durable.jobs
     job_id = client.enqueue("tick")
-    # A worker that died after its fenced confirm, before settling its proposal.
-    claim = fleet.store.claim(Unit(job_id, "1"), holder="gone", ttl=5).claim
-    assert claim is not None
-    assert jobs.start(job_id, 1, None, 1, claim.fence, claim.id)
-    assert jobs.propose(job_id, 1, claim.fence, "ok", "7")
-    fleet.store.confirm(claim.id, holder="gone", fence=claim.fence)
-    worker = fleet.host()
+    assert len(jobs.take(None, 1, 5.0, "gone")) == 1  # a worker that died mid-job
+    worker = fleet.host(lease=5)
+    clock.advance(6)  # its lease lapses on the store's clock
     wait_for(lambda: (r := client.job(job_id)) is not None and r.state == "done")
-    wait_for(lambda: fleet.store.holder_of(Unit(job_id, "1")) is None)
     assert worker.join(GUARD)
     record = client.job(job_id)
-    assert record is not None and record.result == 7 and record.attempt == 1
-    assert fleet.runs == []  # settled from the proposal, not run again
+    assert record is not None and record.attempt == 2
+    assert fleet.runs == [job_id]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured
 from dibs.service._cli import add_commands as add_service_commands
 from dibs.stores import default_url, redact, store_class
+from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
 from dibs.verify._cli import add_verify_command
 
@@ -266,6 +267,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_demo,
     _add_sweep,
     _add_worker,
+    add_jobs_command,  # jobs list|show|retry|cancel|purge (dibs.tasks)
     add_service_commands,  # serve, keys (dibs.service; needs the service extra only to run)
     add_verify_command,  # verify, verify check (dibs.verify)
 ]

@@ -3,68 +3,137 @@
 SQLite (:mod:`dibs.stores.sqlite._jobs`) and PostgreSQL
 (:mod:`dibs.stores.postgres._jobs`) subclass :class:`SQLJobs` and supply how to
 run work on a connection and the few words their SQL differs by
-(:class:`Dialect`). Every write to a taken job is conditional on the
-``(attempt, fence)`` the caller saw (see :mod:`dibs.stores.jobs`).
+(:class:`Dialect`). The hot path is three statements per job, each its own
+transaction (see :mod:`dibs.stores.jobs`):
+
+* **add**: ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` (PostgreSQL wraps it
+  in a CTE that also calls ``pg_notify``, still one statement);
+* **take**: ``WITH picked AS (SELECT id … ORDER BY priority DESC, run_at, id
+  LIMIT n FOR UPDATE SKIP LOCKED) UPDATE … SET state = 'running', fence = fence
+  + 1, holder, lease … RETURNING *`` — concurrent takers on PostgreSQL skip each
+  other's rows instead of racing for them; on SQLite the statement runs under
+  the file's write lock, which serializes takers anyway;
+* **finish**: ``UPDATE … WHERE id = ? AND fence = ? AND state = 'running'``,
+  which records the outcome, decides retry or final state, appends the attempt
+  to ``attempts_log`` and ends the lease, all at once. Zero rows: the lease was
+  taken over, and nothing changes.
 
 A schedule's evaluation runs in one transaction that first locks the
 schedule (SQLite: ``BEGIN IMMEDIATE`` takes the file's write lock;
 PostgreSQL: ``SELECT … FOR UPDATE`` on its row), so its watermark, its live
 job count and the jobs it adds are read and written as one, whatever the
 number of processes or hosts.
+
+Statements are written with named parameters (``:name``) and ``{now}``, the
+store's clock as the dialect reads it; the dialect turns them into its own.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dibs.stores.jobs import COLUMNS, Decide, Job, job_from_row, row_values
+from dibs.stores.jobs import (
+    COLUMN_NAMES,
+    COLUMNS,
+    FINISHED_STATES,
+    Decide,
+    Job,
+    job_from_row,
+    row_values,
+)
 
 __all__ = ["Dialect", "SQLJobs"]
+
+log = logging.getLogger("dibs.tasks")
 
 _T = TypeVar("_T")
 
 _LIVE = "state IN ('pending', 'running')"
+_FLOAT = "DOUBLE PRECISION"
+BATCH = 200
+"""Rows per multi-row INSERT in :meth:`SQLJobs.add_many`."""
 
-# "?" marks a parameter; {jobs}, {schedules} and {same} come from the dialect.
+# What a retried error needs: a delay, retries left, attempts left, no cancel asked.
+_RETRY = (
+    f"(CAST(:kind AS TEXT) = 'error' AND CAST(:delay AS {_FLOAT}) IS NOT NULL "
+    "AND failures < retries AND attempt < max_attempts AND cancel_requested = FALSE)"
+)
+_GIVE_UP = "(cancel_requested = TRUE OR attempt >= max_attempts)"
+
 _SQL = {
-    "insert": f"INSERT INTO {{jobs}} ({COLUMNS}) VALUES ({', '.join('?' * 17)}) "
-    "ON CONFLICT DO NOTHING",
-    "standing": f"SELECT id FROM {{jobs}} WHERE id = ? OR (key = ? AND {_LIVE}) LIMIT 1",
-    "get": f"SELECT {COLUMNS} FROM {{jobs}} WHERE id = ?",
-    "due": f"SELECT {COLUMNS} FROM {{jobs}} WHERE {_LIVE} AND run_at <= ? ORDER BY run_at LIMIT ?",
-    "find": f"SELECT {COLUMNS} FROM {{jobs}} ORDER BY run_at, id",
-    "find_schedule": f"SELECT {COLUMNS} FROM {{jobs}} WHERE schedule_id = ? ORDER BY run_at, id",
-    "start": "UPDATE {jobs} SET state = 'running', attempt = ?, fence = ?, claim_id = ?, "
-    "outcome_kind = NULL, outcome = NULL WHERE id = ? AND attempt = ? AND fence {same} ? "
-    f"AND {_LIVE}",
-    "propose": "UPDATE {jobs} SET outcome_kind = ?, outcome = ? "
-    "WHERE id = ? AND attempt = ? AND fence = ? AND state = 'running'",
-    "retry": "UPDATE {jobs} SET state = 'pending', attempt = attempt + 1, run_at = ?, "
-    "failures = failures + 1, fence = NULL, claim_id = NULL "
-    "WHERE id = ? AND attempt = ? AND fence {same} ? AND state = 'running'",
-    "finish": "UPDATE {jobs} SET state = ?, finished_at = ? "
-    "WHERE id = ? AND attempt = ? AND fence {same} ? AND state = 'running'",
+    "standing": f"SELECT id FROM {{jobs}} WHERE id = :id OR (key = :key AND {_LIVE}) LIMIT 1",
+    "get": f"SELECT {COLUMNS} FROM {{jobs}} WHERE id = :id",
+    "take": "WITH picked AS (SELECT j.id FROM {jobs} AS j "
+    "WHERE j.state = 'pending' AND j.run_at <= {now}{queues}{names} "
+    # A lock key's jobs go one at a time, oldest first: none while one is running,
+    # and only the oldest pending one (so one take never starts two of a key).
+    "AND (j.lock_key IS NULL OR NOT EXISTS (SELECT 1 FROM {jobs} AS r "
+    "WHERE r.lock_key = j.lock_key AND (r.state = 'running' OR (r.state = 'pending' "
+    "AND (r.run_at < j.run_at OR (r.run_at = j.run_at AND r.id < j.id)))))) "
+    "ORDER BY j.priority DESC, j.run_at, j.id LIMIT :limit{skip_locked}) "
+    "UPDATE {jobs} SET state = 'running', fence = COALESCE(fence, 0) + 1, "
+    f"holder = :holder, started_at = {{now}}, lease_expires = {{now}} + CAST(:ttl AS {_FLOAT}), "
+    "outcome_kind = NULL, outcome = NULL "
+    f"WHERE id IN (SELECT id FROM picked) AND state = 'pending' RETURNING {COLUMNS}",
+    "extend": f"UPDATE {{jobs}} SET lease_expires = {{now}} + CAST(:ttl AS {_FLOAT}) "
+    "WHERE state = 'running' AND {held} RETURNING id, fence, cancel_requested",
+    "finish": "UPDATE {jobs} SET "
+    "state = CASE WHEN CAST(:kind AS TEXT) = 'ok' THEN 'done' "
+    f"WHEN CAST(:kind AS TEXT) = 'cancelled' THEN 'cancelled' WHEN {_RETRY} THEN 'pending' "
+    "ELSE 'failed' END, "
+    f"run_at = CASE WHEN {_RETRY} THEN {{now}} + CAST(:delay AS {_FLOAT}) ELSE run_at END, "
+    f"attempt = CASE WHEN {_RETRY} THEN attempt + 1 ELSE attempt END, "
+    "failures = CASE WHEN CAST(:kind AS TEXT) = 'error' THEN failures + 1 ELSE failures END, "
+    f"finished_at = CASE WHEN {_RETRY} THEN NULL ELSE {{now}} END, "
+    "outcome_kind = :kind, outcome = :outcome, holder = NULL, lease_expires = NULL, "
+    "attempts_log = {log_kind} "
+    "WHERE id = :id AND fence = :fence AND state = 'running' RETURNING state, lock_key",
+    "put_back": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
+    "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
+    "reclaim": "UPDATE {jobs} SET "
+    "state = CASE WHEN cancel_requested = TRUE THEN 'cancelled' "
+    "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
+    "outcome_kind = CASE WHEN cancel_requested = TRUE THEN 'cancelled' "
+    "WHEN attempt >= max_attempts THEN 'lost' ELSE NULL END, "
+    f"attempt = CASE WHEN {_GIVE_UP} THEN attempt ELSE attempt + 1 END, "
+    f"finished_at = CASE WHEN {_GIVE_UP} THEN {{now}} ELSE NULL END, "
+    "holder = NULL, lease_expires = NULL, attempts_log = {log_lost} "
+    "WHERE state = 'running' AND (lease_expires IS NULL OR lease_expires <= {now}) "
+    "RETURNING id, state",
     # One statement: a pending job is cancelled, a running one flagged.
     "cancel": "UPDATE {jobs} SET "
     "state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END, "
     "outcome_kind = CASE WHEN state = 'pending' THEN 'cancelled' ELSE outcome_kind END, "
-    "finished_at = CASE WHEN state = 'pending' THEN ? ELSE finished_at END, "
+    "finished_at = CASE WHEN state = 'pending' THEN {now} ELSE finished_at END, "
     "cancel_requested = (state = 'running') "
-    f"WHERE id = ? AND {_LIVE}",
+    f"WHERE id = :id AND {_LIVE}",
     "cancel_requested": "SELECT id FROM {jobs} WHERE cancel_requested = TRUE "
-    "AND state = 'running' AND id IN ({ids})",
-    "seed_schedule": "INSERT INTO {schedules} (id, watermark) VALUES (?, NULL) "
+    "AND state = 'running' AND {ids}",
+    "retry": "UPDATE {jobs} SET state = 'pending', run_at = {now}, attempt = attempt + 1, "
+    "max_attempts = max_attempts + attempt, failures = 0, cancel_requested = FALSE, "
+    "finished_at = NULL, outcome_kind = NULL, outcome = NULL "
+    "WHERE id = :id AND state IN ('failed', 'cancelled') AND (key IS NULL OR NOT EXISTS "
+    f"(SELECT 1 FROM {{jobs}} AS o WHERE o.key = {{jobs}}.key AND o.{_LIVE}))",
+    "delete": "DELETE FROM {jobs} WHERE state IN ('done', 'failed', 'cancelled') AND {ids}",
+    "purge": "DELETE FROM {jobs} WHERE {states}{queues} "
+    f"AND finished_at + COALESCE(retention, CAST(:retention AS {_FLOAT})) < {{now}}",
+    "seed_schedule": "INSERT INTO {schedules} (id, watermark) VALUES (:id, NULL) "
     "ON CONFLICT DO NOTHING",
-    "watermark": "SELECT watermark FROM {schedules} WHERE id = ?{lock}",
-    "live": f"SELECT count(*) FROM {{jobs}} WHERE schedule_id = ? AND {_LIVE}",
-    "set_watermark": "INSERT INTO {schedules} (id, watermark) VALUES (?, ?) "
+    "watermark": "SELECT watermark FROM {schedules} WHERE id = :id{lock}",
+    "live": f"SELECT count(*) FROM {{jobs}} WHERE schedule_id = :id AND {_LIVE}",
+    "set_watermark": "INSERT INTO {schedules} (id, watermark) VALUES (:id, :watermark) "
     "ON CONFLICT (id) DO UPDATE SET watermark = excluded.watermark",
-    "purge": "DELETE FROM {jobs} WHERE state IN ('done', 'failed', 'cancelled') "
-    "AND finished_at < ?",
 }
+
+_PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z_0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -75,35 +144,105 @@ class Dialect:
     """The jobs table's name, qualified as the statements need it."""
     schedules: str
     """The schedules table's name, likewise."""
-    param: str
-    """The driver's parameter marker: ``?`` or ``%s``."""
-    same: str
-    """Null-safe equality: ``IS`` (SQLite) or ``IS NOT DISTINCT FROM`` (PostgreSQL)."""
+    named: str
+    """The driver's named parameter, ``{}`` for the name: ``:{}`` or ``%({})s``."""
+    now: str
+    """The store's clock in a statement (may use ``:now``)."""
+    in_list: str
+    """``{col} IN`` a list parameter ``{name}`` (SQLite: JSON text; PostgreSQL: an array)."""
+    held: str
+    """``(id, fence)`` of the row in the JSON list parameter ``:held``."""
+    log_append: str
+    """``attempts_log`` with one entry appended: ``{kind}`` and ``{now}`` are SQL."""
     lock_schedule: bool
     """Whether an evaluation must create and row-lock its schedule's row first (no file lock)."""
+    skip_locked: str
+    """What makes concurrent takers skip each other's rows (PostgreSQL) or nothing."""
+    json_lists: bool
+    """Whether list parameters are passed as JSON text (SQLite) rather than lists."""
+    insert_returning: str = "{insert} RETURNING id"
+    """How an INSERT reports the IDs it added (PostgreSQL also notifies ``:channel``)."""
+    channel: str | None = None
+    """The ``NOTIFY`` channel that wakes workers in other processes, if any."""
 
 
 class SQLJobs(abc.ABC):
     """The job table on a SQL database; subclasses say how to reach it. See :class:`JobTable`."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, clock: Callable[[], float | None]) -> None:
         self._dialect = dialect
-        self._sql = {name: self._statement(text) for name, text in _SQL.items()}
+        self._clock = clock
+        self._cache: dict[tuple[str, Any], Any] = {}
+        self._wakes: list[Callable[[], None]] = []
+        self._wake_lock = threading.Lock()
+        self._finished = threading.Condition()
 
-    def _statement(self, text: str, ids: int = 0) -> Any:
+    # --- building statements --------------------------------------------------------------
+
+    def _text(self, name: str, **parts: str) -> str:
         d = self._dialect
-        text = text.format(
-            jobs=d.jobs,
-            schedules=d.schedules,
-            same=d.same,
-            lock=" FOR UPDATE" if d.lock_schedule else "",
-            ids=", ".join("?" * ids) or "{ids}",
+        text = _SQL.get(name, name)
+
+        def log(kind: str) -> str:
+            return d.log_append.format(kind=kind, now="{now}")
+
+        fields = {
+            "jobs": d.jobs,
+            "schedules": d.schedules,
+            "lock": " FOR UPDATE" if d.lock_schedule else "",
+            "skip_locked": d.skip_locked,
+            "log_kind": log("CAST(:kind AS TEXT)"),
+            "log_lost": log("'lost'"),
+            "log_put_back": log("'put_back'"),
+            "held": d.held,
+            "queues": "",
+            "names": "",
+            "states": "",
+            "ids": "",
+            "now": "{now}",
+        }
+        fields.update(parts)
+        text = text.format(**fields).format(now=d.now)
+        return _PARAM.sub(lambda m: d.named.format(m.group(1)), text)
+
+    def _statement(self, name: str, variant: Any = None, **parts: str) -> Any:
+        key = (name, variant)
+        statement = self._cache.get(key)
+        if statement is None:
+            statement = self._cache[key] = self._prepare(self._text(name, **parts))
+        return statement
+
+    def _in(self, col: str, name: str) -> str:
+        return self._dialect.in_list.format(col=col, name=name)
+
+    def _list(self, values: Sequence[Any]) -> Any:
+        return json.dumps(list(values)) if self._dialect.json_lists else list(values)
+
+    def _insert_text(self, count: int) -> str:
+        values = []
+        for i in range(count):
+            row = []
+            for col in COLUMN_NAMES:
+                if col == "run_at":
+                    row.append(f"COALESCE(CAST(:run_at_{i} AS {_FLOAT}), {{now}})")
+                elif col == "enqueued_at":
+                    row.append("{now}")
+                else:
+                    row.append(f":{col}_{i}")
+            values.append(f"({', '.join(row)})")
+        insert = (
+            f"INSERT INTO {{jobs}} ({COLUMNS}) VALUES {', '.join(values)} ON CONFLICT DO NOTHING"
         )
-        return self._prepare(text.replace("?", d.param))
+        return self._dialect.insert_returning.format(insert=insert)
 
     def _prepare(self, text: str) -> Any:
         """The statement as the driver takes it."""
         return text
+
+    def _now(self, now: float | None) -> float | None:
+        return self._clock() if now is None else now
+
+    # --- how to reach the database (subclasses) -------------------------------------------
 
     @abc.abstractmethod
     def _atomic(self, work: Callable[[Any], _T]) -> _T:
@@ -114,90 +253,294 @@ class SQLJobs(abc.ABC):
         """
 
     @abc.abstractmethod
-    def _single(self, work: Callable[[Any], _T]) -> _T:
-        """Run ``work(conn)``, one statement, outside an explicit transaction; like _atomic."""
+    def _single(self, work: Callable[[Any], _T], write: bool = True) -> _T:
+        """Run ``work(conn)``, one statement, as its own transaction; like _atomic.
 
-    def _added(self, conn: Any) -> None:  # noqa: B027 - a hook; only PostgreSQL needs it
-        """Called in the transaction that added jobs (PostgreSQL notifies listeners)."""
+        ``write``: the statement writes (SQLite takes the write lock first, so that a
+        statement never has to upgrade a read snapshot that another writer moved on).
+        """
 
-    def _write(self, name: str, params: tuple[Any, ...]) -> bool:
-        return self._single(lambda conn: bool(conn.execute(self._sql[name], params).rowcount == 1))
+    @abc.abstractmethod
+    def _on_caller(self, connection: object, work: Callable[[Any], _T]) -> _T:
+        """Run ``work`` on the caller's own connection, inside its transaction.
 
-    def _rows(self, name: str, params: tuple[Any, ...]) -> list[Any]:
-        return self._single(lambda conn: conn.execute(self._sql[name], params).fetchall())
+        Raises :class:`~dibs.InvalidInput` for an object that is not this database's
+        connection; translates driver errors like :meth:`_atomic`.
+        """
 
-    def add(self, job: Job) -> str:
-        def work(conn: Any) -> str | None:
-            if conn.execute(self._sql["insert"], row_values(job)).rowcount == 1:
-                self._added(conn)
-                return job.id
-            row = conn.execute(self._sql["standing"], (job.id, job.key)).fetchone()
-            return None if row is None else str(row[0])
+    def _run(self, conn: Any, statement: Any, params: dict[str, Any]) -> Any:
+        """Execute on ``conn``; returns the cursor."""
+        return conn.execute(statement, params)
 
-        standing = self._atomic(work)
+    def _rows(self, statement: Any, params: dict[str, Any], write: bool = True) -> list[Any]:
+        return self._single(lambda conn: self._run(conn, statement, params).fetchall(), write)
+
+    # --- waking ---------------------------------------------------------------------------
+
+    def _local_wake(self) -> None:
+        with self._wake_lock:
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake()
+
+    def _add_local(self, wake: Callable[[], None]) -> Callable[[], None]:
+        with self._wake_lock:
+            self._wakes.append(wake)
+
+        def stop() -> None:
+            with self._wake_lock:
+                if wake in self._wakes:
+                    self._wakes.remove(wake)
+
+        return stop
+
+    def _finished_here(self) -> None:
+        with self._finished:
+            self._finished.notify_all()
+
+    # --- adding ---------------------------------------------------------------------------
+
+    def add(self, job: Job, connection: object | None = None) -> str:
+        return self.add_many([job], connection)[0]
+
+    def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
+        if not jobs:
+            return []
+        now = self._now(None)
+
+        def work(conn: Any) -> list[str | None]:
+            standing: list[str | None] = []
+            for start in range(0, len(jobs), BATCH):
+                chunk = jobs[start : start + BATCH]
+                params: dict[str, Any] = {"now": now, "channel": self._dialect.channel}
+                for i, job in enumerate(chunk):
+                    for col, value in zip(COLUMN_NAMES, row_values(job), strict=True):
+                        params[f"{col}_{i}"] = value
+                statement = self._statement(self._insert_text(len(chunk)), ("insert", len(chunk)))
+                added = {str(row[0]) for row in self._run(conn, statement, params).fetchall()}
+                for job in chunk:
+                    if job.id in added:
+                        standing.append(job.id)
+                        continue
+                    row = self._run(
+                        conn, self._statement("standing"), {"id": job.id, "key": job.key}
+                    ).fetchone()
+                    standing.append(None if row is None else str(row[0]))
+            return standing
+
+        result = self._atomic(work) if connection is None else self._on_caller(connection, work)
+        self._local_wake()
         # None: the live job holding the key finished in between (no file lock on PostgreSQL).
-        return self.add(job) if standing is None else standing
+        return [
+            self.add(job, connection) if found is None else found
+            for job, found in zip(jobs, result, strict=True)
+        ]
+
+    # --- reading --------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job | None:
-        rows = self._rows("get", (job_id,))
+        rows = self._rows(self._statement("get"), {"id": job_id}, write=False)
         return job_from_row(rows[0]) if rows else None
 
-    def due(self, now: float, limit: int) -> list[Job]:
-        return [job_from_row(row) for row in self._rows("due", (now, limit))]
+    def find(
+        self,
+        schedule_id: str | None = None,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        where = ["TRUE"]
+        params: dict[str, Any] = {}
+        if schedule_id is not None:
+            where.append("schedule_id = :schedule_id")
+            params["schedule_id"] = schedule_id
+        if states is not None:
+            where.append(self._in("state", "states"))
+            params["states"] = self._list(states)
+        if queues is not None:
+            where.append(self._in("queue", "queues"))
+            params["queues"] = self._list(queues)
+        if name is not None:
+            where.append("name = :name")
+            params["name"] = name
+        text = f"SELECT {COLUMNS} FROM {{jobs}} WHERE {' AND '.join(where)} ORDER BY run_at, id"
+        if limit is not None:
+            text += " LIMIT :limit"
+            params["limit"] = limit
+        statement = self._statement(text, tuple(sorted(params)))
+        return [job_from_row(row) for row in self._rows(statement, params, write=False)]
 
-    def find(self, schedule_id: str | None = None) -> list[Job]:
-        if schedule_id is None:
-            return [job_from_row(row) for row in self._rows("find", ())]
-        return [job_from_row(row) for row in self._rows("find_schedule", (schedule_id,))]
+    def wait(self, job_id: str, timeout: float) -> Job | None:
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            job = self.get(job_id)
+            left = deadline - time.monotonic()
+            if job is None or job.state in FINISHED_STATES or left <= 0:
+                return job
+            with self._finished:  # a finish in this process wakes us at once
+                self._finished.wait(min(pause, left))
+            pause = min(pause * 2, 0.05)
 
-    def start(
-        self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
-        claim_id: str,
-    ) -> bool:  # fmt: skip
-        return self._write("start", (attempt, fence, claim_id, job_id, seen_attempt, seen_fence))
+    # --- running --------------------------------------------------------------------------
 
-    def propose(self, job_id: str, attempt: int, fence: int, kind: str, outcome: str) -> bool:
-        return self._write("propose", (kind, outcome, job_id, attempt, fence))
+    def take(
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> list[Job]:
+        params: dict[str, Any] = {
+            "now": self._now(now), "limit": limit, "ttl": lease_ttl, "holder": holder,
+        }  # fmt: skip
+        parts = {}
+        if queues is not None:
+            parts["queues"] = " AND " + self._in("j.queue", "queues")
+            params["queues"] = self._list(queues)
+        if names is not None:
+            parts["names"] = " AND " + self._in("j.name", "names")
+            params["names"] = self._list(names)
+        statement = self._statement("take", (queues is None, names is None), **parts)
+        rows = self._single(lambda conn: self._run(conn, statement, params).fetchall())
+        jobs = [job_from_row(row) for row in rows]
+        jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        return jobs
 
-    def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None,
-        now: float,
-    ) -> bool:  # fmt: skip
-        if state == "pending":  # a retry: the next attempt, not yet taken
-            return self._write("retry", (run_at, job_id, attempt, fence))
-        return self._write("finish", (state, now, job_id, attempt, fence))
+    def extend(
+        self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
+    ) -> dict[tuple[str, int], bool]:
+        if not held:
+            return {}
+        params = {
+            "now": self._now(now),
+            "ttl": lease_ttl,
+            "held": json.dumps([[job_id, fence] for job_id, fence in held]),
+        }
+        rows = self._rows(self._statement("extend"), params)
+        return {(str(row[0]), int(row[1])): bool(row[2]) for row in rows}
 
-    def cancel(self, job_id: str, now: float) -> bool:
-        return self._write("cancel", (now, job_id))
+    def finish(
+        self,
+        job_id: str,
+        fence: int,
+        kind: str,
+        outcome: str | None,
+        retry_delay: float | None = None,
+        now: float | None = None,
+    ) -> str | None:
+        params = {
+            "id": job_id, "fence": fence, "kind": kind, "outcome": outcome,
+            "delay": retry_delay, "now": self._now(now),
+        }  # fmt: skip
+        rows = self._rows(self._statement("finish"), params)
+        if not rows:
+            return None
+        state, lock_key = str(rows[0][0]), rows[0][1]
+        self._finished_here()
+        if lock_key is not None or state == "pending":
+            self._local_wake()  # a lock key is free, or a retry is due: take again
+        return state
+
+    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
+        params = {"id": job_id, "fence": fence, "now": self._now(now)}
+        stmt = self._statement("put_back")
+        done = self._single(lambda conn: self._run(conn, stmt, params).rowcount == 1)
+        return bool(done)
+
+    def reclaim(self, now: float | None = None) -> int:
+        rows = self._rows(self._statement("reclaim"), {"now": self._now(now)})
+        for job_id, state in rows:
+            if state == "failed":
+                log.error("job %s lost its worker too many times; failed as a poison pill", job_id)
+        if rows:
+            self._finished_here()
+            self._local_wake()
+        return len(rows)
+
+    # --- operating ------------------------------------------------------------------------
+
+    def _write(self, statement: Any, params: dict[str, Any]) -> int:
+        return int(self._single(lambda conn: self._run(conn, statement, params).rowcount))
+
+    def cancel(self, job_id: str, now: float | None = None) -> bool:
+        done = self._write(self._statement("cancel"), {"id": job_id, "now": self._now(now)}) == 1
+        if done:
+            self._finished_here()
+        return done
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         if not job_ids:
             return set()
-        query = self._statement(_SQL["cancel_requested"], ids=len(job_ids))
-        rows = self._single(lambda conn: conn.execute(query, tuple(job_ids)).fetchall())
+        statement = self._statement("cancel_requested", ids=self._in("id", "ids"))
+        rows = self._rows(statement, {"ids": self._list(job_ids)}, write=False)
         return {str(row[0]) for row in rows}
+
+    def retry(self, job_id: str, now: float | None = None) -> bool:
+        done = self._write(self._statement("retry"), {"id": job_id, "now": self._now(now)}) == 1
+        if done:
+            self._local_wake()
+        return done
+
+    def delete(self, job_ids: Sequence[str]) -> int:
+        if not job_ids:
+            return 0
+        statement = self._statement("delete", ids=self._in("id", "ids"))
+        return self._write(statement, {"ids": self._list(job_ids)})
+
+    def purge(
+        self,
+        retention: float,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> int:
+        chosen = [s for s in (states or FINISHED_STATES) if s in FINISHED_STATES]
+        if not chosen:
+            return 0
+        params: dict[str, Any] = {
+            "now": self._now(now), "retention": retention, "states": self._list(chosen),
+        }  # fmt: skip
+        parts = {"states": self._in("state", "states")}
+        if queues is not None:
+            parts["queues"] = " AND " + self._in("queue", "queues")
+            params["queues"] = self._list(queues)
+        return self._write(self._statement("purge", queues is None, **parts), params)
 
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
         # ``decide`` is pure: a retry after a transient failure may run it again.
+        now = self._now(None)
+
         def work(conn: Any) -> list[Job]:
+            ids = {"id": schedule_id}
             if self._dialect.lock_schedule:
-                conn.execute(self._sql["seed_schedule"], (schedule_id,))
+                self._run(conn, self._statement("seed_schedule"), ids)
             # Linearization point: the schedule's lock (its row, or the file's write lock).
-            row = conn.execute(self._sql["watermark"], (schedule_id,)).fetchone()
-            (live,) = conn.execute(self._sql["live"], (schedule_id,)).fetchone()
+            row = self._run(conn, self._statement("watermark"), ids).fetchone()
+            (live,) = self._run(conn, self._statement("live"), ids).fetchone()
             watermark = None if row is None or row[0] is None else float(row[0])
             decision = decide(watermark, int(live))
             if decision is None:
                 return []
             new_watermark, jobs = decision
-            conn.execute(self._sql["set_watermark"], (schedule_id, new_watermark))
-            insert = self._sql["insert"]
-            added = [job for job in jobs if conn.execute(insert, row_values(job)).rowcount == 1]
-            if added:
-                self._added(conn)
+            self._run(conn, self._statement("set_watermark"), {**ids, "watermark": new_watermark})
+            added = []
+            statement = self._statement(self._insert_text(1), ("insert", 1))
+            for job in jobs:
+                params = {"now": now, "channel": self._dialect.channel} | {
+                    f"{col}_0": value
+                    for col, value in zip(COLUMN_NAMES, row_values(job), strict=True)
+                }
+                if self._run(conn, statement, params).fetchall():
+                    added.append(job)
             return added
 
-        return self._atomic(work)
-
-    def purge(self, before: float) -> int:
-        return self._single(lambda conn: int(conn.execute(self._sql["purge"], (before,)).rowcount))
+        added = self._atomic(work)
+        if added:
+            self._local_wake()
+        return added

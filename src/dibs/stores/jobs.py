@@ -4,49 +4,88 @@ A store that offers durable tasks returns a :class:`JobTable` from
 :meth:`dibs.Store.job_table`. :class:`MemoryJobs` is the in-process one, which
 any single-process store (memory://, a plug-in built on it) may hand out.
 
-The store decides who runs an attempt (a hold on ``Unit(job_id, attempt)``)
-and who completed it (the fenced confirm of that hold). The job table only
-remembers: every write to a taken job is conditional on ``(attempt, fence)``
-of the hold that took it, so a worker whose hold was taken over changes
-nothing. A worker writes its outcome as a *proposal* before confirming; the
-proposal is official once the confirm succeeded, so a crash between confirm
-and the final row update is finished by the next worker that reads the row.
+An attempt's hold (its *lease*) lives on the job row: ``holder``, ``fence`` and
+``lease_expires``. :meth:`JobTable.take` picks due jobs and starts them with a
+new fence and a lease in one statement (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, so concurrent workers get different jobs); :meth:`JobTable.finish`
+records the outcome and ends the lease in one statement that is conditional
+on ``(id, fence)``, so a worker whose lease was taken over changes nothing and
+an attempt is recorded exactly once. A worker that dies stops extending its
+lease (:meth:`JobTable.extend`); once the lease has lapsed,
+:meth:`JobTable.reclaim` (run by every worker process now and then) turns the
+row back into ``pending`` for the next attempt, or fails it once it has lost
+too many (the poison-pill limit, counted in ``max_attempts``).
 
 The table lives next to the store: ``dibs_jobs`` in the SQLite file
 (:mod:`dibs.stores.sqlite._jobs`), ``jobs`` in the PostgreSQL store's schema
 (:mod:`dibs.stores.postgres._jobs`), dicts next to a memory:// store object (here).
+
+Times are epoch seconds on the store's clock. A ``now`` argument of None means
+"the store's clock, read where the statement runs" (on PostgreSQL the server's
+``clock_timestamp()``, inside the statement: no extra round trip).
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-__all__ = ["FINISHED_STATES", "LIVE_STATES", "Decide", "Job", "JobTable", "MemoryJobs"]
+from dibs.exceptions import InvalidInput
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "FINISHED_STATES",
+    "LIVE_STATES",
+    "Attempt",
+    "Decide",
+    "Job",
+    "JobTable",
+    "MemoryJobs",
+]
 
 LIVE_STATES = ("pending", "running")
 FINISHED_STATES = ("done", "failed", "cancelled")
+DEFAULT_QUEUE = "default"
 
 Decide = Callable[[float | None, int], "tuple[float, list[Job]] | None"]
 """Evaluates a schedule: (watermark or None, live jobs) → (new watermark, jobs) or None."""
 
 
 @dataclass(frozen=True, slots=True)
+class Attempt:
+    """One ended attempt of a job, as :attr:`Job.attempts` lists them."""
+
+    attempt: int
+    holder: str | None
+    started_at: float | None
+    ended_at: float
+    outcome_kind: str
+    """``ok``, ``error``, ``cancelled``, ``lost`` (its lease lapsed) or ``put_back``."""
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
-    """One job row."""
+    """One job row.
+
+    To add a job, build one with ``state="pending"`` and ``attempt=1``; the
+    lease columns stay None. ``run_at=None`` means "now on the store's clock"
+    (as set by the insert); a row read back always has a number there.
+    """
 
     id: str
     name: str
     args: str  # JSON [args, kwargs]
-    run_at: float  # epoch seconds on the store's clock
+    run_at: float | None  # epoch seconds on the store's clock; None on add: now
     attempt: int  # the attempt running, or the next to run (1-based)
-    max_attempts: int
+    max_attempts: int  # retries + 1 + the poison-pill allowance of lost attempts
     state: str  # pending | running | done | failed | cancelled
-    fence: int | None = None  # fence of the hold that took the current attempt
-    claim_id: str | None = None
-    outcome_kind: str | None = None  # "ok" | "error" | "cancelled", proposed or final
+    fence: int | None = None  # the current (or last) attempt's fence; +1 on every take
+    holder: str | None = None  # the worker holding the running attempt
+    outcome_kind: str | None = None  # "ok" | "error" | "cancelled", once finished
     outcome: str | None = None  # JSON result, or the error's text
     schedule_id: str | None = None
     retries: int = 0  # failed attempts that may be retried
@@ -54,24 +93,39 @@ class Job:
     key: str | None = None  # unique among live jobs
     cancel_requested: bool = False
     finished_at: float | None = None
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0  # higher is taken first among due jobs
+    lock_key: str | None = None  # jobs sharing one never run at once (see take)
+    lease_expires: float | None = None  # while running: when the attempt's lease lapses
+    started_at: float | None = None  # when the current (or last) attempt was taken
+    enqueued_at: float | None = None  # set by the insert
+    retention: float | None = None  # seconds a finished row is kept; None: purge's default
+    attempts_log: str | None = None  # JSON list of ended attempts; see ``attempts``
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """The ended attempts, oldest first (the running one is not among them)."""
+        if not self.attempts_log:
+            return []
+        return [Attempt(**entry) for entry in json.loads(self.attempts_log)]
 
 
-COLUMNS = (
-    "id, name, args, run_at, attempt, max_attempts, state, fence, claim_id, outcome_kind, "
-    "outcome, schedule_id, retries, failures, key, cancel_requested, finished_at"
-)
+COLUMN_NAMES = (
+    "id", "name", "args", "run_at", "attempt", "max_attempts", "state", "fence", "holder",
+    "outcome_kind", "outcome", "schedule_id", "retries", "failures", "key", "cancel_requested",
+    "finished_at", "queue", "priority", "lock_key", "lease_expires", "started_at", "enqueued_at",
+    "retention", "attempts_log",
+)  # fmt: skip
+COLUMNS = ", ".join(COLUMN_NAMES)
+"""Every column of a job row, in :class:`Job` field order."""
 
 
 def row_values(job: Job) -> tuple[Any, ...]:
     """The job's column values, in :data:`COLUMNS` order."""
-    return (
-        job.id, job.name, job.args, job.run_at, job.attempt, job.max_attempts, job.state,
-        job.fence, job.claim_id, job.outcome_kind, job.outcome, job.schedule_id, job.retries,
-        job.failures, job.key, job.cancel_requested, job.finished_at,
-    )  # fmt: skip
+    return tuple(getattr(job, name) for name in COLUMN_NAMES)
 
 
-def job_from_row(row: tuple[Any, ...]) -> Job:
+def job_from_row(row: Sequence[Any]) -> Job:
     """A :class:`Job` from a row read in :data:`COLUMNS` order."""
     values = list(row)
     values[15] = bool(values[15])
@@ -81,50 +135,158 @@ def job_from_row(row: tuple[Any, ...]) -> Job:
 class JobTable(Protocol):
     """The job rows of one store. Every method is atomic and may raise StoreUnavailable.
 
-    Writes to a taken job are conditional on the ``(attempt, fence)`` the
-    caller saw and return whether they changed the row.
+    ``connection``: the caller's own DB-API connection to the same database (a
+    ``sqlite3.Connection`` on the same file, a ``psycopg.Connection`` to the
+    same database). The statements run on it inside the caller's transaction,
+    without BEGIN or COMMIT: the job exists if and only if the caller commits.
+    Any other object raises :class:`~dibs.InvalidInput` (``field="connection"``).
     """
 
-    def add(self, job: Job) -> str:
-        """Insert ``job`` unless its ID exists or its key is live; return the ID standing."""
+    # --- adding ---------------------------------------------------------------------------
+
+    def add(self, job: Job, connection: object | None = None) -> str:
+        """Insert ``job`` unless its ID exists or its key is live; return the ID standing.
+
+        One transaction (one commit on PostgreSQL, with the ``NOTIFY`` that wakes
+        workers). Workers of this process waiting in :meth:`listen` are woken at once.
+        """
         ...
+
+    def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
+        """:meth:`add` for many jobs in one transaction; the standing ID of each, in order."""
+        ...
+
+    # --- reading --------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job | None:
         """The row, or None."""
         ...
 
-    def due(self, now: float, limit: int) -> list[Job]:
-        """Up to ``limit`` live jobs whose ``run_at`` has passed, earliest first."""
+    def find(
+        self,
+        schedule_id: str | None = None,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """The rows matching every filter given (None: any), by ``run_at``, then ID."""
         ...
 
-    def find(self, schedule_id: str | None = None) -> list[Job]:
-        """Every row, or every row of one schedule, in any state; by ``run_at``, then ID."""
+    def wait(self, job_id: str, timeout: float) -> Job | None:
+        """The row once it has finished, or as it stands after ``timeout`` real seconds.
+
+        None if there is no such row. Polls with a growing interval (1 ms to 50 ms);
+        a finish in this process wakes it at once.
+        """
         ...
 
-    def start(
-        self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
-        claim_id: str,
-    ) -> bool:  # fmt: skip
-        """Record that the hold ``(claim_id, fence)`` took ``attempt`` of a live job."""
+    # --- running: take, extend, finish ----------------------------------------------------
+
+    def take(
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> list[Job]:
+        """Start up to ``limit`` due pending jobs for ``holder``, in one statement.
+
+        Picks ``state = 'pending' AND run_at <= now`` in ``queues`` (None: every
+        queue) and ``names`` (None: any task), highest ``priority`` first, then
+        earliest ``run_at``, then ID; skips a job whose ``lock_key`` is on a
+        running row. Each becomes ``running`` with ``fence + 1``, ``holder``,
+        ``started_at = now`` and ``lease_expires = now + lease_ttl``. On
+        PostgreSQL the rows are chosen ``FOR UPDATE SKIP LOCKED``: concurrent
+        callers get different jobs and never wait on each other. Returns the
+        started rows as they now stand.
+        """
         ...
 
-    def propose(self, job_id: str, attempt: int, fence: int, kind: str, outcome: str) -> bool:
-        """Write the running attempt's outcome as a proposal."""
+    def extend(
+        self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
+    ) -> dict[tuple[str, int], bool]:
+        """Extend the leases of running ``(job_id, fence)`` pairs to ``now + lease_ttl``.
+
+        One statement. Returns ``{(job_id, fence): cancel_requested}`` for those still
+        held; a pair missing from the answer has lost its lease (reclaimed or finished).
+        """
         ...
 
-    def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None,
-        now: float,
-    ) -> bool:  # fmt: skip
-        """End a running attempt: a final state, or ``pending`` (a retry at ``run_at``)."""
+    def finish(
+        self,
+        job_id: str,
+        fence: int,
+        kind: str,
+        outcome: str | None,
+        retry_delay: float | None = None,
+        now: float | None = None,
+    ) -> str | None:
+        """Record the running attempt's outcome and end its lease, in one fenced statement.
+
+        ``kind`` is ``ok`` (→ ``done``), ``cancelled`` (→ ``cancelled``) or
+        ``error``: → ``pending`` at ``now + retry_delay`` with ``attempt + 1``
+        and ``failures + 1`` if ``retry_delay`` is not None, ``failures <
+        retries``, ``attempt < max_attempts`` and no cancel was requested; else
+        → ``failed``. Appends the attempt to ``attempts_log``; sets
+        ``finished_at`` for a final state. Conditional on ``state = 'running'
+        AND fence = fence``: returns the new state, or None if the attempt was
+        no longer this caller's (nothing changed).
+        """
         ...
 
-    def cancel(self, job_id: str, now: float) -> bool:
+    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
+        """Return a taken attempt to ``pending`` uncounted (no failure, same attempt); fenced."""
+        ...
+
+    def reclaim(self, now: float | None = None) -> int:
+        """End every running attempt whose lease has lapsed; return how many.
+
+        Each becomes ``pending`` for ``attempt + 1`` (logged as ``lost``), or
+        ``cancelled`` if a cancel was requested, or ``failed`` if ``attempt``
+        has reached ``max_attempts`` (a poison pill). One statement.
+        """
+        ...
+
+    # --- operating ------------------------------------------------------------------------
+
+    def cancel(self, job_id: str, now: float | None = None) -> bool:
         """Cancel a pending job, or flag a running one; False if it is finished or absent."""
         ...
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         """Which of these running jobs have been flagged by :meth:`cancel`."""
+        ...
+
+    def retry(self, job_id: str, now: float | None = None) -> bool:
+        """Make a ``failed`` or ``cancelled`` job ``pending`` again at ``now``.
+
+        ``attempt + 1``, ``failures`` reset, ``max_attempts`` raised so that it gets
+        its retries and lost-attempt allowance again, ``cancel_requested`` cleared.
+        False for any other state or an absent job.
+        """
+        ...
+
+    def delete(self, job_ids: Sequence[str]) -> int:
+        """Delete these jobs if finished; return how many were deleted."""
+        ...
+
+    def purge(
+        self,
+        retention: float,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> int:
+        """Delete finished rows kept long enough; return how many.
+
+        A row goes once ``finished_at + COALESCE(row.retention, retention) < now``;
+        ``states`` (finished ones only; None: all three) and ``queues`` narrow it.
+        """
         ...
 
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
@@ -135,12 +297,12 @@ class JobTable(Protocol):
         """
         ...
 
-    def purge(self, before: float) -> int:
-        """Delete finished jobs that finished before ``before``; return how many."""
-        ...
-
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake()`` when another process may have added a job; return a stopper."""
+        """Call ``wake()`` soon after a job may have been added (or a lock key freed).
+
+        At once for an add in this process; PostgreSQL: ``LISTEN``/``NOTIFY``;
+        SQLite: a watcher of ``PRAGMA data_version``. Returns a stopper.
+        """
         ...
 
     def close(self) -> None:
@@ -148,17 +310,32 @@ class JobTable(Protocol):
         ...
 
 
+def ended(job: Job, kind: str, now: float) -> str:
+    """``job.attempts_log`` with its current attempt appended as ended ``kind`` at ``now``."""
+    log = json.loads(job.attempts_log) if job.attempts_log else []
+    log.append(
+        {"attempt": job.attempt, "holder": job.holder, "started_at": job.started_at,
+         "ended_at": now, "outcome_kind": kind}
+    )  # fmt: skip
+    return json.dumps(log)
+
+
 class MemoryJobs:
     """The job table as dicts, for memory:// stores (one process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._rows: dict[str, Job] = {}
         self._watermarks: dict[str, float] = {}
         self._wakes: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # guards everything above
+        self._finished = threading.Condition(self._lock)
 
     def close(self) -> None:
         pass  # the rows live as long as the store object
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else now
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
@@ -171,7 +348,13 @@ class MemoryJobs:
 
         return stop
 
-    def _insert(self, job: Job) -> str:
+    def _wake_all(self) -> None:
+        with self._lock:
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake()
+
+    def _insert(self, job: Job, now: float) -> str:
         existing = self._rows.get(job.id)
         if existing is not None:
             return existing.id
@@ -179,85 +362,197 @@ class MemoryJobs:
             for row in self._rows.values():
                 if row.key == job.key and row.state in LIVE_STATES:
                     return row.id
-        self._rows[job.id] = job
+        run_at = now if job.run_at is None else job.run_at
+        self._rows[job.id] = replace(job, run_at=run_at, enqueued_at=now)
         return job.id
 
-    def add(self, job: Job) -> str:
+    def add(self, job: Job, connection: object | None = None) -> str:
+        return self.add_many([job], connection)[0]
+
+    def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
+        if connection is not None:
+            raise InvalidInput(
+                "a memory store's job table takes no connection", field="connection",
+                value=connection,
+            )  # fmt: skip
         with self._lock:
-            standing = self._insert(job)
-            wakes = list(self._wakes)
-        for wake in wakes:
-            wake()
+            now = self._clock()
+            standing = [self._insert(job, now) for job in jobs]
+        self._wake_all()
         return standing
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:
             return self._rows.get(job_id)
 
-    def due(self, now: float, limit: int) -> list[Job]:
+    def find(
+        self,
+        schedule_id: str | None = None,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
         with self._lock:
-            rows = [j for j in self._rows.values() if j.state in LIVE_STATES and j.run_at <= now]
-        return sorted(rows, key=lambda j: j.run_at)[:limit]
+            rows = [
+                j
+                for j in self._rows.values()
+                if schedule_id in (None, j.schedule_id)
+                and (states is None or j.state in states)
+                and (queues is None or j.queue in queues)
+                and name in (None, j.name)
+            ]
+        rows.sort(key=lambda j: (j.run_at, j.id))
+        return rows if limit is None else rows[:limit]
 
-    def find(self, schedule_id: str | None = None) -> list[Job]:
+    def wait(self, job_id: str, timeout: float) -> Job | None:
+        deadline = time.monotonic() + timeout
         with self._lock:
-            rows = [j for j in self._rows.values() if schedule_id in (None, j.schedule_id)]
-        return sorted(rows, key=lambda j: (j.run_at, j.id))
+            while True:
+                job = self._rows.get(job_id)
+                left = deadline - time.monotonic()
+                if job is None or job.state in FINISHED_STATES or left <= 0:
+                    return job
+                self._finished.wait(left)
 
-    def _swap(self, job_id: str, ok: Callable[[Job], bool], **changes: Any) -> bool:
+    def take(
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> list[Job]:
         with self._lock:
-            job = self._rows.get(job_id)
-            if job is None or not ok(job):
+            at = self._now(now)
+            busy = {j.lock_key for j in self._rows.values() if j.state == "running"}
+            due = sorted(
+                (
+                    j
+                    for j in self._rows.values()
+                    if j.state == "pending"
+                    and (j.run_at or 0.0) <= at
+                    and (queues is None or j.queue in queues)
+                    and (names is None or j.name in names)
+                ),
+                key=lambda j: (-j.priority, j.run_at, j.id),
+            )
+            taken: list[Job] = []
+            for job in due:
+                if len(taken) >= limit:
+                    break
+                if job.lock_key is not None:
+                    if job.lock_key in busy:
+                        continue
+                    busy.add(job.lock_key)
+                started = replace(
+                    job, state="running", fence=(job.fence or 0) + 1, holder=holder,
+                    started_at=at, lease_expires=at + lease_ttl, outcome_kind=None, outcome=None,
+                )  # fmt: skip
+                self._rows[job.id] = started
+                taken.append(started)
+            return taken
+
+    def _held(self, job_id: str, fence: int) -> Job | None:
+        job = self._rows.get(job_id)
+        return job if job is not None and job.state == "running" and job.fence == fence else None
+
+    def extend(
+        self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
+    ) -> dict[tuple[str, int], bool]:
+        with self._lock:
+            at = self._now(now)
+            alive: dict[tuple[str, int], bool] = {}
+            for job_id, fence in held:
+                job = self._held(job_id, fence)
+                if job is not None:
+                    self._rows[job_id] = replace(job, lease_expires=at + lease_ttl)
+                    alive[job_id, fence] = job.cancel_requested
+            return alive
+
+    def finish(
+        self,
+        job_id: str,
+        fence: int,
+        kind: str,
+        outcome: str | None,
+        retry_delay: float | None = None,
+        now: float | None = None,
+    ) -> str | None:
+        with self._lock:
+            job = self._held(job_id, fence)
+            if job is None:
+                return None
+            at = self._now(now)
+            log = ended(job, kind, at)
+            base = replace(job, holder=None, lease_expires=None, attempts_log=log,
+                           outcome_kind=kind, outcome=outcome)  # fmt: skip
+            if kind == "ok":
+                row = replace(base, state="done", finished_at=at)
+            elif kind == "cancelled":
+                row = replace(base, state="cancelled", finished_at=at)
+            elif (
+                retry_delay is not None
+                and job.failures < job.retries
+                and job.attempt < job.max_attempts
+                and not job.cancel_requested
+            ):
+                row = replace(base, state="pending", run_at=at + retry_delay,
+                              attempt=job.attempt + 1, failures=job.failures + 1)  # fmt: skip
+            else:
+                row = replace(base, state="failed", finished_at=at, failures=job.failures + 1)
+            self._rows[job_id] = row
+            self._finished.notify_all()
+        if job.lock_key is not None or row.state == "pending":
+            self._wake_all()
+        return row.state
+
+    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
+        with self._lock:
+            job = self._held(job_id, fence)
+            if job is None:
                 return False
-            self._rows[job_id] = replace(job, **changes)
-            return True
+            log = ended(job, "put_back", self._now(now))
+            self._rows[job_id] = replace(job, state="pending", holder=None, lease_expires=None,
+                                         attempts_log=log)  # fmt: skip
+        return True
 
-    def start(
-        self, job_id: str, seen_attempt: int, seen_fence: int | None, attempt: int, fence: int,
-        claim_id: str,
-    ) -> bool:  # fmt: skip
-        return self._swap(
-            job_id,
-            lambda j: (
-                j.attempt == seen_attempt and j.fence == seen_fence and j.state in LIVE_STATES
-            ),
-            state="running", attempt=attempt, fence=fence, claim_id=claim_id,
-            outcome_kind=None, outcome=None,
-        )  # fmt: skip
+    def reclaim(self, now: float | None = None) -> int:
+        with self._lock:
+            at = self._now(now)
+            lapsed = [
+                j
+                for j in self._rows.values()
+                if j.state == "running" and (j.lease_expires is None or j.lease_expires <= at)
+            ]
+            for job in lapsed:
+                base = replace(job, holder=None, lease_expires=None,
+                               attempts_log=ended(job, "lost", at))  # fmt: skip
+                if job.cancel_requested:
+                    row = replace(base, state="cancelled", outcome_kind="cancelled", finished_at=at)
+                elif job.attempt >= job.max_attempts:
+                    row = replace(base, state="failed", outcome_kind="lost", finished_at=at)
+                else:
+                    row = replace(base, state="pending", attempt=job.attempt + 1)
+                self._rows[job.id] = row
+            if lapsed:
+                self._finished.notify_all()
+        if lapsed:
+            self._wake_all()
+        return len(lapsed)
 
-    def propose(self, job_id: str, attempt: int, fence: int, kind: str, outcome: str) -> bool:
-        return self._swap(
-            job_id,
-            lambda j: j.attempt == attempt and j.fence == fence and j.state == "running",
-            outcome_kind=kind, outcome=outcome,
-        )  # fmt: skip
-
-    def settle(
-        self, job_id: str, attempt: int, fence: int | None, state: str, run_at: float | None,
-        now: float,
-    ) -> bool:  # fmt: skip
-        def ok(j: Job) -> bool:
-            return j.attempt == attempt and j.fence == fence and j.state == "running"
-
-        if state == "pending":
-            assert run_at is not None
-            with self._lock:
-                failures = self._rows[job_id].failures + 1 if job_id in self._rows else 0
-            return self._swap(
-                job_id, ok, state="pending", attempt=attempt + 1, run_at=run_at,
-                fence=None, claim_id=None, failures=failures,
-            )  # fmt: skip
-        return self._swap(job_id, ok, state=state, finished_at=now)
-
-    def cancel(self, job_id: str, now: float) -> bool:
+    def cancel(self, job_id: str, now: float | None = None) -> bool:
         with self._lock:
             job = self._rows.get(job_id)
             if job is None or job.state not in LIVE_STATES:
                 return False
             if job.state == "pending":
                 self._rows[job_id] = replace(
-                    job, state="cancelled", outcome_kind="cancelled", finished_at=now
+                    job, state="cancelled", outcome_kind="cancelled", finished_at=self._now(now)
                 )
+                self._finished.notify_all()
             else:
                 self._rows[job_id] = replace(job, cancel_requested=True)
             return True
@@ -265,8 +560,55 @@ class MemoryJobs:
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         with self._lock:
             return {
-                i for i in job_ids if (j := self._rows.get(i)) is not None and j.cancel_requested
+                i
+                for i in job_ids
+                if (j := self._rows.get(i)) is not None
+                and j.cancel_requested
+                and j.state == "running"
             }
+
+    def retry(self, job_id: str, now: float | None = None) -> bool:
+        with self._lock:
+            job = self._rows.get(job_id)
+            if job is None or job.state not in ("failed", "cancelled"):
+                return False
+            self._rows[job_id] = replace(
+                job, state="pending", run_at=self._now(now), attempt=job.attempt + 1,
+                max_attempts=job.max_attempts + job.attempt, failures=0,
+                cancel_requested=False, finished_at=None, outcome_kind=None, outcome=None,
+            )  # fmt: skip
+        self._wake_all()
+        return True
+
+    def delete(self, job_ids: Sequence[str]) -> int:
+        with self._lock:
+            gone = [i for i in job_ids if (j := self._rows.get(i)) and j.state in FINISHED_STATES]
+            for i in gone:
+                del self._rows[i]
+            return len(gone)
+
+    def purge(
+        self,
+        retention: float,
+        *,
+        states: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> int:
+        with self._lock:
+            at = self._now(now)
+            old = [
+                i
+                for i, j in self._rows.items()
+                if j.state in (states or FINISHED_STATES)
+                and j.state in FINISHED_STATES
+                and (queues is None or j.queue in queues)
+                and (j.finished_at or 0.0) + (retention if j.retention is None else j.retention)
+                < at
+            ]
+            for i in old:
+                del self._rows[i]
+            return len(old)
 
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
         with self._lock:
@@ -279,19 +621,7 @@ class MemoryJobs:
             if decision is None:
                 return []
             self._watermarks[schedule_id], jobs = decision
-            added = [job for job in jobs if self._insert(job) == job.id]
-            wakes = list(self._wakes)
-        for wake in wakes:
-            wake()
+            now = self._clock()
+            added = [job for job in jobs if self._insert(job, now) == job.id]
+        self._wake_all()
         return added
-
-    def purge(self, before: float) -> int:
-        with self._lock:
-            old = [
-                i
-                for i, j in self._rows.items()
-                if j.state in FINISHED_STATES and (j.finished_at or 0.0) < before
-            ]
-            for i in old:
-                del self._rows[i]
-            return len(old)

@@ -211,7 +211,7 @@ class MemoryStore(Store):
         self._system_clock = type(self.clock) is SystemClock
         self._clock_now = self.clock.now
         self._retention_us = round(self.request_retention * 1_000_000)
-        self._jobs = MemoryJobs()  # durable mode's rows live as long as this object
+        self._jobs = MemoryJobs(self._clock_now)  # durable mode's rows live as long as this object
         # The public claim, confirm, extend and release below do the common
         # well-formed call inline. A subclass that overrides the backend step
         # (dibs verify's planted bugs do) keeps its override on every call.

@@ -9,9 +9,10 @@
 Needs the ``tasks`` extra (``pip install 'dibs[tasks]'``) for cron schedules.
 """
 
-from dibs.tasks._durable import JobRecord
 from dibs.tasks._errors import (
     CancelReason,
+    JobFailed,
+    JobNotFound,
     NotInTask,
     ProcessorClosed,
     TaskCancelled,
@@ -21,6 +22,7 @@ from dibs.tasks._errors import (
 )
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, TaskStatus, current
 from dibs.tasks._processor import TaskProcessor
+from dibs.tasks._records import JobRecord
 from dibs.tasks._schedules import Coalesce, Misfire, Schedule
 from dibs.tasks._time import WakingClock
 
@@ -29,6 +31,8 @@ __all__ = [
     "CancelReason",
     "CancelToken",
     "Coalesce",
+    "JobFailed",
+    "JobNotFound",
     "JobRecord",
     "Misfire",
     "NotInTask",

@@ -1,28 +1,32 @@
-"""Durable mode: jobs are rows, an attempt is a hold, completion is a fenced confirm.
+"""Durable mode: jobs are rows, an attempt is a lease on its row, completion is fenced.
 
-A worker takes attempt n of a due job by claiming ``Unit(job_id, str(n))`` as
-a hold whose TTL is the lease; the claim is the only arbiter of who runs it.
-A heartbeat extends the hold; a worker that crashes or stops stops extending,
-its hold expires on the store's clock, and the next worker that finds the job
-claims attempt n + 1 (the lost attempt counts toward ``max_attempts``, so a
-job that kills its worker is not retried forever). To finish, the worker
-writes its outcome as a proposal on the row, then confirms its hold with its
-fence; only a confirmed hold's proposal is ever settled into the row. A worker
-whose hold was taken over learns it from the failed confirm (``HoldLost``) and
-changes nothing. Once the row is settled the attempt's claim is released (so
-finished jobs hold nothing in the store); the row, not the claim, then keeps
-the attempt from running again, as every ``start`` is conditional on the
-``(attempt, fence)`` its taker read.
+A worker takes due jobs with :meth:`JobTable.take`: one statement that picks
+them (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent workers get
+different jobs) and starts each with a new fence and a lease on its row. A
+heartbeat extends the leases (:meth:`JobTable.extend`, one statement for all
+of this process's jobs, which also reports cancel requests); a worker that
+crashes or stops stops extending, its lease lapses on the store's clock, and
+:meth:`JobTable.reclaim` (run by every worker process each ``lease / 3``)
+makes the job pending for attempt n + 1 — the lost attempt counts toward
+``max_attempts``, so a job that kills its worker is not retried forever. To
+finish, the worker records its outcome with :meth:`JobTable.finish`, one
+statement conditional on its fence that also ends the lease: a worker whose
+lease was taken over changes nothing, so every attempt is recorded at most once
+and a job completes exactly once. Finished attempts hold nothing.
+
+So a job costs three statements, each its own transaction: the enqueue, the
+take, the finish.
 
 Cancelling a pending job ends it; a running one has ``cancel_requested`` set
 on its row, which its worker reads at its next heartbeat and passes on to the
 task's token. Recurring schedules are evaluated against a watermark in the job
 table (:mod:`._durable_schedules`): one job per occurrence and, through the
-claims above, one completed run — with no leader.
+fenced finish above, one completed run — with no leader.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -30,19 +34,22 @@ import random
 import secrets
 import socket
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dibs._model import ClaimState, Unit
-from dibs.exceptions import ClaimNotFound, DibsError, HoldLost, InvalidInput
+from dibs.exceptions import DibsError, InvalidInput
 from dibs.stores.base import Store
+from dibs.tasks._async import AsyncLane
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
-from dibs.tasks._handle import Backoff, TaskHandle, current, current_job
+from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
+from dibs.tasks._locks import LockKeys
+from dibs.tasks._worker import Outcome, OutcomeKind
 
 __all__ = ["DurableRunner", "JobRecord", "RegisteredTask", "encode_payload"]
 
@@ -79,6 +86,11 @@ class RegisteredTask:
     backoff: Backoff
     timeout: float | None
 
+    @property
+    def is_async(self) -> bool:
+        """Whether its attempts run on the processor's event loop (an ``async def``)."""
+        return inspect.iscoroutinefunction(self.fn)
+
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -100,16 +112,21 @@ class JobRecord:
 
 @dataclass(slots=True)
 class _Running:
-    job: Job
-    attempt: int
-    fence: int
-    claim_id: str
+    job: Job  # as taken: its fence is this attempt's
     handle: TaskHandle[Any] | None = None
+    token: CancelToken | None = None  # an async attempt's; a thread attempt's is its handle's
     lost: bool = False
+
+    def cancel(self) -> None:
+        """Ask the attempt to stop (cooperatively in a thread, at its next await on the loop)."""
+        if self.handle is not None:
+            self.handle.cancel()
+        elif self.token is not None:
+            self.token.cancel(CancelReason.CANCELLED)
 
 
 class DurableRunner:
-    """Polls the job table, takes due jobs through store claims, runs them on the local engine."""
+    """Takes due jobs from the job table, runs them on the local engine, records them."""
 
     def __init__(
         self,
@@ -120,6 +137,7 @@ class DurableRunner:
         poll: float,
         rng: random.Random,
         take_jobs: bool,
+        async_workers: int = 100,
     ) -> None:
         self.store = store
         self.jobs = job_table(store)
@@ -128,25 +146,32 @@ class DurableRunner:
         self.lease = lease
         self.poll = poll
         self.max_lost = MAX_LOST
+        self.queues: Sequence[str] | None = None
+        """The queues this process takes jobs from; None: every queue."""
         self._rng = rng
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.lane = AsyncLane("dibs-tasks-async", async_workers)
+        self.locks = LockKeys(store, self.holder, lease)
         self.tasks: dict[str, RegisteredTask] = {}
         self.schedules: dict[str, DurableSchedule] = {}
-        self._lock = threading.Lock()  # guards _running and _stopping
+        self._lock = threading.Lock()  # guards _running, _taking, _stopping, _woken
         self._wake = threading.Condition(self._lock)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[tuple[str, int | None], _Running] = {}  # by (job ID, fence)
         self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
+        self._woken = True  # a wake-up came since the poller last looked: look again
         self._threads = [
             threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="dibs-tasks-heartbeat", daemon=True),
         ]
+        # Listening first: a job added between the first take and the listen is not missed.
+        self._unlisten = self.jobs.listen(self._notify) if take_jobs else (lambda: None)
         for thread in self._threads:
             thread.start()
-        self._unlisten = self.jobs.listen(self._notify) if take_jobs else (lambda: None)
 
     def _notify(self) -> None:
         with self._wake:
+            self._woken = True
             self._wake.notify_all()  # the poller and the heartbeat both wait on it
 
     # --- enqueueing -----------------------------------------------------------------------
@@ -161,14 +186,15 @@ class DurableRunner:
         run_at: float | None,
         key: str | None = None,
     ) -> str:
-        """Add a job row; return its ID, or that of the live job holding ``key``."""
+        """Add a job row; return its ID, or that of the live job holding ``key``.
+
+        ``run_at`` None: due now on the store's clock, read by the insert itself.
+        """
         payload = encode_payload(args, kwargs)
-        if run_at is None:
-            run_at = self.store.now().timestamp()
         return self.jobs.add(self.new_job(task, payload, job_id, run_at, key=key))
 
     def new_job(
-        self, task: RegisteredTask, payload: str, job_id: str, run_at: float, *,
+        self, task: RegisteredTask, payload: str, job_id: str, run_at: float | None, *,
         key: str | None = None, schedule_id: str | None = None,
     ) -> Job:  # fmt: skip
         """A pending row for the first attempt of ``task``."""
@@ -188,12 +214,12 @@ class DurableRunner:
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a pending job, or ask a running one to stop; False if it had finished."""
-        if not self.jobs.cancel(job_id, self.store.now().timestamp()):
+        if not self.jobs.cancel(job_id):
             return False
         with self._lock:
-            running = self._running.get(job_id)
-        if running is not None and running.handle is not None:
-            running.handle.cancel()  # running here: no need to wait for a heartbeat
+            here = [r for (i, _), r in self._running.items() if i == job_id]
+        for running in here:
+            running.cancel()  # running here: no need to wait for a heartbeat
         return True
 
     def record(self, job_id: str) -> JobRecord | None:
@@ -201,6 +227,7 @@ class DurableRunner:
         if job is None:
             return None
         done = job.state == "done"
+        assert job.run_at is not None  # a stored row always has one
         return JobRecord(
             id=job.id, name=job.name, state=job.state, attempt=job.attempt,
             max_attempts=job.max_attempts, run_at=datetime.fromtimestamp(job.run_at, UTC),
@@ -225,6 +252,7 @@ class DurableRunner:
         for thread in self._threads:
             thread.join()
         self._unlisten()
+        self.lane.close()
         self.jobs.close()
 
     # --- taking jobs ----------------------------------------------------------------------
@@ -232,77 +260,63 @@ class DurableRunner:
     def _poll_loop(self) -> None:
         while True:
             with self._wake:
+                while self._taking and not self._woken:
+                    # Woken by an add (this process, NOTIFY, or the SQLite watcher) or
+                    # a free slot; the timeout is the fallback poll.
+                    if not self._wake.wait(self.poll):
+                        break
                 if not self._taking:
                     return
-                free = self._slots - len(self._running)
-            if free > 0:
+                self._woken = False
+                threads = sum(1 for r in self._running.values() if r.token is None)
+            full = False
+            # Two lanes: plain functions on the worker threads, async def on the event loop.
+            for is_async, free in ((False, self._slots - threads), (True, self.lane.free)):
+                names = [name for name, task in self.tasks.items() if task.is_async is is_async]
+                if free <= 0 or not names:
+                    continue  # a finishing job sets _woken
                 try:
-                    self._take_some(free)
+                    full |= self._take_some(free, names) == free
                 except DibsError:
-                    log.exception("durable poll failed; trying again")
-            with self._wake:
-                if not self._taking:
-                    return
-                # Other processes add rows without telling us: this wait is the poll.
-                self._wake.wait(self.poll)
+                    log.exception("taking durable jobs failed; trying again")
+            if full:
+                with self._wake:
+                    self._woken = True  # there may be more: look again once a slot frees
 
-    def _take_some(self, free: int) -> None:
-        now = self.store.now().timestamp()
-        for job in self.jobs.due(now, limit=free * 4 + 8):
-            if free <= 0:
-                return
-            if job.name in self.tasks and job.id not in self._running and self._take(job, now):
-                free -= 1
-
-    def _take(self, job: Job, now: float) -> bool:
-        seen_fence: int | None = None
-        attempt = job.attempt
-        if job.state == "running":
-            claim = self.store.get(job.claim_id) if job.claim_id else None
-            if (
-                claim is not None
-                and claim.state is ClaimState.CONFIRMED
-                and claim.fence == job.fence
-            ):
-                # Its worker confirmed (and maybe died before settling). Re-read: the
-                # proposal was written before the confirm we just saw, maybe after our read.
-                fresh = self.jobs.get(job.id)
-                if fresh is not None and fresh.state == "running" and fresh.fence == job.fence:
-                    self._settle(fresh, fresh.attempt, fresh.fence)
-                self._end(claim.id, claim.holder, claim.fence)  # on behalf of its dead worker
-                return False
-            if (
-                claim is not None
-                and claim.state is ClaimState.HELD
-                and (claim.expires_at is not None and claim.expires_at.timestamp() > now)
-            ):
-                return False  # alive: its holder is heartbeating
-            if job.cancel_requested:  # cancelled while its worker was dying
-                self.jobs.settle(job.id, job.attempt, job.fence, "cancelled", None, now)
-                return False
-            # The lease lapsed: that attempt is lost and counts.
-            seen_fence, attempt = job.fence, job.attempt + 1
-            if attempt > job.max_attempts:
-                log.error(
-                    "job %s lost %d workers; failing it as a poison pill", job.id, self.max_lost
+    def _take_some(self, free: int, names: list[str]) -> int:
+        # Linearization point: the take's UPDATE gives each job to one worker.
+        taken = self.jobs.take(self.queues, free, self.lease, self.holder, names=names)
+        started = 0
+        for job in taken:
+            if not self._lock_key(job):
+                continue
+            running = _Running(job)
+            with self._lock:
+                self._running[job.id, job.fence] = running
+            task = self.tasks.get(job.name)
+            if task is not None and task.is_async:
+                self._start_async(task, running)
+            else:
+                running.handle = self._submit(
+                    self._run, running, timeout=None if task is None else task.timeout
                 )
-                self.jobs.settle(job.id, job.attempt, job.fence, "failed", None, now)
-                return False
-        # Linearization point: the store's claim decides who runs this attempt.
-        won = self.store.claim(Unit(job.id, str(attempt)), holder=self.holder, ttl=self.lease)
-        if not won or won.claim is None:
-            return False
-        claim = won.claim
-        if not self.jobs.start(job.id, job.attempt, seen_fence, attempt, claim.fence, claim.id):
-            self.store.release(claim.id, holder=self.holder, fence=claim.fence)
-            return False
-        running = _Running(job, attempt, claim.fence, claim.id)
-        with self._lock:
-            self._running[job.id] = running
-        task = self.tasks[job.name]
-        handle = self._submit(self._run, running, timeout=task.timeout)
-        running.handle = handle
-        return True
+            started += 1
+        return started
+
+    def _lock_key(self, job: Job) -> bool:
+        """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted."""
+        try:
+            if self.locks.acquire(job):
+                return True
+        except DibsError:
+            log.exception("claiming the lock key of job %s failed; putting it back", job.id)
+        assert job.fence is not None  # taken rows always have one
+        try:
+            self.jobs.put_back(job.id, job.fence)
+        except DibsError:
+            # Its lease lapses and reclaim() makes it pending again (counted as lost).
+            log.exception("putting job %s back failed", job.id)
+        return False
 
     # --- running and finishing ------------------------------------------------------------
 
@@ -315,101 +329,150 @@ class DurableRunner:
             args, kwargs = json.loads(job.args)
             reset = current_job.set(job.id)
             try:
-                value = task.fn(*args, **kwargs)
-                kind, outcome = "ok", json.dumps(value)
+                recorded = _recorded(running, current().token, task.fn(*args, **kwargs), None)
             except Exception as exc:
-                token = current().token
-                if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
-                    # Our hold is gone, or this process is stopping: the attempt is
-                    # left unrecorded, and the job is taken over once its lease lapses.
-                    return
-                if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
-                    kind, outcome = "cancelled", "".join(traceback.format_exception(exc))
-                else:
-                    kind, outcome = "error", "".join(traceback.format_exception(exc))
+                recorded = _recorded(running, current().token, None, exc)
             finally:
                 current_job.reset(reset)
-            self._complete(running, kind, outcome)
+            # The attempt has returned: the next job of its lock key may start.
+            self.locks.release((job.id, job.fence))
+            if recorded is not None:
+                self._complete(running, *recorded)
         finally:
-            with self._lock:
-                self._running.pop(job.id, None)
-            with self._wake:
-                self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._ran(running)
+
+    def _ran(self, running: _Running) -> None:
+        job = running.job
+        self.locks.release((job.id, job.fence))  # if the attempt raised before releasing
+        with self._wake:
+            self._running.pop((job.id, job.fence), None)
+            self._woken = True  # a slot is free
+            self._wake.notify_all()  # the poller and the heartbeat both wait on it
+
+    def _start_async(self, task: RegisteredTask, running: _Running) -> None:
+        """Run an ``async def`` attempt on the lane's loop; record it on a finisher thread."""
+        job = running.job
+        token = CancelToken(job.id, task.timeout)
+        running.token = token
+        context = TaskContext(
+            task_id=job.id, attempt=job.attempt, token=token,
+            schedule_id=job.schedule_id, nominal_time=_nominal(job), job_id=job.id,
+        )  # fmt: skip
+
+        def finish(outcome: Outcome) -> None:
+            try:
+                self.locks.release((job.id, job.fence))
+                if outcome.kind is OutcomeKind.OK:
+                    recorded = _recorded(running, token, outcome.value, None)
+                else:
+                    assert outcome.error is not None
+                    recorded = _recorded(running, token, None, outcome.error)
+                if recorded is not None:
+                    self._complete(running, *recorded)
+            except DibsError:
+                # As for a worker that died: the lease lapses and reclaim() retries it.
+                log.exception("recording job %s attempt %d failed", job.id, job.attempt)
+            finally:
+                self._ran(running)
+
+        try:
+            args, kwargs = json.loads(job.args)
+        except ValueError as exc:
+            finish(Outcome(OutcomeKind.FAILED, error=exc))
+            return
+        self.lane.start(task.fn, args, kwargs, context, task.timeout, finish)
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no async attempt is running; False if ``timeout`` real seconds passed."""
+        return self.lane.wait_idle(timeout)
+
+    def cancel_async(self, reason: CancelReason) -> None:
+        """Set the token of every running async attempt (the shutdown deadline passed)."""
+        with self._lock:
+            tokens = [r.token for r in self._running.values() if r.token is not None]
+        for token in tokens:
+            token.cancel(reason)
 
     def _complete(self, running: _Running, kind: str, outcome: str) -> None:
         job = running.job
-        if not self.jobs.propose(job.id, running.attempt, running.fence, kind, outcome):
-            log.warning("job %s attempt %d was taken over; result dropped", job.id, running.attempt)
+        assert job.fence is not None  # taken rows always have one
+        delay: float | None = None
+        task = self.tasks.get(job.name)
+        if kind == "error" and task is not None and task.retries > 0:
+            delay = task.backoff.delay(job.attempt, self._rng)
+        # Completion is this fenced statement: a worker whose lease was taken over
+        # changes nothing.
+        state = self.jobs.finish(job.id, job.fence, kind, outcome, delay)
+        if state is None:
+            log.warning("job %s attempt %d lost its lease; result dropped", job.id, job.attempt)
             return
-        try:
-            # Completion is this fenced confirm: a stale worker's fails here.
-            self.store.confirm(running.claim_id, holder=self.holder, fence=running.fence)
-        except (HoldLost, ClaimNotFound) as exc:
-            log.warning("job %s attempt %d lost its hold (%s); result dropped", job.id,
-                        running.attempt, exc)  # fmt: skip
-            return
-        settled = self.jobs.get(job.id)
-        if settled is not None:
-            self._settle(settled, running.attempt, running.fence)
-        self._end(running.claim_id, self.holder, running.fence)
         schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
-
-    def _end(self, claim_id: str, holder: str, fence: int) -> None:
-        """Release a settled attempt's confirmed claim, so that finished jobs hold nothing.
-
-        Only after the row has been settled: from then on the row itself refuses
-        the attempt (every ``start`` is conditional on the ``(attempt, fence)``
-        its taker read, and a settled row has left those for good), so a claim
-        granted on the released unit later changes nothing and is given back.
-        A failure here leaves the claim confirmed, which is harmless.
-        """
-        try:
-            self.store.release(claim_id, holder=holder, fence=fence)
-        except DibsError as exc:
-            log.warning("releasing the claim %s of a finished attempt failed: %s", claim_id, exc)
-
-    def _settle(self, job: Job, attempt: int, fence: int | None) -> None:
-        """Turn the confirmed attempt's proposal into the row's state (idempotent)."""
-        now = self.store.now().timestamp()
-        if job.outcome_kind == "ok":
-            self.jobs.settle(job.id, attempt, fence, "done", None, now)
-        elif job.outcome_kind == "cancelled":
-            self.jobs.settle(job.id, attempt, fence, "cancelled", None, now)
-        elif job.failures < job.retries and attempt < job.max_attempts and not job.cancel_requested:
-            task = self.tasks.get(job.name)
-            backoff = task.backoff if task is not None else Backoff()
-            run_at = now + backoff.delay(attempt, self._rng)
-            self.jobs.settle(job.id, attempt, fence, "pending", run_at, now)
-        else:
-            self.jobs.settle(job.id, attempt, fence, "failed", None, now)
 
     # --- heartbeats -----------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
         while True:
+            beat = time.monotonic() + self.lease / 3
             with self._wake:
+                # The condition is shared with the poller: sleep out the whole beat.
+                while not self._stopping and (left := beat - time.monotonic()) > 0:
+                    self._wake.wait(left)
                 if self._stopping:
                     return
-                self._wake.wait(self.lease / 3)
                 running = list(self._running.values())
-            for item in running:
+                taking = self._taking
+            if taking:
                 try:
-                    self.store.extend(
-                        item.claim_id, holder=self.holder, fence=item.fence, ttl=self.lease
-                    )
-                except (HoldLost, ClaimNotFound):
-                    item.lost = True
-                    if item.handle is not None:
-                        item.handle.cancel()
+                    self.jobs.reclaim()  # other processes' lapsed leases
                 except DibsError:
-                    log.exception("heartbeat for job %s failed", item.job.id)
-            try:
-                flagged = self.jobs.cancel_requested([item.job.id for item in running])
-            except DibsError:
-                log.exception("reading cancellations failed")
+                    log.exception("reclaiming lapsed jobs failed")
+            if not running:
                 continue
+            held = [(item.job.id, item.job.fence) for item in running if item.job.fence]
+            try:
+                alive = self.jobs.extend(held, self.lease)
+            except DibsError:
+                log.exception("heartbeat for %d jobs failed", len(held))
+                continue
+            # A lost lock key hold is a lost attempt: another job of its key may run now.
+            unlocked = self.locks.extend([(item.job.id, item.job.fence) for item in running])
             for item in running:
-                if item.job.id in flagged and item.handle is not None:
-                    item.handle.cancel()  # cooperative: the task sees its token set
+                pair = (item.job.id, item.job.fence or 0)
+                if pair not in alive or (item.job.id, item.job.fence) in unlocked:
+                    with self._lock:
+                        if (item.job.id, item.job.fence) not in self._running:
+                            continue  # finished meanwhile: nothing was lost
+                    item.lost = True
+                if item.lost or alive.get(pair):
+                    item.cancel()  # cooperative: the task sees its token set
+
+
+def _recorded(
+    running: _Running, token: CancelToken, value: Any, exc: BaseException | None
+) -> tuple[str, str] | None:
+    """What an attempt that returned ``value`` or raised ``exc`` records, or None for nothing."""
+    if exc is None:
+        try:
+            return "ok", json.dumps(value)
+        except (TypeError, ValueError) as error:
+            exc = error
+    if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
+        # Our lease is gone, or this process is stopping: the attempt is left
+        # unrecorded, and the job is reclaimed once its lease lapses.
+        return None
+    text = "".join(traceback.format_exception(exc))
+    if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
+        return "cancelled", text
+    return "error", text
+
+
+def _nominal(job: Job) -> datetime | None:
+    """A schedule occurrence's nominal time, from its job ID ``"{schedule}@{iso instant}"``."""
+    if job.schedule_id is None:
+        return None
+    try:
+        return datetime.fromisoformat(job.id.rsplit("@", 1)[1])
+    except (IndexError, ValueError):
+        return None

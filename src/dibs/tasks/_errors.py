@@ -7,7 +7,9 @@ DibsError
 ├── WaitTimeout (TimeoutError)         result()/exception() waited too long
 ├── ProcessorClosed (RuntimeError)     submit/every/cron after shutdown began
 ├── NotInTask (LookupError)            current() outside a running task
-└── UnknownTask (LookupError)          durable job names a task not registered here
+├── UnknownTask (LookupError)          durable job names a task not registered here
+├── JobNotFound (LookupError)          no durable job with that ID (or purged after retention)
+└── JobFailed (RuntimeError)           result() of a durable job that failed
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dibs.exceptions import DibsError
 
 __all__ = [
     "CancelReason",
+    "JobFailed",
+    "JobNotFound",
     "NotInTask",
     "ProcessorClosed",
     "TaskCancelled",
@@ -75,3 +79,20 @@ class UnknownTask(DibsError, LookupError):
     """Raised when a durable job names a task (``name``) this processor has not registered."""
 
     name: str
+
+
+class JobNotFound(DibsError, LookupError):
+    """Raised for a durable job ID (``job_id``) with no row: never added, or purged."""
+
+    job_id: str
+
+
+class JobFailed(DibsError, RuntimeError):
+    """Raised by ``result()`` of a durable job that failed; ``error`` is its last traceback.
+
+    ``error`` is None when the job failed without raising: it lost its worker too
+    many times (a poison pill).
+    """
+
+    job_id: str
+    error: str | None

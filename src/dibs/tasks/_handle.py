@@ -208,6 +208,10 @@ _current: contextvars.ContextVar[tuple[TaskHandle[Any], int, CancelToken]] = con
     "dibs_task"
 )
 current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("dibs_job", default=None)
+job_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "dibs_async_job", default=None
+)
+"""The context of an ``async def`` durable attempt, set inside its own asyncio task."""
 
 
 def current() -> TaskContext:
@@ -215,6 +219,9 @@ def current() -> TaskContext:
 
     Raises :class:`NotInTask` when called outside a task.
     """
+    context = job_context.get()
+    if context is not None:
+        return context
     try:
         handle, attempt, token = _current.get()
     except LookupError:

@@ -6,7 +6,9 @@ import itertools
 import random
 import secrets
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -14,13 +16,22 @@ from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
 from dibs.limits import NAME_MAX_BYTES
 from dibs.stores.base import Store
-from dibs.tasks._durable import DurableRunner, JobRecord, RegisteredTask, encode_payload
+from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
+from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._engine import Engine
-from dibs.tasks._errors import ProcessorClosed
+from dibs.tasks._errors import (
+    CancelReason,
+    JobFailed,
+    JobNotFound,
+    ProcessorClosed,
+    TaskCancelled,
+    WaitTimeout,
+)
 from dibs.tasks._handle import Backoff, TaskHandle
 from dibs.tasks._jobs import Job
 from dibs.tasks._options import check_fn, check_id, task_options
+from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, Trigger, zone
@@ -31,6 +42,8 @@ R = TypeVar("R")
 DEFAULT_BACKOFF = Backoff()
 """Retry n waits up to min(300, 2**(n-1)) seconds, uniformly at random."""
 DEFAULT_MISFIRE = Misfire()
+WAIT_CHUNK = 5.0
+"""Real seconds one read of the job table waits for a job to finish (waits loop over it)."""
 SWEEP_TASK = "dibs.sweep"
 """The built-in durable task (and schedule ID) that runs the store's sweeper."""
 """Catch up once: one run, for the latest missed occurrence, however late."""
@@ -49,7 +62,11 @@ class TaskProcessor:
     heartbeats (a crashed worker's job is taken over after at most that);
     ``poll`` is how often the job table is read for jobs other processes
     added (on PostgreSQL a fallback: LISTEN/NOTIFY wakes workers at once);
-    ``take_jobs=False`` makes an enqueue-only client. A processor that takes
+    ``take_jobs=False`` makes an enqueue-only client. Durable tasks defined
+    with ``async def`` run as tasks on one event loop thread, up to
+    ``async_workers`` at once, next to the ``workers`` threads that run the
+    others. ``queues`` names the queues this processor takes jobs from (None:
+    every queue). A processor that takes
     jobs also runs the store's sweeper as the durable schedule ``dibs.sweep``
     every ``sweep_every`` seconds (None: not from this process). Raises
     :class:`~dibs.InvalidInput` for a bad argument.
@@ -67,23 +84,28 @@ class TaskProcessor:
         poll: float = 0.5,
         take_jobs: bool = True,
         sweep_every: float | None = 60.0,
+        async_workers: int = 100,
+        queues: Iterable[str] | None = None,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidInput(
-                f"workers must be an int >= 1, got {workers!r}", field="workers", value=workers
-            )
+        for field, count in (("workers", workers), ("async_workers", async_workers)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise InvalidInput(f"{field} must be an int >= 1, got {count!r}", field=field,
+                                   value=count)  # fmt: skip
         self._engine = Engine(workers, clock, rng, name)
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
         self._durable: DurableRunner | None = None
+        self._job_options: dict[str, JobOptions] = {}
+        self._queues = None if queues is None else _check_queues(queues)
         if store is not None:
             if not isinstance(store, Store):
                 raise InvalidInput("store must be a dibs Store", field="store", value=store)
             self._durable = DurableRunner(
                 store, self.submit, workers, to_seconds(lease, "lease"),
                 to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
-                take_jobs,
+                take_jobs, async_workers,
             )  # fmt: skip
+            self._durable.queues = self._queues
             if take_jobs and sweep_every is not None:
                 self._add_sweeper(to_seconds(sweep_every, "sweep_every"))
 
@@ -215,19 +237,28 @@ class TaskProcessor:
         retries: int = 0,
         backoff: Backoff | float = DEFAULT_BACKOFF,
         timeout: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        lock_key: str | None = None,
+        retention: float | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
 
-        Every process that registers the same name can run its jobs. Raises
-        :class:`~dibs.InvalidInput` without a store or for bad options.
+        Every process that registers the same name can run its jobs. ``queue``,
+        ``priority``, ``lock_key`` and ``retention`` are the defaults of its
+        jobs (see :meth:`enqueue`). An ``async def`` function runs on the
+        processor's event loop. Raises :class:`~dibs.InvalidInput` without a
+        store or for bad options.
         """
         durable = self._require_store()
         retries, backoff, timeout = task_options(retries, backoff, timeout)
+        options = JobOptions().merged(queue, priority, lock_key, retention)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
-            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
             durable.tasks[task_name] = RegisteredTask(task_name, fn, retries, backoff, timeout)
+            self._job_options[task_name] = options
             return fn
 
         return register
@@ -240,6 +271,11 @@ class TaskProcessor:
         at: object = None,
         delay: object = None,
         key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        lock_key: str | None = None,
+        retention: float | None = None,
+        connection: object = None,
         **kwargs: Any,
     ) -> str:
         """Add a durable job for a registered task; return its job ID.
@@ -247,24 +283,123 @@ class TaskProcessor:
         Arguments must be JSON-serializable. With ``key``, while a job with
         that key is pending or running (on any process), enqueue adds nothing
         and returns that job's ID; once it has finished the key is free again.
+        ``queue`` (default ``"default"``) is where it waits: only processors
+        taking that queue run it. Among due jobs, higher ``priority`` runs
+        first (a 32-bit int, default 0). Jobs sharing a ``lock_key`` never run
+        at the same time, on any process. A finished job and its result are
+        kept ``retention`` seconds (default: the store's
+        ``request_retention``). Each defaults to the task's own (:meth:`task`).
+
+        With ``connection`` (your open ``sqlite3.Connection`` on the store's
+        file, or ``psycopg.Connection`` to its database), the job is written
+        inside your current transaction: it exists if and only if you commit.
+
         Raises :class:`~dibs.InvalidInput` for an unregistered task or bad
-        arguments.
+        arguments, and :class:`ProcessorClosed` once shutdown has begun.
+        """
+        return self.enqueue_many(
+            task, [(args, kwargs)], at=at, delay=delay, key=key, queue=queue,
+            priority=priority, lock_key=lock_key, retention=retention, connection=connection,
+        )[0]  # fmt: skip
+
+    def enqueue_many(
+        self,
+        task: str | Callable[..., Any],
+        calls: Iterable[tuple[Any, ...] | Mapping[str, Any]],
+        /,
+        *,
+        at: object = None,
+        delay: object = None,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        lock_key: str | None = None,
+        retention: float | None = None,
+        connection: object = None,
+    ) -> list[str]:
+        """Add one job of ``task`` per call, all in one transaction; return their IDs in order.
+
+        Each call is a tuple of positional arguments, a mapping of keyword
+        arguments, or an ``(args, kwargs)`` pair of a tuple and a dict. The
+        options are those of :meth:`enqueue` and apply to every job (a ``key``
+        to the first one only makes no sense, so ``key`` is refused with more
+        than one call). Either every job is added or none is. Raises
+        :class:`~dibs.InvalidInput` for bad arguments.
         """
         durable = self._require_store()
         registered = self._registered(task)
-        if at is not None and delay is not None:
-            raise InvalidInput("give at= or delay=, not both", field="delay", value=delay)
-        run_at: float | None = None
-        if at is not None:
-            run_at = to_epoch(at, "at")
-        elif delay is not None:
-            run_at = durable.store.now().timestamp() + to_seconds(delay, "delay", allow_zero=True)
+        options = self._job_options.get(registered.name, JobOptions()).merged(
+            queue, priority, lock_key, retention
+        )
+        run_at = self._run_at(at, delay)
         if key is not None:
             check_id(key, "key")
+        payloads = [encode_payload(*_split_call(call)) for call in calls]
+        if key is not None and len(payloads) > 1:
+            raise InvalidInput(
+                "key= de-duplicates one job; give it to enqueue(), not to a batch",
+                field="key", value=key,
+            )  # fmt: skip
         with self._engine.lock:
             self._check_open()
-        job_id = f"j-{secrets.token_hex(8)}"
-        return durable.enqueue(registered, args, kwargs, job_id=job_id, run_at=run_at, key=key)
+        jobs = [
+            self._new_job(registered, payload, f"j-{secrets.token_hex(8)}", run_at, options,
+                          key=key)
+            for payload in payloads
+        ]  # fmt: skip
+        if not jobs:
+            return []
+        return durable.jobs.add_many(jobs, connection=connection)
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for durable job ``job_id`` to finish and return its result.
+
+        Works from any process on the store, while the job runs anywhere, and
+        survives the death of its worker (another takes the job over). Raises
+        :class:`JobFailed` (with the last traceback) if it failed,
+        :class:`TaskCancelled` if it was cancelled, :class:`WaitTimeout` after
+        ``timeout`` real seconds (the job goes on), and :class:`JobNotFound`
+        for an unknown job or one purged after its retention.
+        """
+        record = self.wait(job_id, timeout)
+        if record.state == "done":
+            return record.result
+        if record.state == "cancelled":
+            raise TaskCancelled(
+                f"job {job_id} was cancelled", task_id=job_id, reason=CancelReason.CANCELLED
+            )
+        last = (record.error or "").strip().splitlines()[-1:] or ["it lost its worker too often"]
+        raise JobFailed(
+            f"job {job_id} failed after {record.attempt} attempt(s): {last[0]}",
+            job_id=job_id, error=record.error,
+        )  # fmt: skip
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobRecord:
+        """Wait until durable job ``job_id`` has finished; return its record.
+
+        Raises :class:`WaitTimeout` after ``timeout`` real seconds (None: no
+        limit) and :class:`JobNotFound` for an unknown or purged job.
+        """
+        durable = self._require_store()
+        check_id(job_id, "job_id")
+        if timeout is not None:
+            timeout = to_seconds(timeout, "timeout", allow_zero=True)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_CHUNK if deadline is None else max(0.0, deadline - time.monotonic())
+            job = durable.jobs.wait(job_id, min(left, WAIT_CHUNK))
+            if job is None:
+                raise JobNotFound(
+                    f"no durable job {job_id!r}: never added, or purged after its retention",
+                    job_id=job_id,
+                )
+            if job.state in FINISHED_STATES:
+                return to_record(job)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"job {job_id} had not finished after {timeout}s (it is {job.state})",
+                    task_id=job_id, timeout=timeout,
+                )  # fmt: skip
 
     def cancel(self, job_id: str) -> bool:
         """Cancel durable job ``job_id``: a pending one never runs; a running one is asked to stop.
@@ -280,7 +415,70 @@ class TaskProcessor:
 
     def job(self, job_id: str) -> JobRecord | None:
         """A snapshot of durable job ``job_id``, or None if there is none."""
-        return self._require_store().record(check_id(job_id, "job_id"))
+        job = self._require_store().jobs.get(check_id(job_id, "job_id"))
+        return None if job is None else to_record(job)
+
+    def jobs(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        queues: Iterable[str] | None = None,
+        task: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Snapshots of the durable jobs matching every filter given, earliest due first.
+
+        ``states`` among ``pending``, ``running``, ``done``, ``failed`` and
+        ``cancelled``; ``queues`` and ``task`` (a registered name) narrow it;
+        at most ``limit`` (None: all). Raises :class:`~dibs.InvalidInput` for a
+        bad filter or without a store.
+        """
+        durable = self._require_store()
+        wanted = None if states is None else list(states)
+        for state in wanted or []:
+            if state not in (*LIVE_STATES, *FINISHED_STATES):
+                raise InvalidInput(f"no job state {state!r}", field="states", value=state)
+        names = None if queues is None else _check_queues(queues)
+        if task is not None:
+            check_id(task, "task")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidInput(f"limit must be an int >= 1, got {limit!r}", field="limit",
+                               value=limit)  # fmt: skip
+        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=limit)
+        return [to_record(row) for row in rows]
+
+    def retry(self, job_id: str) -> bool:
+        """Run a ``failed`` or ``cancelled`` durable job again, now, with its retries restored.
+
+        Returns False for a job in any other state or none. Raises
+        :class:`~dibs.InvalidInput` without a store.
+        """
+        return self._require_store().jobs.retry(check_id(job_id, "job_id"))
+
+    def _run_at(self, at: object, delay: object) -> float | None:
+        """The due time of a job: ``at``, now + ``delay``, or None (now, on the store's clock)."""
+        if at is not None and delay is not None:
+            raise InvalidInput("give at= or delay=, not both", field="delay", value=delay)
+        if at is not None:
+            return to_epoch(at, "at")
+        if delay is not None:
+            seconds = to_seconds(delay, "delay", allow_zero=True)
+            return self._require_store().store.now().timestamp() + seconds
+        return None
+
+    def _new_job(
+        self, registered: RegisteredTask, payload: str, job_id: str, run_at: float | None,
+        options: JobOptions, *, key: str | None = None, schedule_id: str | None = None,
+    ) -> Job:  # fmt: skip
+        job = self._require_store().new_job(
+            registered, payload, job_id, 0.0, key=key, schedule_id=schedule_id
+        )
+        return replace(
+            job, run_at=run_at, queue=options.queue, priority=options.priority,
+            lock_key=options.lock_key, retention=options.retention,
+        )  # fmt: skip
 
     def _require_store(self) -> DurableRunner:
         if self._durable is None:
@@ -302,9 +500,8 @@ class TaskProcessor:
 
         def sweep() -> dict[str, int]:
             swept = durable.store.sweep()
-            purged = durable.jobs.purge(
-                durable.store.now().timestamp() - durable.store.request_retention
-            )
+            # A job's own retention wins; the store's request_retention is the default.
+            purged = durable.jobs.purge(durable.store.request_retention)
             return {
                 "expired": swept.expired,
                 "purged_requests": swept.purged_requests,
@@ -312,7 +509,8 @@ class TaskProcessor:
                 "purged_jobs": purged,
             }
 
-        self.task(SWEEP_TASK)(sweep)
+        # In this processor's first queue, which it takes: whoever evaluates an occurrence runs it.
+        self.task(SWEEP_TASK, queue=(self._queues or [DEFAULT_QUEUE])[0])(sweep)
         self.every(interval, SWEEP_TASK, id=SWEEP_TASK)
 
     def schedules(self) -> list[Schedule]:
@@ -336,8 +534,14 @@ class TaskProcessor:
 
         ``timeout`` is real seconds. Tasks timed for later do not count until due.
         """
+        start = time.monotonic()
         with self._engine.lock:
-            return self._engine.wait_idle(timeout)
+            if not self._engine.wait_idle(timeout):
+                return False
+        if self._durable is None:
+            return True
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        return self._durable.wait_idle(left)
 
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking work, finish what was submitted, cancel what is left at the deadline.
@@ -353,6 +557,7 @@ class TaskProcessor:
         engine = self._engine
         if timeout is not None:
             timeout = to_seconds(timeout, "timeout", allow_zero=True)
+        start = time.monotonic()
         if self._durable is not None:
             self._durable.stop_taking()  # running jobs keep their heartbeats while they drain
         with engine.lock:
@@ -361,6 +566,11 @@ class TaskProcessor:
                 return
             engine.idle.wait_for(lambda: engine.finished)
         if self._durable is not None:
+            # Async attempts drain until the same deadline, in real seconds, then are cancelled.
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            if not self._durable.wait_idle(left):
+                self._durable.cancel_async(CancelReason.SHUTDOWN)
+                self._durable.wait_idle(None)
             self._durable.stop()
         with engine.lock:
             # A worker stuck in a task that ignored its token is left behind (daemon).
@@ -378,7 +588,9 @@ class TaskProcessor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.shutdown(wait=True)
+        # An exception must surface now, not after work timed for next week: cancel
+        # what has not started, ask running tasks to stop, and wait only for them.
+        self.shutdown(wait=True, timeout=None if exc is None else 0)
 
     def _check_open(self) -> None:
         if self._engine.closing:
@@ -451,7 +663,6 @@ class TaskProcessor:
         self, trigger: Trigger, fn: object, args: tuple[Any, ...], kwargs: dict[str, Any],
         schedule_id: str | None, misfire: Misfire, max_running: int,
     ) -> DurableSchedule:  # fmt: skip
-        durable = self._require_store()
         registered = self._registered(fn)
         payload = encode_payload(args, kwargs)
         if not isinstance(misfire, Misfire):
@@ -461,8 +672,12 @@ class TaskProcessor:
         if schedule_id is None:
             schedule_id = f"{registered.name}:{trigger.describe()}"
 
+        options = self._job_options.get(registered.name, JobOptions())
+
         def make_job(job_id: str, nominal: float) -> Job:
-            return durable.new_job(registered, payload, job_id, nominal, schedule_id=schedule_id)
+            return self._new_job(
+                registered, payload, job_id, nominal, options, schedule_id=schedule_id
+            )
 
         check_id(schedule_id, "id")
         # Each occurrence's job ID is the schedule ID, "@" and an ISO 8601 instant.
@@ -474,3 +689,36 @@ class TaskProcessor:
                 value=schedule_id,
             )
         return DurableSchedule(schedule_id, trigger, misfire, max_running, make_job)
+
+
+def _split_call(call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One call of :meth:`TaskProcessor.enqueue_many` as ``(args, kwargs)``."""
+    if (
+        isinstance(call, tuple)
+        and len(call) == 2
+        and isinstance(call[0], tuple)
+        and isinstance(call[1], dict)
+    ):
+        return call[0], call[1]
+    if isinstance(call, tuple):
+        return call, {}
+    if isinstance(call, Mapping) and all(isinstance(name, str) for name in call):
+        return (), dict(call)
+    raise InvalidInput(
+        f"each call is a tuple of arguments, a mapping of keyword arguments or an "
+        f"(args, kwargs) pair, got {call!r}",
+        field="calls",
+        value=call,
+    )
+
+
+def _check_queues(queues: object) -> list[str]:
+    """The queues a processor takes from, checked; raises InvalidInput for a bad one."""
+    if isinstance(queues, str) or not isinstance(queues, Iterable):
+        raise InvalidInput(
+            f"queues must be a list of queue names, got {queues!r}", field="queues", value=queues
+        )
+    names = [check_id(name, "queues") for name in queues]
+    if not names:
+        raise InvalidInput("queues must name at least one queue", field="queues", value=queues)
+    return names

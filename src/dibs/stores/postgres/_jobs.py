@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dibs.exceptions import StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
 from dibs.stores.postgres._sql import JOBS, upgrade
 
@@ -38,21 +38,38 @@ class PostgresJobs(SQLJobs):
     """``jobs`` in the PostgreSQL store's schema, on the store's pool."""
 
     def __init__(
-        self, schema: str, pool: Callable[[], ConnectionPool[psycopg.Connection[TupleRow]]]
+        self,
+        schema: str,
+        pool: Callable[[], ConnectionPool[psycopg.Connection[TupleRow]]],
+        clock: Callable[[], float | None] = lambda: None,
     ) -> None:
         s = sql.Identifier(schema).as_bytes(None).decode()
+        channel = f"dibs_jobs_{schema}"
         super().__init__(
             Dialect(
                 jobs=f"{s}.jobs",
                 schedules=f"{s}.job_schedules",
-                param="%s",
-                same="IS NOT DISTINCT FROM",
+                named="%({})s",
+                now="COALESCE(CAST(:now AS DOUBLE PRECISION), "
+                "CAST(extract(epoch FROM statement_timestamp()) AS DOUBLE PRECISION))",
+                in_list="{col} = ANY(CAST(:{name} AS TEXT[]))",
+                held="(id, fence) IN (SELECT e ->> 0, CAST(e ->> 1 AS BIGINT) "
+                "FROM json_array_elements(CAST(:held AS JSON)) AS e)",
+                log_append="CAST(COALESCE(CAST(attempts_log AS JSONB), '[]'::jsonb) || "
+                "jsonb_build_array(jsonb_build_object('attempt', attempt, 'holder', holder, "
+                "'started_at', started_at, 'ended_at', {now}, 'outcome_kind', {kind})) AS TEXT)",
                 lock_schedule=True,
-            )
+                skip_locked=" FOR UPDATE SKIP LOCKED",
+                json_lists=False,
+                insert_returning="WITH ins AS ({insert} RETURNING id) "
+                "SELECT id, pg_notify(CAST(:channel AS TEXT), '') FROM ins",
+                channel=channel,
+            ),
+            clock,
         )
         self.schema = schema
         self._pool = pool  # the store's pool of this process (a forked child has its own)
-        self.channel = f"dibs_jobs_{self.schema}"
+        self.channel = channel
         with self._transaction() as conn:
             # One creator at a time: concurrent CREATE … IF NOT EXISTS can still collide.
             conn.execute(
@@ -74,21 +91,37 @@ class PostgresJobs(SQLJobs):
     def _prepare(self, text: str) -> bytes:
         return text.encode()
 
+    def _run(self, conn: Any, statement: Any, params: dict[str, Any]) -> Any:
+        return conn.cursor(row_factory=tuple_row).execute(statement, params)
+
     def _atomic(self, work: Callable[[Any], _T]) -> _T:
         with self._transaction() as conn:
             return work(conn)
 
-    def _single(self, work: Callable[[Any], _T]) -> _T:
+    def _single(self, work: Callable[[Any], _T], write: bool = True) -> _T:
         try:
-            with self._pool().connection() as conn:
+            with self._pool().connection() as conn:  # autocommit: one statement, one commit
                 return work(conn)
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
 
-    def _added(self, conn: Any) -> None:
-        conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+    def _on_caller(self, connection: object, work: Callable[[Any], _T]) -> _T:
+        if not isinstance(connection, psycopg.Connection):
+            raise InvalidInput(
+                "connection must be a psycopg.Connection to the store's database, got "
+                f"{type(connection).__name__}",
+                field="connection",
+                value=connection,
+            )
+        try:
+            return work(connection)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL job table, on the caller's connection: {exc}"
+            ) from exc
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
+        stop_local = self._add_local(wake)
         stopped = threading.Event()
         conninfo = self._pool().conninfo
         assert isinstance(conninfo, str)  # PostgresStore passes its conninfo as a string
@@ -110,6 +143,7 @@ class PostgresJobs(SQLJobs):
         thread.start()
 
         def stop() -> None:
+            stop_local()
             stopped.set()
             thread.join()
 

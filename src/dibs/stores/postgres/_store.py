@@ -653,9 +653,16 @@ class PostgresStore(Store):
 
     # --- capabilities ---------------------------------------------------------------------------
 
+    def _jobs_clock(self) -> float | None:
+        """The job table's ``now``: the test clock's, or None for the server's own."""
+        return self.clock.now() if self._test_clock else None
+
     def job_table(self) -> JobTable:
         """``jobs`` in this store's schema, on this store's pool (created on first use)."""
-        return self._once("job_table", lambda: PostgresJobs(self.schema, lambda: self._pool))
+        return self._once(
+            "job_table",
+            lambda: PostgresJobs(self.schema, lambda: self._pool, self._jobs_clock),
+        )
 
     def change_feed(self) -> ChangeFeed:
         """The server's WAL position, read on a connection of its own."""

@@ -1,26 +1,59 @@
 """The job table in a SQLite store's file: ``dibs_jobs`` and ``dibs_job_schedules``.
 
 The shared SQL job table (:mod:`dibs.stores._sql_jobs`) on the store's own
-connections. Every multi-statement operation runs in ``BEGIN IMMEDIATE``,
-which takes the file's write lock first, so operations on the file are
-serialized. Wake-ups: none; the runner polls (short and cheap).
+connections. Every write runs in ``BEGIN IMMEDIATE``, which takes the file's
+write lock first, so operations on the file are serialized and a statement
+never has to upgrade a stale read snapshot.
+
+Wake-ups: an add in this process wakes this process's workers at once. Other
+processes learn of it from ``PRAGMA data_version``, which moves whenever
+another connection commits to the file: :meth:`SQLiteJobs.listen` keeps one
+connection that reads it every :data:`WAKE_MIN` seconds after a change,
+backing off to :data:`WAKE_MAX` while nothing changes. That read touches only
+the WAL index in shared memory (a few microseconds), so the watcher costs far
+less than the job it finds; docs/benchmarks.md compares it with a wake-up
+socket per worker, which was no faster at the median and costs every
+enqueuer a ``sendto`` per worker process.
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
 from dibs.stores.sqlite._conn import SQLitePool
 from dibs.stores.sqlite._schema import JOBS, upgrade
 
-__all__ = ["SQLiteJobs"]
+__all__ = ["WAKE_MAX", "WAKE_MIN", "SQLiteJobs"]
+
+log = logging.getLogger("dibs.tasks")
 
 _T = TypeVar("_T")
 
+WAKE_MIN = 0.001
+"""Seconds between reads of ``PRAGMA data_version`` right after a change."""
+WAKE_MAX = 0.008
+"""Seconds between reads once nothing has changed for a while (doubling from the minimum)."""
+
 _DIALECT = Dialect(
-    jobs="dibs_jobs", schedules="dibs_job_schedules", param="?", same="IS", lock_schedule=False
+    jobs="dibs_jobs",
+    schedules="dibs_job_schedules",
+    named=":{}",
+    now=":now",
+    in_list="{col} IN (SELECT value FROM json_each(:{name}))",
+    held="(id, fence) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') "
+    "FROM json_each(:held))",
+    log_append="json_insert(COALESCE(attempts_log, '[]'), '$[#]', json_object('attempt', "
+    "attempt, 'holder', holder, 'started_at', started_at, 'ended_at', {now}, "
+    "'outcome_kind', {kind}))",
+    lock_schedule=False,
+    skip_locked="",
+    json_lists=True,
 )
 
 
@@ -32,8 +65,8 @@ class SQLiteJobs(SQLJobs):
     store closes them.
     """
 
-    def __init__(self, pool: SQLitePool) -> None:
-        super().__init__(_DIALECT)
+    def __init__(self, pool: SQLitePool, clock: Callable[[], float]) -> None:
+        super().__init__(_DIALECT, clock)
         self._pool = pool
 
         def create() -> None:
@@ -46,7 +79,55 @@ class SQLiteJobs(SQLJobs):
         """Nothing of its own to close: the connections are the store's."""
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
-        return lambda: None  # no notifications on SQLite: the runner's poll finds new rows
+        stop_local = self._add_local(wake)
+        if self._pool.memory:
+            return stop_local  # one process: the local wake-ups are all there is
+        stopped = threading.Event()
+        path = self._pool.path
+        conn: sqlite3.Connection | None = None
+        seen: int | None = None
+        try:  # the baseline, before returning: every commit from now on wakes
+            conn = sqlite3.connect(path, check_same_thread=False)
+            (seen,) = conn.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            log.warning("job table watcher failed (%s); polling until it is back", exc)
+
+        def watch() -> None:
+            nonlocal conn, seen
+            pause = WAKE_MIN
+            while not stopped.wait(pause):
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(path, check_same_thread=False)
+                    (version,) = conn.execute("PRAGMA data_version").fetchone()
+                except sqlite3.Error as exc:
+                    log.warning("job table watcher failed (%s); polling until it is back", exc)
+                    if conn is not None:
+                        conn.close()
+                    conn, seen, pause = None, None, 1.0
+                    continue
+                if version != seen:
+                    seen, pause = version, WAKE_MIN
+                    wake()  # after a failure too: commits may have been missed
+                else:
+                    pause = min(pause * 2, WAKE_MAX)
+            if conn is not None:
+                conn.close()
+
+        thread = threading.Thread(target=watch, name="dibs-tasks-watch", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            stop_local()
+            stopped.set()
+            thread.join()
+
+        return stop
+
+    def _run(self, conn: Any, statement: Any, params: dict[str, Any]) -> Any:
+        cursor = conn.cursor()
+        cursor.row_factory = None  # a caller's connection may have one
+        return cursor.execute(statement, params)
 
     def _atomic(self, work: Callable[[Any], _T]) -> _T:
         def attempt() -> _T:
@@ -55,9 +136,25 @@ class SQLiteJobs(SQLJobs):
 
         return self._pool.retrying(attempt)
 
-    def _single(self, work: Callable[[Any], _T]) -> _T:
+    def _single(self, work: Callable[[Any], _T], write: bool = True) -> _T:
+        if write:
+            return self._atomic(work)
+
         def attempt() -> _T:
             with self._pool.connection() as conn:
                 return work(conn)
 
         return self._pool.retrying(attempt)
+
+    def _on_caller(self, connection: object, work: Callable[[Any], _T]) -> _T:
+        if not isinstance(connection, sqlite3.Connection):
+            raise InvalidInput(
+                "connection must be a sqlite3.Connection to the store's file, got "
+                f"{type(connection).__name__}",
+                field="connection",
+                value=connection,
+            )
+        try:
+            return work(connection)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc

@@ -583,7 +583,7 @@ class SQLiteStore(Store):
 
     def job_table(self) -> JobTable:
         """``dibs_jobs`` in this store's file, on its connections (created on first use)."""
-        return self._once("job_table", lambda: SQLiteJobs(self._pool))
+        return self._once("job_table", lambda: SQLiteJobs(self._pool, self._now))
 
     def change_feed(self) -> ChangeFeed:
         """``PRAGMA data_version`` on a connection of its own, which moves on every commit."""

@@ -1,0 +1,113 @@
+"""Lock keys: jobs sharing a ``lock_key`` never run at the same time, because each holds a claim.
+
+A worker that has taken a job with a lock key claims ``Unit("dibs.tasks.lock",
+lock_key)`` on the store, as a hold whose TTL is the job's lease, before it
+runs the job. The store's unique claim is the arbiter (the linearization
+point is that claim): while one attempt holds the unit, no other can, on
+any process or host. The heartbeat extends the hold with the lease; the hold
+is released as soon as the attempt has returned. A worker that dies stops
+extending it, so the hold expires within one lease and the next job of that
+key can run — as its own job is taken over by then.
+
+Each hold has a holder of its own (the worker's name and a random suffix): two
+attempts in one process must not be taken for one holder re-claiming what it
+holds, which the store would answer with the existing claim.
+
+The job table's ``take`` skips jobs whose lock key is on a running row, which
+keeps most losers from taking a job they cannot run; a worker that takes one
+anyway loses the claim here and puts the job back, uncounted.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass
+
+from dibs._model import Unit
+from dibs.exceptions import ClaimNotFound, DibsError, HoldLost
+from dibs.stores.base import Store
+from dibs.stores.jobs import Job
+
+__all__ = ["LOCK_RESOURCE", "LockKeys"]
+
+log = logging.getLogger("dibs.tasks")
+
+Attempt = tuple[str, int | None]
+"""An attempt of a job: its ID and the fence its take gave it."""
+
+LOCK_RESOURCE = "dibs.tasks.lock"
+"""The resource whose slots are lock keys: a lock key ``k`` is ``Unit(LOCK_RESOURCE, k)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    claim_id: str
+    holder: str
+    fence: int
+
+
+class LockKeys:
+    """The lock-key holds of one worker process's running attempts, by ``(job ID, fence)``."""
+
+    def __init__(self, store: Store, holder: str, lease: float) -> None:
+        self._store = store
+        self._holder = holder
+        self._lease = lease
+        self._lock = threading.Lock()  # guards _held
+        self._held: dict[Attempt, _Held] = {}
+
+    def acquire(self, job: Job) -> bool:
+        """Claim ``job``'s lock key for its attempt; False if another attempt holds it.
+
+        True at once for a job without a lock key. Raises what the store's
+        ``claim`` raises (StoreUnavailable): then nothing is held.
+        """
+        if job.lock_key is None:
+            return True
+        holder = f"{self._holder}/{secrets.token_hex(4)}"
+        # Linearization point: the store's claim decides which attempt runs now.
+        won = self._store.claim(Unit(LOCK_RESOURCE, job.lock_key), holder=holder, ttl=self._lease)
+        if not won or won.claim is None:
+            return False
+        with self._lock:
+            self._held[job.id, job.fence] = _Held(won.claim.id, holder, won.claim.fence)
+        return True
+
+    def extend(self, attempts: list[Attempt]) -> set[Attempt]:
+        """Extend the holds of these running attempts by a lease; return those whose hold is lost.
+
+        A lost hold means another attempt may now run a job of that key: the
+        caller asks this job to stop, as for a lost lease.
+        """
+        with self._lock:
+            held = [(attempt, self._held[attempt]) for attempt in attempts if attempt in self._held]
+        lost: set[Attempt] = set()
+        for attempt, hold in held:
+            try:
+                self._store.extend(
+                    hold.claim_id, holder=hold.holder, fence=hold.fence, ttl=self._lease
+                )
+            except (HoldLost, ClaimNotFound):
+                lost.add(attempt)
+            except DibsError:
+                log.exception("extending the lock key hold of job %s failed", attempt[0])
+        return lost
+
+    def release(self, attempt: Attempt) -> None:
+        """Give back the lock key held for ``attempt``, if any; never raises.
+
+        A failed release is harmless: the hold expires within a lease.
+        """
+        job_id = attempt[0]
+        with self._lock:
+            hold = self._held.pop(attempt, None)
+        if hold is None:
+            return
+        try:
+            self._store.release(hold.claim_id, holder=hold.holder, fence=hold.fence)
+        except (HoldLost, ClaimNotFound):
+            pass  # expired or taken over already: nothing left to give back
+        except DibsError as exc:
+            log.warning("releasing the lock key hold of job %s failed: %s", job_id, exc)
