@@ -496,7 +496,11 @@ class MemoryStore(Store):
             return super().confirm(claim_id, holder=holder, fence=fence)
         targets = record["targets"]
         if len(targets) != 1 or type(targets[0]) is not Unit:
-            return self._confirm(claim_id, holder, fence)
+            try:
+                return self._confirm(claim_id, holder, fence)
+            except HoldLost as exc:
+                self._log_lost("confirm", exc)
+                raise
         lock = self._locks[targets[0]._hash % self._nstripes]
         lock.acquire()
         try:
@@ -512,7 +516,11 @@ class MemoryStore(Store):
                 record["_expires_at_us"] = None
                 record["_updated_at_us"] = now
             elif state is not _CONFIRMED:
-                self._require_live(record, fence, now)  # raises HoldLost with the reason
+                try:
+                    self._require_live(record, fence, now)  # raises HoldLost with the reason
+                except HoldLost as exc:
+                    self._log_lost("confirm", exc)
+                    raise
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -534,7 +542,11 @@ class MemoryStore(Store):
             return super().extend(claim_id, holder=holder, fence=fence, ttl=ttl)
         targets = record["targets"]
         if len(targets) != 1 or type(targets[0]) is not Unit:
-            return self._extend(claim_id, holder, fence, float(ttl))
+            try:
+                return self._extend(claim_id, holder, fence, float(ttl))
+            except HoldLost as exc:
+                self._log_lost("extend", exc)
+                raise
         lock = self._locks[targets[0]._hash % self._nstripes]
         lock.acquire()
         try:
@@ -548,7 +560,11 @@ class MemoryStore(Store):
                 record["_expires_at_us"] = now + round(ttl * 1_000_000)
                 record["_updated_at_us"] = now
             elif state is not _CONFIRMED:
-                self._require_live(record, fence, now)  # raises HoldLost with the reason
+                try:
+                    self._require_live(record, fence, now)  # raises HoldLost with the reason
+                except HoldLost as exc:
+                    self._log_lost("extend", exc)
+                    raise
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
