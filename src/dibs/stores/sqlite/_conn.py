@@ -138,6 +138,22 @@ class SQLitePool:
                     _rollback(conn)
                     raise
 
+    def run(self, work: Callable[[sqlite3.Connection], _T], begin: str = "BEGIN IMMEDIATE") -> _T:
+        """``work(conn)`` in one transaction, like :meth:`transaction` without its generator."""
+        conn = self._checkout()
+        try:
+            conn.execute(begin)
+            try:
+                result = work(conn)
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            return result
+        finally:
+            self._checkin(conn)
+
     def retrying(self, work: Callable[[], _T]) -> _T:
         """Run ``work``, retrying while the database is busy, up to ``busy_timeout``.
 

@@ -20,6 +20,7 @@ threads claiming at once.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -253,12 +254,7 @@ class SQLiteStore(Store):
         """Run ``work`` in a write transaction: its own, or its turn in a group commit."""
         if self._group is not None:
             return self._group.run(work)
-
-        def attempt() -> _T:
-            with self._immediate() as conn:
-                return work(conn)
-
-        return self._retrying(attempt)
+        return self._retrying(functools.partial(self._pool.run, work))
 
     # --- claim ----------------------------------------------------------------------------------
 
