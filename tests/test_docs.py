@@ -36,8 +36,13 @@ def test_reason_rule_example_runs() -> None:
     exec(compile(example, "docs/stores.md", "exec"), {})
 
 
+def test_group_commit_example_runs() -> None:
+    (example,) = [b for b in _blocks("docs/stores.md") if "group_commit=1" in b]
+    exec(compile(example, "docs/stores.md", "exec"), {})
+
+
 def test_the_plugin_guide_shows_the_tested_plugin() -> None:
-    _, module, _ = _blocks("docs/stores.md")
+    module = _blocks("docs/stores.md")[-2]
     plugin = ROOT / "tests" / "plugin_store"
     assert module == (plugin / "toy_store.py").read_text()
     (toml,) = re.findall(r"```toml\n(.*?)```", (ROOT / "docs/stores.md").read_text(), re.S)
@@ -46,7 +51,7 @@ def test_the_plugin_guide_shows_the_tested_plugin() -> None:
 
 
 def test_the_plugin_guide_contract_test_passes(tmp_path: Path) -> None:
-    _, _, contract = _blocks("docs/stores.md")
+    contract = _blocks("docs/stores.md")[-1]
     (tmp_path / "test_toy_store.py").write_text(contract)
     env = {
         **os.environ,
