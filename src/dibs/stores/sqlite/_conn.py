@@ -223,9 +223,10 @@ class SQLitePool:
         return conn
 
     def _checkin(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            if conn not in self._busy or self._pid != os.getpid():
-                return  # carried across fork(): abandoned, never touched again
+        # Unlocked reads (each atomic under the GIL): the fork hooks change these only when
+        # this connection is abandoned, and the locked pop below decides.
+        if self._pid != os.getpid() or conn not in self._busy:
+            return  # carried across fork(): abandoned, never touched again
         if conn.in_transaction:
             _rollback(conn)
         healthy = not conn.in_transaction

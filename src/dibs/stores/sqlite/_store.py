@@ -329,8 +329,10 @@ class SQLiteStore(Store):
         now: int,
     ) -> ClaimResult:
         """One unit: its row is the arbiter and the claim, one insert or one conditional update."""
-        state = "confirmed" if ttl is None else "held"
-        expires = None if ttl is None else now + _micros(ttl)
+        if ttl is None:
+            state, claim_state, expires = "confirmed", ClaimState.CONFIRMED, None
+        else:
+            state, claim_state, expires = "held", ClaimState.HELD, now + _micros(ttl)
         values = (state, holder, expires, request_id, fp, now, now)
         # Linearization point: the insert against the primary key (resource, slot).
         row = conn.execute(_INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
@@ -350,10 +352,9 @@ class SQLiteStore(Store):
                 _REPLACE_UNIT, (*values, unit.resource, unit.slot, old[0])
             ).fetchone()
         fence = row[0]
-        created = _dt(now)
-        assert created is not None
+        created = datetime.fromtimestamp(now / 1_000_000, UTC)
         claim = make_claim(
-            str(fence), holder, (unit,), ClaimState(state), fence, _dt(expires), request_id,
+            str(fence), holder, (unit,), claim_state, fence, _dt(expires), request_id,
             created, created,
         )  # fmt: skip
         return make_result(True, claim, (), False)
