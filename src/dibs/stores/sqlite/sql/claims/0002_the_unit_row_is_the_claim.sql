@@ -93,9 +93,9 @@ DROP TABLE dibs_requests;
 -- Get by claim ID, confirm, extend and release, and the next fence, which is
 -- max(fence) over both tables + 1 (sweep never purges the highest fence).
 CREATE INDEX dibs_units_v2_by_fence ON dibs_units_v2 (fence);
--- claims_of(): only live single-unit claims are in it.
-CREATE INDEX dibs_units_v2_by_holder
-    ON dibs_units_v2 (holder) WHERE state IN ('held', 'confirmed');
+-- claims_of(). Every single-unit claim in its row, whatever its state, so that
+-- confirm and release (which change only the state) leave this index alone.
+CREATE INDEX dibs_units_v2_by_holder ON dibs_units_v2 (holder) WHERE holder IS NOT NULL;
 -- Replays of granted single-unit requests within retention.
 CREATE INDEX dibs_units_v2_by_request
     ON dibs_units_v2 (request_id) WHERE fingerprint IS NOT NULL;
