@@ -194,3 +194,20 @@ def test_kill_9_mid_batch_loses_nothing_acknowledged(tmp_path: Path, synchronous
                 assert claim is not None and claim.fence == fence, (claim_id, rid)
             assert store.integrity_check() == "ok"
     assert len(acknowledged) == 1200
+
+
+def test_a_store_with_group_commit_keeps_working_in_a_fork_child(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "f.db", group_commit=True)
+    assert store.claim(Unit("a", "1"), holder="parent")
+    pid = os.fork()
+    if pid == 0:  # the child: a batch of its own, on connections of its own
+        code = 1
+        try:
+            code = 0 if store.claim(Unit("a", "2"), holder="child") else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.holder_of(Unit("a", "2")) == "child"
+    assert store.claim(Unit("a", "3"), holder="parent")
+    store.close()

@@ -24,8 +24,10 @@ disk), the next one gathers.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +72,10 @@ class GroupCommit:
 
     def __init__(self, pool: SQLitePool) -> None:
         self._pool = pool
+        self._reset()
+        _instances.add(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()  # guards _queue and _leading
         self._queue: list[_Pending[Any]] = []
         self._leading = False
@@ -151,3 +157,16 @@ class GroupCommit:
 def _reraise(error: sqlite3.Error) -> None:
     """Raise ``error`` again, for the pool to translate into a dibs error."""
     raise error
+
+
+# A fork child starts with no batch: the parent's queued callers and its leader did not come
+# along (nor, maybe, the holder of the lock). The pool decides whether the file is usable.
+_instances: weakref.WeakSet[GroupCommit] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for group in list(_instances):
+        group._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
