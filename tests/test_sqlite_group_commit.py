@@ -7,27 +7,73 @@ fails it: both were tried once.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import dibs
-from dibs import RequestConflict, SpanKindMismatch, Unit
+from dibs import FakeClock, RequestConflict, SpanKindMismatch, Store, Unit
 from dibs.stores.sqlite import SQLiteStore
 from dibs.stores.sqlite._group import GroupCommit
+from dibs.testing import StoreContract, StoreStateMachine
 
 THREADS = 16
 ROUNDS = 150
 UNITS = 40
+
+
+# --- the whole contract and the state machine, with group commit on ------------------------------
+
+
+class TestGroupCommitContract(StoreContract):
+    @pytest.fixture
+    def reopen(self, tmp_path: Path, clock: FakeClock) -> Iterator[Callable[[], Store]]:
+        opened: list[Store] = []
+
+        def make() -> Store:
+            store = SQLiteStore(tmp_path / "contract.db", clock=clock, group_commit=True)
+            opened.append(store)
+            return store
+
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def store(self, reopen: Callable[[], Store]) -> Store:
+        return reopen()
+
+
+class GroupCommitMachine(StoreStateMachine):
+    @staticmethod
+    def make_store(clock: FakeClock, retention: float) -> Store:
+        path = _machine_dir / f"m{next(_machine_files)}.db"
+        return SQLiteStore(path, clock=clock, request_retention=retention, group_commit=True)
+
+
+_machine_dir = Path(tempfile.mkdtemp(prefix="dibs-group-machine-"))
+_machine_files = itertools.count()
+TestGroupCommitMachine = GroupCommitMachine.TestCase
+TestGroupCommitMachine.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+
+
+# --- many threads -------------------------------------------------------------------------------
 
 
 @pytest.fixture
