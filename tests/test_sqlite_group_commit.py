@@ -257,3 +257,18 @@ def test_a_store_with_group_commit_keeps_working_in_a_fork_child(tmp_path: Path)
     assert store.holder_of(Unit("a", "2")) == "child"
     assert store.claim(Unit("a", "3"), holder="parent")
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("flag", "on"), [("1", True), ("true", True), ("0", False), ("off", False)]
+)
+def test_group_commit_is_a_url_option(tmp_path: Path, flag: str, on: bool) -> None:
+    with dibs.open(f"sqlite:///{tmp_path / 'o.db'}?group_commit={flag}") as store:
+        assert isinstance(store, SQLiteStore) and store.group_commit is on
+        assert store.claim(Unit("a"), holder="h")
+
+
+def test_group_commit_must_be_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(dibs.InvalidInput) as raised:
+        SQLiteStore(tmp_path / "o.db", group_commit="yes")  # type: ignore[arg-type]
+    assert raised.value.field == "group_commit"
