@@ -1,10 +1,11 @@
 """The one migration runner: numbered steps, functions from their current file, no downgrades.
 
 Every schema dibs owns is upgraded here from every earlier version, populated:
-SQLite's claim tables (version 1, and 1 -> 2 with every kind of claim) and job tables (unversioned, "0"), and
-PostgreSQL's job tables (unversioned). PostgreSQL's claim schema versions 1
-and 2 are upgraded in tests/test_postgres_edges.py. The earlier versions' SQL
-is frozen in tests/schemas, so that editing a shipped step cannot quietly
+SQLite's claim tables (version 1, and 1 -> 2 with every kind of claim) and job
+tables (unversioned, "0"), and PostgreSQL's job tables (unversioned).
+PostgreSQL's claim schema versions 1 and 2 are upgraded in
+tests/test_postgres_edges.py. The earlier versions' SQL is frozen in
+tests/schemas, so that editing a shipped step cannot quietly
 change what "an earlier version" means here.
 """
 
@@ -387,9 +388,7 @@ def test_an_older_dibs_refuses_a_newer_schema_and_a_newer_dibs_upgrades_an_older
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The code of schema version 1, as a package holding only its step.
-    v1_code = _package(
-        tmp_path, monkeypatch, {"sql/claims/0001_tables.sql": CLAIMS.steps[0]}
-    )
+    v1_code = _package(tmp_path, monkeypatch, {"sql/claims/0001_tables.sql": CLAIMS.steps[0]})
     v1_code = Migrations(v1_code.package, "claims")
     assert v1_code.version == 1 < SCHEMA_VERSION
     old_file, new_file = tmp_path / "old.db", tmp_path / "new.db"
