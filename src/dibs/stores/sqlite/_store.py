@@ -63,7 +63,6 @@ from dibs.stores.base import (
     not_holder,
     parse_serial_id,
     span_kind_mismatch,
-    stored_claim,
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
@@ -71,49 +70,30 @@ from dibs.stores.sqlite._conn import SQLitePool
 from dibs.stores.sqlite._group import GroupCommit
 from dibs.stores.sqlite._jobs import SQLiteJobs
 from dibs.stores.sqlite._schema import CLAIMS, upgrade
+from dibs.stores.sqlite._sql import (
+    CLAIM_COLS,
+    INSERT_UNIT,
+    LIVE,
+    NEXT_FENCE,
+    PRIOR_REQUEST,
+    REPLACE_UNIT,
+    SELECT_UNIT,
+    UNIT_COLS,
+    claim_from_row,
+    dt,
+    micros,
+    unit_claim,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 SCHEMA_VERSION = CLAIMS.version
 """The claim schema version this code writes and understands (steps in ``sql/claims/``)."""
 
-_LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True,
           "0": False, "false": False, "no": False, "off": False}  # fmt: skip
 _T = TypeVar("_T")
-
-# The next fence: one more than the highest in either table (both read off an index's
-# right edge). sweep() never purges the highest, so no fence is handed out twice.
-_NEXT_FENCE = (
-    "(SELECT max(coalesce((SELECT max(fence) FROM dibs_units_v2), 0), "
-    "coalesce((SELECT max(fence) FROM dibs_claims_v2), 0)) + 1)"
-)
-_UNIT_COLS = "fence, holder, state, expires_at, request_id, created_at, updated_at, resource, slot"
-_CLAIM_COLS = (
-    "fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken_over"
-)
-_INSERT_UNIT = (
-    "INSERT INTO dibs_units_v2 (resource, slot, fence, state, holder, expires_at, request_id, "
-    f"fingerprint, created_at, updated_at) VALUES (?, ?, {_NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT DO NOTHING RETURNING fence"
-)
-_SELECT_UNIT = (
-    "SELECT fence, state, holder, expires_at, request_id, fingerprint, created_at, updated_at "
-    "FROM dibs_units_v2 WHERE resource = ? AND slot = ?"
-)
-_REPLACE_UNIT = (
-    f"UPDATE dibs_units_v2 SET fence = {_NEXT_FENCE}, state = ?, holder = ?, expires_at = ?, "
-    "request_id = ?, fingerprint = ?, created_at = ?, updated_at = ? "
-    "WHERE resource = ? AND slot = ? AND fence = ? RETURNING fence"
-)
-# A request's record: in dibs_requests_v2, or (a granted single-unit claim) in its unit row.
-_PRIOR_REQUEST = (
-    "SELECT fingerprint, fence, taken FROM dibs_requests_v2 "
-    "WHERE request_id = ?1 AND created_at > ?2 "
-    "UNION ALL SELECT fingerprint, fence, NULL FROM dibs_units_v2 "
-    "WHERE request_id = ?1 AND fingerprint IS NOT NULL AND created_at > ?2 LIMIT 1"
-)
 
 
 class _Lost(Exception):
@@ -121,14 +101,6 @@ class _Lost(Exception):
 
     def __init__(self, result: ClaimResult) -> None:
         self.result = result
-
-
-def _micros(seconds: float) -> int:
-    return round(seconds * 1_000_000)  # to the nearest µs, as datetime and PostgreSQL do
-
-
-def _dt(micros: int | None) -> datetime | None:
-    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
 
 
 class SQLiteStore(Store):
@@ -265,7 +237,7 @@ class SQLiteStore(Store):
         single = targets[0] if len(targets) == 1 and type(targets[0]) is Unit else None
 
         def work(conn: sqlite3.Connection) -> ClaimResult:
-            now = _micros(self._now())
+            now = micros(self._now())
             if request_id is not None:
                 prior = self._prior_request(conn, request_id, fp, now)
                 if prior is not None:
@@ -303,7 +275,7 @@ class SQLiteStore(Store):
         self, conn: sqlite3.Connection, request_id: str, fp: str | None, now: int
     ) -> ClaimResult | None:
         row = conn.execute(
-            _PRIOR_REQUEST, (request_id, now - _micros(self.request_retention))
+            PRIOR_REQUEST, (request_id, now - micros(self.request_retention))
         ).fetchone()
         if row is None:
             return None
@@ -335,12 +307,12 @@ class SQLiteStore(Store):
         if ttl is None:
             state, claim_state, expires = "confirmed", ClaimState.CONFIRMED, None
         else:
-            state, claim_state, expires = "held", ClaimState.HELD, now + _micros(ttl)
+            state, claim_state, expires = "held", ClaimState.HELD, now + micros(ttl)
         values = (state, holder, expires, request_id, fp, now, now)
         # Linearization point: the insert against the primary key (resource, slot).
-        row = conn.execute(_INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
+        row = conn.execute(INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
         if row is None:
-            old = conn.execute(_SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
+            old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
             blocker = self._vacate(conn, unit, old, now)
             if blocker is not None:
                 other, other_holder, other_targets = blocker
@@ -351,13 +323,11 @@ class SQLiteStore(Store):
                     return make_result(True, claim, (), True)
                 return make_result(False, None, (unit,), False)
             # The dead or released claim we observed, replaced by a conditional write.
-            row = conn.execute(
-                _REPLACE_UNIT, (*values, unit.resource, unit.slot, old[0])
-            ).fetchone()
+            row = conn.execute(REPLACE_UNIT, (*values, unit.resource, unit.slot, old[0])).fetchone()
         fence = row[0]
         created = datetime.fromtimestamp(now / 1_000_000, UTC)
         claim = make_claim(
-            str(fence), holder, (unit,), claim_state, fence, _dt(expires), request_id,
+            str(fence), holder, (unit,), claim_state, fence, dt(expires), request_id,
             created, created,
         )  # fmt: skip
         return make_result(True, claim, (), False)
@@ -393,7 +363,7 @@ class SQLiteStore(Store):
                 int(taken_over), request_id, created_at, now if taken_over else updated_at,
             ),
         )  # fmt: skip
-        if fp is not None and created_at > now - _micros(self.request_retention):
+        if fp is not None and created_at > now - micros(self.request_retention):
             conn.execute(
                 "INSERT OR REPLACE INTO dibs_requests_v2 "
                 "(request_id, fingerprint, fence, taken, created_at) VALUES (?, ?, ?, NULL, ?)",
@@ -412,10 +382,10 @@ class SQLiteStore(Store):
     ) -> ClaimResult:
         """A group or span claim: a claim row, and unit or span rows pointing at it."""
         text = targets_to_text(targets)
-        expires = None if ttl is None else now + _micros(ttl)
+        expires = None if ttl is None else now + micros(ttl)
         (fence,) = conn.execute(
             "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, request_id, "
-            f"created_at, updated_at) VALUES ({_NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) RETURNING fence",
+            f"created_at, updated_at) VALUES ({NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) RETURNING fence",
             (holder, text, "confirmed" if ttl is None else "held", expires, request_id, now, now),
         ).fetchone()
         taken: list[Target] = []
@@ -430,7 +400,7 @@ class SQLiteStore(Store):
                 ).rowcount
                 if inserted:
                     continue
-                old = conn.execute(_SELECT_UNIT, (target.resource, target.slot)).fetchone()
+                old = conn.execute(SELECT_UNIT, (target.resource, target.slot)).fetchone()
                 blocker = self._vacate(conn, target, old, now)
                 if blocker is not None:
                     taken.append(target)
@@ -453,11 +423,11 @@ class SQLiteStore(Store):
                     assert claim is not None
                     raise _Lost(make_result(True, claim, (), True))
             raise _Lost(make_result(False, None, tuple(taken), False))
-        created = _dt(now)
+        created = dt(now)
         assert created is not None
         claim = make_claim(
             str(fence), holder, targets, ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
-            fence, _dt(expires), request_id, created, created,
+            fence, dt(expires), request_id, created, created,
         )  # fmt: skip
         return make_result(True, claim, (), False)
 
@@ -474,7 +444,7 @@ class SQLiteStore(Store):
         # Inside the write transaction no other writer can insert between this
         # query and our insert: SQLite's writer lock materializes the conflict.
         rows = conn.execute(
-            f"SELECT s.rowid, s.kind, s.fence, {_LIVE}, c.holder, c.targets FROM dibs_spans_v2 s "
+            f"SELECT s.rowid, s.kind, s.fence, {LIVE}, c.holder, c.targets FROM dibs_spans_v2 s "
             "LEFT JOIN dibs_claims_v2 c ON c.fence = s.fence "
             "WHERE s.resource = :resource AND (s.kind != :kind OR (s.lo < :hi AND s.hi > :lo))",
             {"resource": span.resource, "kind": span.kind, "lo": lo, "hi": hi, "now": now},
@@ -549,17 +519,17 @@ class SQLiteStore(Store):
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         def work(conn: sqlite3.Connection) -> Claim:
-            now = _micros(self._now())
+            now = micros(self._now())
             # Linearization point: the check and the update share one write transaction.
             in_unit, state = self._owned(conn, claim_id, holder, fence, now)
             if state == "held":
                 if in_unit:
                     row = conn.execute(
                         "UPDATE dibs_units_v2 SET state = 'confirmed', expires_at = NULL, "
-                        f"updated_at = ? WHERE fence = ? AND state = 'held' RETURNING {_UNIT_COLS}",
+                        f"updated_at = ? WHERE fence = ? AND state = 'held' RETURNING {UNIT_COLS}",
                         (now, fence),
                     ).fetchone()
-                    return _unit_claim(row, now)
+                    return unit_claim(row, now)
                 conn.execute(
                     "UPDATE dibs_claims_v2 SET state = 'confirmed', expires_at = NULL, "
                     "updated_at = ? WHERE fence = ? AND state = 'held'",
@@ -573,20 +543,20 @@ class SQLiteStore(Store):
 
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
         def work(conn: sqlite3.Connection) -> Claim:
-            now = _micros(self._now())
+            now = micros(self._now())
             in_unit, state = self._owned(conn, claim_id, holder, fence, now)
             if state == "held":
                 if in_unit:
                     row = conn.execute(
                         "UPDATE dibs_units_v2 SET expires_at = ?, updated_at = ? "
-                        f"WHERE fence = ? AND state = 'held' RETURNING {_UNIT_COLS}",
-                        (now + _micros(ttl), now, fence),
+                        f"WHERE fence = ? AND state = 'held' RETURNING {UNIT_COLS}",
+                        (now + micros(ttl), now, fence),
                     ).fetchone()
-                    return _unit_claim(row, now)
+                    return unit_claim(row, now)
                 conn.execute(
                     "UPDATE dibs_claims_v2 SET expires_at = ?, updated_at = ? "
                     "WHERE fence = ? AND state = 'held'",
-                    (now + _micros(ttl), now, fence),
+                    (now + micros(ttl), now, fence),
                 )
             claim = self._read(conn, fence, now)
             assert claim is not None
@@ -596,7 +566,7 @@ class SQLiteStore(Store):
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            now = _micros(self._now())
+            now = micros(self._now())
             try:
                 in_unit, _ = self._owned(conn, claim_id, holder, fence, now)
             except HoldLost as lost:
@@ -642,20 +612,20 @@ class SQLiteStore(Store):
     @staticmethod
     def _read(conn: sqlite3.Connection, fence: int, now: int) -> Claim | None:
         row = conn.execute(
-            f"SELECT {_UNIT_COLS} FROM dibs_units_v2 WHERE fence = ? AND state IS NOT NULL",
+            f"SELECT {UNIT_COLS} FROM dibs_units_v2 WHERE fence = ? AND state IS NOT NULL",
             (fence,),
         ).fetchone()
         if row is not None:
-            return _unit_claim(row, now)
+            return unit_claim(row, now)
         row = conn.execute(
-            f"SELECT {_CLAIM_COLS} FROM dibs_claims_v2 WHERE fence = ?", (fence,)
+            f"SELECT {CLAIM_COLS} FROM dibs_claims_v2 WHERE fence = ?", (fence,)
         ).fetchone()
-        return None if row is None else _claim_from_row(row, now)
+        return None if row is None else claim_from_row(row, now)
 
     def _reading(self, work: Callable[[sqlite3.Connection, int], _T]) -> _T:
         def attempt() -> _T:
             with self._pool.transaction("BEGIN") as conn:  # one snapshot for the whole read
-                return work(conn, _micros(self._now()))
+                return work(conn, micros(self._now()))
 
         return self._retrying(attempt)
 
@@ -683,7 +653,7 @@ class SQLiteStore(Store):
             row = conn.execute(
                 "SELECT c.holder FROM dibs_spans_v2 s JOIN dibs_claims_v2 c ON c.fence = s.fence "
                 f"WHERE s.resource = :resource AND s.kind = :kind AND s.lo < :hi "
-                f"AND s.hi > :lo AND {_LIVE} LIMIT 1",
+                f"AND s.hi > :lo AND {LIVE} LIMIT 1",
                 {
                     "resource": target.resource,
                     "kind": target.kind,
@@ -700,17 +670,17 @@ class SQLiteStore(Store):
         def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
             args = {"holder": holder, "now": now}
             units = conn.execute(
-                f"SELECT {_UNIT_COLS} FROM dibs_units_v2 c WHERE holder = :holder "
-                f"AND state IN ('held', 'confirmed') AND {_LIVE}",
+                f"SELECT {UNIT_COLS} FROM dibs_units_v2 c WHERE holder = :holder "
+                f"AND state IN ('held', 'confirmed') AND {LIVE}",
                 args,
             ).fetchall()
             rows = conn.execute(
-                f"SELECT {_CLAIM_COLS} FROM dibs_claims_v2 c WHERE holder = :holder "
-                f"AND state IN ('held', 'confirmed') AND {_LIVE}",
+                f"SELECT {CLAIM_COLS} FROM dibs_claims_v2 c WHERE holder = :holder "
+                f"AND state IN ('held', 'confirmed') AND {LIVE}",
                 args,
             ).fetchall()
-            claims = [_unit_claim(row, now) for row in units]
-            claims += [_claim_from_row(row, now) for row in rows]
+            claims = [unit_claim(row, now) for row in units]
+            claims += [claim_from_row(row, now) for row in rows]
             claims.sort(key=lambda claim: claim.fence)
             return claims
 
@@ -724,8 +694,8 @@ class SQLiteStore(Store):
         def claims_step() -> bool:
             # Short transactions in batches, so a big sweep never starves claimants.
             with self._immediate() as conn:
-                now = _micros(self._now())
-                cutoff = now - _micros(self.request_retention)
+                now = micros(self._now())
+                cutoff = now - micros(self.request_retention)
                 # The unit and span rows of an expired claim stay until its purge,
                 # so a later claimant can still take it over (the reason rule).
                 dead = conn.execute(
@@ -743,7 +713,7 @@ class SQLiteStore(Store):
                 ended = conn.execute(
                     "SELECT fence, targets FROM dibs_claims_v2 "
                     "WHERE state IN ('released', 'expired') AND updated_at <= ? "
-                    f"AND fence < {_NEXT_FENCE} - 1 LIMIT ?",
+                    f"AND fence < {NEXT_FENCE} - 1 LIMIT ?",
                     (cutoff, batch),
                 ).fetchall()
                 for fence, targets in ended:
@@ -762,8 +732,8 @@ class SQLiteStore(Store):
             # to write on every hold, and the whole sweep reads each row once.
             nonlocal after
             with self._immediate() as conn:
-                now = _micros(self._now())
-                cutoff = now - _micros(self.request_retention)
+                now = micros(self._now())
+                cutoff = now - micros(self.request_retention)
                 last = conn.execute(
                     "SELECT resource, slot FROM dibs_units_v2 WHERE (resource, slot) > (?, ?) "
                     "ORDER BY resource, slot LIMIT 1 OFFSET ?",
@@ -789,7 +759,7 @@ class SQLiteStore(Store):
                 purged_claims = conn.execute(
                     f"DELETE FROM dibs_units_v2 WHERE {where} "
                     "AND state IN ('released', 'expired') AND updated_at <= :cutoff "
-                    f"AND fence < {_NEXT_FENCE} - 1",
+                    f"AND fence < {NEXT_FENCE} - 1",
                     args,
                 ).rowcount
             totals["expired"] += expired
@@ -834,11 +804,11 @@ class SQLiteStore(Store):
             # A "now" before every expiry: the log keeps the stored state (see ClaimLog).
             past = -(2**62)
             units = conn.execute(
-                f"SELECT {_UNIT_COLS} FROM dibs_units_v2 WHERE state IS NOT NULL"
+                f"SELECT {UNIT_COLS} FROM dibs_units_v2 WHERE state IS NOT NULL"
             ).fetchall()
-            rows = conn.execute(f"SELECT {_CLAIM_COLS} FROM dibs_claims_v2").fetchall()
-            claims = [_unit_claim(row, past) for row in units]
-            claims += [_claim_from_row(row, past) for row in rows]
+            rows = conn.execute(f"SELECT {CLAIM_COLS} FROM dibs_claims_v2").fetchall()
+            claims = [unit_claim(row, past) for row in units]
+            claims += [claim_from_row(row, past) for row in rows]
             claims.sort(key=lambda claim: claim.fence)
             return claims
 
@@ -866,27 +836,3 @@ class _DataVersion:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
-    fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
-    created, updated = _dt(created_at), _dt(updated_at)
-    assert created is not None and updated is not None
-    return stored_claim(
-        str(fence), holder, targets, state, fence, _dt(expires_at), request_id, created, updated,
-        taken, dead=state == "held" and expires_at <= now,
-    )  # fmt: skip
-
-
-def _unit_claim(row: tuple[Any, ...], now: int) -> Claim:
-    """A single-unit claim from its unit row (never taken over: that moves it out)."""
-    fence, holder, state, expires_at, request_id, created_at, updated_at, resource, slot = row
-    claim_state = ClaimState(state)
-    if claim_state is ClaimState.HELD and expires_at <= now:
-        claim_state = ClaimState.EXPIRED
-    created, updated = _dt(created_at), _dt(updated_at)
-    assert created is not None and updated is not None
-    return make_claim(
-        str(fence), holder, (Unit(resource, slot),), claim_state, fence, _dt(expires_at),
-        request_id, created, updated,
-    )  # fmt: skip
