@@ -172,6 +172,14 @@ def _compare(
     return {name: (rates[name], p99s[name], ratios[name]) for name in rates}
 
 
+def plot_name(name: str) -> str:
+    """``"<contender> - <workload>"``, the shape benchmarks/plot.py colours by workload."""
+    full = name.startswith("FULL: ")
+    contender, _, what = name.removeprefix("FULL: ").split(" (")[0].partition(", ")
+    contender = "raw sqlite3" if contender.startswith("raw") else f"dibs {what}"
+    return f"{contender} - synchronous={'FULL' if full else 'NORMAL'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=10_000, help="claims per round, part 1")
@@ -187,7 +195,7 @@ def main() -> None:
     def record(results: dict[str, tuple[list[float], list[float], list[float]]], n: int) -> None:
         for name, (rates, p99s, ratios) in results.items():
             series.append({
-                "name": name, "clients": n, "throughput": median(rates),
+                "name": plot_name(name), "clients": n, "throughput": median(rates),
                 "p99_ms": median(p99s), "of_baseline": median(ratios),
             })  # fmt: skip
 
