@@ -63,9 +63,15 @@ class _CheckThenActSQLite(SQLiteStore):
 
             def clear() -> None:
                 with self._immediate() as conn:
-                    for u in units:  # BUG: act on a stale check
+                    for u in units:  # BUG: act on a stale check, as if the unit were free
                         conn.execute(
-                            "DELETE FROM dibs_units WHERE resource = ? AND slot = ?",
+                            "UPDATE dibs_units_v2 SET state = 'released' "
+                            "WHERE resource = ? AND slot = ? AND state IS NOT NULL",
+                            (u.resource, u.slot),
+                        )
+                        conn.execute(
+                            "DELETE FROM dibs_units_v2 "
+                            "WHERE resource = ? AND slot = ? AND state IS NULL",
                             (u.resource, u.slot),
                         )
 
@@ -92,19 +98,24 @@ class _UnfencedSQLite(SQLiteStore):
                 now = round(self._now() * 1_000_000)
                 key = parse_serial_id(claim_id)
                 row = conn.execute(
-                    "SELECT holder FROM dibs_claims WHERE fence = ?", (key,)
+                    "SELECT holder FROM dibs_units_v2 WHERE fence = ? AND state IS NOT NULL "
+                    "UNION ALL SELECT holder FROM dibs_claims_v2 WHERE fence = ?",
+                    (key, key),
                 ).fetchone()
                 if key is None or row is None:
                     raise claim_not_found(claim_id)
                 if row[0] != holder:
                     raise not_holder(claim_id, holder)
                 # BUG: no fence, state or expiry condition.
-                conn.execute(
-                    "UPDATE dibs_claims SET state = 'confirmed', expires_at = NULL, "
-                    "updated_at = ? WHERE fence = ?",
-                    (now, key),
-                )
-                return self._read(conn, key, now)
+                for table in ("dibs_units_v2", "dibs_claims_v2"):
+                    conn.execute(
+                        f"UPDATE {table} SET state = 'confirmed', expires_at = NULL, "
+                        "updated_at = ? WHERE fence = ? AND state IS NOT NULL",
+                        (now, key),
+                    )
+                claim = self._read(conn, key, now)
+                assert claim is not None
+                return claim
 
         return self._retrying(attempt)
 

@@ -92,7 +92,11 @@ class SQLitePool:
         self.memory = path == ":memory:"
         # The last call failed (logged once per outage); unguarded: a race costs a log line.
         self._failing = False
-        self._cond = threading.Condition(threading.Lock())  # guards every field below
+        # _lock guards every field below; _cond is on it. The claim path takes _lock directly
+        # (no Python-level frames) and wakes waiters only when there are some.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
         self._idle: list[sqlite3.Connection] = []  # LIFO: the warmest statement cache first
         self._busy: dict[sqlite3.Connection, int] = {}  # checked out -> owner thread ident
         self._opening = 0  # connections being opened outside the lock
@@ -143,6 +147,22 @@ class SQLitePool:
                     _rollback(conn)
                     raise
 
+    def run(self, work: Callable[[sqlite3.Connection], _T], begin: str = "BEGIN IMMEDIATE") -> _T:
+        """``work(conn)`` in one transaction, like :meth:`transaction` without its generator."""
+        conn = self._checkout()
+        try:
+            conn.execute(begin)
+            try:
+                result = work(conn)
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            return result
+        finally:
+            self._checkin(conn)
+
     def retrying(self, work: Callable[[], _T]) -> _T:
         """Run ``work``, retrying while the database is busy, up to ``busy_timeout``.
 
@@ -186,48 +206,59 @@ class SQLitePool:
             with suppress(sqlite3.Error):
                 conn.close()
 
+    def _wait(self, timeout: float | None = None) -> None:
+        """Under ``_lock``: wait for a change (a connection back, a fork over)."""
+        self._waiting += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiting -= 1
+
     def _checkout(self) -> sqlite3.Connection:
         me = threading.get_ident()
-        with self._cond:
+        with self._lock:
             while True:
                 self._check_usable()
                 if self._forking:
-                    self._cond.wait()
+                    self._wait()
                 elif self._idle:
                     conn = self._idle.pop()
                     self._busy[conn] = me
                     return conn
                 elif self.memory:
-                    self._cond.wait()  # the one connection is in use by another thread
+                    self._wait()  # the one connection is in use by another thread
                 else:
                     break
             self._opening += 1
         try:
             conn = self._open()
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._opening -= 1
                 self._cond.notify_all()
             raise
-        with self._cond:
+        with self._lock:
             self._opening -= 1
             self._busy[conn] = me
             self._cond.notify_all()
         return conn
 
     def _checkin(self, conn: sqlite3.Connection) -> None:
-        with self._cond:
-            if conn not in self._busy or self._pid != os.getpid():
-                return  # carried across fork(): abandoned, never touched again
-        _rollback(conn)
+        # Unlocked reads (each atomic under the GIL): the fork hooks change these only when
+        # this connection is abandoned, and the locked pop below decides.
+        if self._pid != os.getpid() or conn not in self._busy:
+            return  # carried across fork(): abandoned, never touched again
+        if conn.in_transaction:
+            _rollback(conn)
         healthy = not conn.in_transaction
-        with self._cond:
+        with self._lock:
             if self._busy.pop(conn, None) is None:
                 return  # adopted by a fork that bypassed Python's hooks: abandoned
             keep = not self._closed and (self.memory or (healthy and len(self._idle) < IDLE_LIMIT))
             if keep:
                 self._idle.append(conn)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
         if not keep:
             with suppress(sqlite3.Error):
                 conn.close()
@@ -281,7 +312,7 @@ class SQLitePool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._wait(remaining)
             idle, self._idle = self._idle, []
         for conn in idle:  # in the parent, where closing is right; reopened on demand
             with suppress(sqlite3.Error):
@@ -294,7 +325,9 @@ class SQLitePool:
 
     def _after_fork_in_child(self) -> None:
         # Other threads did not come along: a lock one of them held would never be released.
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
         self._forking = False
         self._adopt_if_forked()
 

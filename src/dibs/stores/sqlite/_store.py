@@ -1,20 +1,26 @@
 """``sqlite:///path``: the embedded default, safe across processes on one machine.
 
-Each claim is one ``BEGIN IMMEDIATE`` transaction. SQLite admits one writer at
-a time, so the transaction's ``INSERT`` into ``dibs_units`` against its primary
-key ``(resource, slot)`` is the check, and the overlap query on ``dibs_spans``
-runs inside the same serialized write (the conflict is materialized by the
-database's single write lock). The request record is written in the same
-transaction. The WAL journal lets readers run while a writer commits.
+Each write is one ``BEGIN IMMEDIATE`` transaction, or its turn inside a shared
+one with ``group_commit`` (see :mod:`dibs.stores.sqlite._group`). SQLite
+admits one writer at a time. A single-unit claim is its unit row in
+``dibs_units_v2``: the ``INSERT`` against the primary key ``(resource, slot)``
+is the check, the grant and the record, and a dead or released claim there is
+replaced by one conditional ``UPDATE``. Group and span claims keep a row in
+``dibs_claims_v2`` that their unit and span rows point at; the overlap query on
+``dibs_spans_v2`` runs inside the same serialized write (the conflict is
+materialized by the database's single write lock). The WAL journal lets
+readers run while a writer commits.
 
 Durability: with the default ``synchronous=NORMAL`` in WAL mode a committed
 claim survives ``kill -9`` of every process; a power cut or OS crash may lose
 the last transactions before the next checkpoint. ``?synchronous=full`` makes
-every commit wait for the disk.
+every commit wait for the disk; ``?group_commit=1`` shares that wait among the
+threads claiming at once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -34,6 +40,8 @@ from dibs._model import (
     Target,
     Unit,
     fingerprint,
+    make_claim,
+    make_result,
     span_bound_to_number,
     targets_from_text,
     targets_to_text,
@@ -55,21 +63,36 @@ from dibs.stores.base import (
     not_holder,
     parse_serial_id,
     span_kind_mismatch,
-    stored_claim,
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
 from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._group import GroupCommit
 from dibs.stores.sqlite._jobs import SQLiteJobs
 from dibs.stores.sqlite._schema import CLAIMS, upgrade
+from dibs.stores.sqlite._sql import (
+    CLAIM_COLS,
+    INSERT_UNIT,
+    LIVE,
+    NEXT_FENCE,
+    PRIOR_REQUEST,
+    REPLACE_UNIT,
+    SELECT_UNIT,
+    UNIT_COLS,
+    claim_from_row,
+    dt,
+    micros,
+    unit_claim,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 SCHEMA_VERSION = CLAIMS.version
 """The claim schema version this code writes and understands (steps in ``sql/claims/``)."""
 
-_LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}  # fmt: skip
 _T = TypeVar("_T")
 
 
@@ -78,14 +101,6 @@ class _Lost(Exception):
 
     def __init__(self, result: ClaimResult) -> None:
         self.result = result
-
-
-def _micros(seconds: float) -> int:
-    return round(seconds * 1_000_000)  # to the nearest µs, as datetime and PostgreSQL do
-
-
-def _dt(micros: int | None) -> datetime | None:
-    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
 
 
 class SQLiteStore(Store):
@@ -103,6 +118,7 @@ class SQLiteStore(Store):
         request_retention: float = DEFAULT_REQUEST_RETENTION,
         busy_timeout: float = 60.0,
         synchronous: str = "normal",
+        group_commit: bool = False,
     ) -> None:
         super().__init__(clock=clock, request_retention=request_retention)
         if not str(path):
@@ -116,10 +132,19 @@ class SQLiteStore(Store):
         self.path = os.fspath(path)
         self.busy_timeout = check_seconds("busy_timeout", busy_timeout)
         self.synchronous = str(synchronous).lower()
+        if not isinstance(group_commit, bool):
+            raise InvalidInput(
+                f"group_commit must be True or False, got {group_commit!r}",
+                field="group_commit",
+                value=group_commit,
+            )
+        self.group_commit = group_commit
         # Connections, transactions, busy retries and the fork rules; shared with the job table.
         self._pool = SQLitePool(
             self.path, busy_timeout=self.busy_timeout, synchronous=self.synchronous
         )
+        # Shares one write transaction among the threads of this process writing at once.
+        self._group = GroupCommit(self._pool) if group_commit else None
         try:
             self._create_schema()
         except BaseException:
@@ -131,7 +156,8 @@ class SQLiteStore(Store):
         """Open from ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite:///:memory:``.
 
         Query options: ``synchronous``, ``busy_timeout`` (seconds),
-        ``request_retention`` (seconds).
+        ``request_retention`` (seconds), ``group_commit`` (``1``/``0``,
+        ``true``/``false``).
         """
         path, query = cls._split_url(url)
         return cls(path, **{**query, **options})
@@ -167,7 +193,16 @@ class SQLiteStore(Store):
                         field=name,
                         value=query[name],
                     ) from None
-        unknown = set(query) - {"busy_timeout", "request_retention", "synchronous"}
+        if "group_commit" in query:
+            flag = _FLAGS.get(str(query["group_commit"]).lower())
+            if flag is None:
+                raise InvalidInput(
+                    f"group_commit in {url!r} must be 1 or 0, got {query['group_commit']!r}",
+                    field="group_commit",
+                    value=query["group_commit"],
+                )
+            query["group_commit"] = flag
+        unknown = set(query) - {"busy_timeout", "request_retention", "synchronous", "group_commit"}
         if unknown:
             raise InvalidInput(
                 f"unknown sqlite URL option(s) {sorted(unknown)} in {url!r}",
@@ -197,54 +232,62 @@ class SQLiteStore(Store):
 
         self._retrying(create)
 
+    # --- writes ---------------------------------------------------------------------------------
+
+    def _write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` in a write transaction: its own, or its turn in a group commit."""
+        if self._group is not None:
+            return self._group.run(work)
+        return self._retrying(functools.partial(self._pool.run, work))
+
     # --- claim ----------------------------------------------------------------------------------
 
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
-        text = targets_to_text(targets)
-        fp = fingerprint(holder, targets, ttl) if request_id is not None else ""
+        fp = fingerprint(holder, targets, ttl) if request_id is not None else None
+        single = targets[0] if len(targets) == 1 and type(targets[0]) is Unit else None
 
-        def attempt() -> ClaimResult:
-            with self._immediate() as conn:
-                now = _micros(self._now())
-                if request_id is not None:
-                    prior = self._prior_request(conn, request_id, fp, now)
-                    if prior is not None:
-                        return prior
-                    conn.execute("SAVEPOINT claim")
+        def work(conn: sqlite3.Connection) -> ClaimResult:
+            now = micros(self._now())
+            if request_id is not None:
+                prior = self._prior_request(conn, request_id, fp, now)
+                if prior is not None:
+                    return prior
+            if single is not None:
+                result = self._claim_unit(conn, single, holder, request_id, fp, ttl, now)
+                # A new single-unit grant keeps its request in its unit row.
+                recorded = result.granted and not result.replayed
+            else:
+                conn.execute("SAVEPOINT dibs_claim")
                 try:
-                    result = self._decide(conn, targets, text, holder, request_id, ttl, now)
+                    result = self._claim_rows(conn, targets, holder, request_id, ttl, now)
                 except _Lost as lost:
+                    conn.execute("ROLLBACK TO dibs_claim")
                     result = lost.result
-                    if request_id is None:
-                        conn.execute("ROLLBACK")
-                        return result
-                    conn.execute("ROLLBACK TO claim")
-                if request_id is not None:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO dibs_requests "
-                        "(request_id, fingerprint, fence, taken, created_at) "
-                        "VALUES (?, ?, ?, ?, ?)",
-                        (
-                            request_id,
-                            fp,
-                            result.claim.fence if result.claim is not None else None,
-                            None if result.granted else targets_to_text(result.taken),
-                            now,
-                        ),
-                    )
-                return result
+                conn.execute("RELEASE dibs_claim")
+                recorded = False
+            if request_id is not None and not recorded:
+                conn.execute(
+                    "INSERT OR REPLACE INTO dibs_requests_v2 "
+                    "(request_id, fingerprint, fence, taken, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        request_id,
+                        fp,
+                        result.claim.fence if result.claim is not None else None,
+                        None if result.granted else targets_to_text(result.taken),
+                        now,
+                    ),
+                )
+            return result
 
-        return self._retrying(attempt)
+        return self._write(work)
 
     def _prior_request(
-        self, conn: sqlite3.Connection, request_id: str, fp: str, now: int
+        self, conn: sqlite3.Connection, request_id: str, fp: str | None, now: int
     ) -> ClaimResult | None:
         row = conn.execute(
-            "SELECT fingerprint, fence, taken FROM dibs_requests "
-            "WHERE request_id = ? AND created_at > ?",
-            (request_id, now - _micros(self.request_retention)),
+            PRIOR_REQUEST, (request_id, now - micros(self.request_retention))
         ).fetchone()
         if row is None:
             return None
@@ -254,23 +297,107 @@ class SQLiteStore(Store):
                 request_id=request_id,
             )
         if row[1] is None:
-            return ClaimResult(False, None, targets_from_text(row[2]), replayed=True)
-        return ClaimResult(True, self._read(conn, row[1], now), (), replayed=True)
+            return make_result(False, None, targets_from_text(row[2]), True)
+        claim = self._read(conn, row[1], now)
+        if claim is None:
+            # Only a natural-key replay's record can outlive its claim (it names an older
+            # claim, purged since): nothing to answer with, so the request runs anew.
+            return None
+        return make_result(True, claim, (), True)
 
-    def _decide(
+    def _claim_unit(
+        self,
+        conn: sqlite3.Connection,
+        unit: Unit,
+        holder: str,
+        request_id: str | None,
+        fp: str | None,
+        ttl: float | None,
+        now: int,
+    ) -> ClaimResult:
+        """One unit: its row is the arbiter and the claim, one insert or one conditional update."""
+        if ttl is None:
+            state, claim_state, expires = "confirmed", ClaimState.CONFIRMED, None
+        else:
+            state, claim_state, expires = "held", ClaimState.HELD, now + micros(ttl)
+        values = (state, holder, expires, request_id, fp, now, now)
+        # Linearization point: the insert against the primary key (resource, slot).
+        row = conn.execute(INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
+        if row is None:
+            old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
+            blocker = self._vacate(conn, unit, old, now)
+            if blocker is not None:
+                other, other_holder, other_targets = blocker
+                # Natural key: the holder re-claiming exactly what it holds.
+                if other_holder == holder and other_targets == targets_to_text((unit,)):
+                    claim = self._read(conn, other, now)
+                    assert claim is not None
+                    return make_result(True, claim, (), True)
+                return make_result(False, None, (unit,), False)
+            # The dead or released claim we observed, replaced by a conditional write.
+            row = conn.execute(REPLACE_UNIT, (*values, unit.resource, unit.slot, old[0])).fetchone()
+        fence = row[0]
+        created = datetime.fromtimestamp(now / 1_000_000, UTC)
+        claim = make_claim(
+            str(fence), holder, (unit,), claim_state, fence, dt(expires), request_id,
+            created, created,
+        )  # fmt: skip
+        return make_result(True, claim, (), False)
+
+    def _vacate(
+        self, conn: sqlite3.Connection, unit: Unit, row: tuple[Any, ...], now: int
+    ) -> tuple[int, str, str] | None:
+        """Free ``unit``'s row for a new claim, or return its live claim (fence, holder, targets).
+
+        A dead hold is marked taken over (the reason rule); a single-unit claim
+        moves to ``dibs_claims_v2`` so that its ID, reason and request still answer.
+        The caller's claim must then be granted in the same transaction (or rolled back).
+        """
+        fence, state, holder, expires_at, request_id, fp, created_at, updated_at = row
+        if state is None:  # a unit of a group or span claim
+            claim = conn.execute(
+                "SELECT holder, targets, state, expires_at FROM dibs_claims_v2 WHERE fence = ?",
+                (fence,),
+            ).fetchone()
+            if claim[2] == "confirmed" or (claim[2] == "held" and claim[3] > now):
+                return fence, claim[0], claim[1]
+            self._take_over(conn, fence, now)
+            return None
+        targets = targets_to_text((unit,))
+        if state == "confirmed" or (state == "held" and expires_at > now):
+            return fence, holder, targets
+        taken_over = state != "released"  # a dead hold, swept or not, now taken over
+        conn.execute(
+            "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, taken_over, "
+            "request_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                fence, holder, targets, "expired" if taken_over else state, expires_at,
+                int(taken_over), request_id, created_at, now if taken_over else updated_at,
+            ),
+        )  # fmt: skip
+        if fp is not None and created_at > now - micros(self.request_retention):
+            conn.execute(
+                "INSERT OR REPLACE INTO dibs_requests_v2 "
+                "(request_id, fingerprint, fence, taken, created_at) VALUES (?, ?, ?, NULL, ?)",
+                (request_id, fp, fence, created_at),
+            )
+        return None
+
+    def _claim_rows(
         self,
         conn: sqlite3.Connection,
         targets: tuple[Target, ...],
-        text: str,
         holder: str,
         request_id: str | None,
         ttl: float | None,
         now: int,
     ) -> ClaimResult:
-        expires = None if ttl is None else now + _micros(ttl)
+        """A group or span claim: a claim row, and unit or span rows pointing at it."""
+        text = targets_to_text(targets)
+        expires = None if ttl is None else now + micros(ttl)
         (fence,) = conn.execute(
-            "INSERT INTO dibs_claims (holder, targets, state, expires_at, request_id, "
-            "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING fence",
+            "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, request_id, "
+            f"created_at, updated_at) VALUES ({NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) RETURNING fence",
             (holder, text, "confirmed" if ttl is None else "held", expires, request_id, now, now),
         ).fetchone()
         taken: list[Target] = []
@@ -279,51 +406,42 @@ class SQLiteStore(Store):
             if isinstance(target, Unit):
                 # Linearization point for a unit: the insert against the primary key.
                 inserted = conn.execute(
-                    "INSERT INTO dibs_units (resource, slot, fence) VALUES (?, ?, ?) "
+                    "INSERT INTO dibs_units_v2 (resource, slot, fence) VALUES (?, ?, ?) "
                     "ON CONFLICT DO NOTHING",
                     (target.resource, target.slot, fence),
                 ).rowcount
                 if inserted:
                     continue
-                row = conn.execute(
-                    f"SELECT u.fence, {_LIVE}, c.holder, c.targets FROM dibs_units u "
-                    "LEFT JOIN dibs_claims c ON c.fence = u.fence "
-                    "WHERE u.resource = :resource AND u.slot = :slot",
-                    {"resource": target.resource, "slot": target.slot, "now": now},
-                ).fetchone()
-                if row[1]:
+                old = conn.execute(SELECT_UNIT, (target.resource, target.slot)).fetchone()
+                blocker = self._vacate(conn, target, old, now)
+                if blocker is not None:
                     taken.append(target)
-                    blockers[row[0]] = (row[2], row[3])
+                    blockers[blocker[0]] = blocker[1:]
                     continue
-                # Lazy reclaim: a conditional write against the dead hold we observed.
                 conn.execute(
-                    "UPDATE dibs_units SET fence = ? WHERE resource = ? AND slot = ? AND fence = ?",
-                    (fence, target.resource, target.slot, row[0]),
+                    "UPDATE dibs_units_v2 SET fence = ?, state = NULL, holder = NULL, "
+                    "expires_at = NULL, request_id = NULL, fingerprint = NULL, created_at = NULL, "
+                    "updated_at = NULL WHERE resource = ? AND slot = ? AND fence = ?",
+                    (fence, target.resource, target.slot, old[0]),
                 )
-                self._take_over(conn, row[0], now)
             else:
                 self._claim_span(conn, target, fence, now, taken, blockers)
         if taken:
             if len(blockers) == 1:
                 ((other, (other_holder, other_targets)),) = blockers.items()
                 # Natural key: the holder re-claiming exactly what it holds.
-                if other_holder == holder and targets_from_text(other_targets) == targets:
-                    raise _Lost(ClaimResult(True, self._read(conn, other, now), (), replayed=True))
-            raise _Lost(ClaimResult(False, None, tuple(taken)))
-        created = _dt(now)
+                if other_holder == holder and other_targets == text:
+                    claim = self._read(conn, other, now)
+                    assert claim is not None
+                    raise _Lost(make_result(True, claim, (), True))
+            raise _Lost(make_result(False, None, tuple(taken), False))
+        created = dt(now)
         assert created is not None
-        claim = Claim(
-            id=str(fence),
-            holder=holder,
-            targets=targets,
-            state=ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
-            fence=fence,
-            expires_at=_dt(expires),
-            request_id=request_id,
-            created_at=created,
-            updated_at=created,
-        )
-        return ClaimResult(True, claim)
+        claim = make_claim(
+            str(fence), holder, targets, ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
+            fence, dt(expires), request_id, created, created,
+        )  # fmt: skip
+        return make_result(True, claim, (), False)
 
     def _claim_span(
         self,
@@ -338,8 +456,8 @@ class SQLiteStore(Store):
         # Inside the write transaction no other writer can insert between this
         # query and our insert: SQLite's writer lock materializes the conflict.
         rows = conn.execute(
-            f"SELECT s.rowid, s.kind, s.fence, {_LIVE}, c.holder, c.targets FROM dibs_spans s "
-            "LEFT JOIN dibs_claims c ON c.fence = s.fence "
+            f"SELECT s.rowid, s.kind, s.fence, {LIVE}, c.holder, c.targets FROM dibs_spans_v2 s "
+            "LEFT JOIN dibs_claims_v2 c ON c.fence = s.fence "
             "WHERE s.resource = :resource AND (s.kind != :kind OR (s.lo < :hi AND s.hi > :lo))",
             {"resource": span.resource, "kind": span.kind, "lo": lo, "hi": hi, "now": now},
         ).fetchall()
@@ -348,7 +466,7 @@ class SQLiteStore(Store):
             if not live:
                 # A dead span of the other kind would have blocked this one had
                 # it been live: taken over like an overlap (the reason rule).
-                conn.execute("DELETE FROM dibs_spans WHERE rowid = ?", (rowid,))
+                conn.execute("DELETE FROM dibs_spans_v2 WHERE rowid = ?", (rowid,))
                 self._take_over(conn, other, now)
             elif kind != span.kind:
                 raise span_kind_mismatch(span, kind)
@@ -359,34 +477,42 @@ class SQLiteStore(Store):
             taken.append(span)
         else:
             conn.execute(
-                "INSERT INTO dibs_spans (resource, lo, hi, kind, fence) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO dibs_spans_v2 (resource, lo, hi, kind, fence) VALUES (?, ?, ?, ?, ?)",
                 (span.resource, lo, hi, span.kind, fence),
             )
 
     @staticmethod
     def _take_over(conn: sqlite3.Connection, fence: int, now: int) -> None:
-        # Only ever called on a claim found not live, so 'held' here is a dead
-        # hold; 'expired' is one the sweep marked first (the reason rule).
+        # Only ever called on a claim row found not live, so 'held' here is a
+        # dead hold; 'expired' is one the sweep marked first (the reason rule).
         conn.execute(
-            "UPDATE dibs_claims SET state = 'expired', taken_over = 1, updated_at = ? "
+            "UPDATE dibs_claims_v2 SET state = 'expired', taken_over = 1, updated_at = ? "
             "WHERE fence = ? AND state IN ('held', 'expired') AND taken_over = 0",
             (now, fence),
         )
 
     # --- transitions on one claim ---------------------------------------------------------------
 
-    def _live_state(
+    def _owned(
         self, conn: sqlite3.Connection, claim_id: str, holder: str, fence: int, now: int
-    ) -> str:
-        """Return 'held' or 'confirmed', or raise why the claim is not the caller's live hold."""
+    ) -> tuple[bool, str]:
+        """(in a unit row?, 'held' or 'confirmed'); raises why it is not the caller's live hold."""
         number = parse_serial_id(claim_id)
         row = None
+        in_unit = True
         if number is not None:
             row = conn.execute(
-                "SELECT fence, holder, state, expires_at, taken_over FROM dibs_claims "
-                "WHERE fence = ?",
+                "SELECT fence, holder, state, expires_at, 0 FROM dibs_units_v2 "
+                "WHERE fence = ? AND state IS NOT NULL",
                 (number,),
             ).fetchone()
+            if row is None:
+                in_unit = False
+                row = conn.execute(
+                    "SELECT fence, holder, state, expires_at, taken_over FROM dibs_claims_v2 "
+                    "WHERE fence = ?",
+                    (number,),
+                ).fetchone()
         if row is None:
             raise claim_not_found(claim_id)
         real_fence, real_holder, state, expires_at, taken_over = row
@@ -401,87 +527,117 @@ class SQLiteStore(Store):
         )
         if reason is not None:
             raise hold_lost(claim_id, reason, fence)
-        return str(state)
+        return in_unit, str(state)
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
-        def attempt() -> Claim:
-            with self._immediate() as conn:
-                now = _micros(self._now())
-                # Linearization point: the check and the update share one write transaction.
-                if self._live_state(conn, claim_id, holder, fence, now) == "held":
-                    conn.execute(
-                        "UPDATE dibs_claims SET state = 'confirmed', expires_at = NULL, "
-                        "updated_at = ? WHERE fence = ? AND state = 'held' AND expires_at > ?",
-                        (now, fence, now),
-                    )
-                return self._read(conn, fence, now)
+        def work(conn: sqlite3.Connection) -> Claim:
+            now = micros(self._now())
+            # Linearization point: the check and the update share one write transaction.
+            in_unit, state = self._owned(conn, claim_id, holder, fence, now)
+            if state == "held":
+                if in_unit:
+                    row = conn.execute(
+                        "UPDATE dibs_units_v2 SET state = 'confirmed', expires_at = NULL, "
+                        f"updated_at = ? WHERE fence = ? AND state = 'held' RETURNING {UNIT_COLS}",
+                        (now, fence),
+                    ).fetchone()
+                    return unit_claim(row, now)
+                conn.execute(
+                    "UPDATE dibs_claims_v2 SET state = 'confirmed', expires_at = NULL, "
+                    "updated_at = ? WHERE fence = ? AND state = 'held'",
+                    (now, fence),
+                )
+            claim = self._read(conn, fence, now)
+            assert claim is not None
+            return claim
 
-        return self._retrying(attempt)
+        return self._write(work)
 
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
-        def attempt() -> Claim:
-            with self._immediate() as conn:
-                now = _micros(self._now())
-                if self._live_state(conn, claim_id, holder, fence, now) == "held":
-                    conn.execute(
-                        "UPDATE dibs_claims SET expires_at = ?, updated_at = ? "
-                        "WHERE fence = ? AND state = 'held' AND expires_at > ?",
-                        (now + _micros(ttl), now, fence, now),
-                    )
-                return self._read(conn, fence, now)
+        def work(conn: sqlite3.Connection) -> Claim:
+            now = micros(self._now())
+            in_unit, state = self._owned(conn, claim_id, holder, fence, now)
+            if state == "held":
+                if in_unit:
+                    row = conn.execute(
+                        "UPDATE dibs_units_v2 SET expires_at = ?, updated_at = ? "
+                        f"WHERE fence = ? AND state = 'held' RETURNING {UNIT_COLS}",
+                        (now + micros(ttl), now, fence),
+                    ).fetchone()
+                    return unit_claim(row, now)
+                conn.execute(
+                    "UPDATE dibs_claims_v2 SET expires_at = ?, updated_at = ? "
+                    "WHERE fence = ? AND state = 'held'",
+                    (now + micros(ttl), now, fence),
+                )
+            claim = self._read(conn, fence, now)
+            assert claim is not None
+            return claim
 
-        return self._retrying(attempt)
+        return self._write(work)
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
-        def attempt() -> bool:
-            with self._immediate() as conn:
-                now = _micros(self._now())
-                try:
-                    self._live_state(conn, claim_id, holder, fence, now)
-                except HoldLost as lost:
-                    if lost.reason is HoldLostReason.FENCE:
-                        raise
-                    return False
-                (targets,) = conn.execute(
-                    "UPDATE dibs_claims SET state = 'released', expires_at = NULL, "
-                    "updated_at = ? WHERE fence = ? RETURNING targets",
+        def work(conn: sqlite3.Connection) -> bool:
+            now = micros(self._now())
+            try:
+                in_unit, _ = self._owned(conn, claim_id, holder, fence, now)
+            except HoldLost as lost:
+                if lost.reason is HoldLostReason.FENCE:
+                    raise
+                return False
+            if in_unit:
+                # The row stays, released, until a claimant or the sweep replaces it.
+                conn.execute(
+                    "UPDATE dibs_units_v2 SET state = 'released', expires_at = NULL, "
+                    "updated_at = ? WHERE fence = ? AND state IS NOT NULL",
                     (now, fence),
-                ).fetchone()
-                self._detach(conn, fence, targets)
+                )
                 return True
+            (targets,) = conn.execute(
+                "UPDATE dibs_claims_v2 SET state = 'released', expires_at = NULL, "
+                "updated_at = ? WHERE fence = ? RETURNING targets",
+                (now, fence),
+            ).fetchone()
+            self._detach(conn, fence, targets)
+            return True
 
-        return self._retrying(attempt)
+        return self._write(work)
 
     @staticmethod
     def _detach(conn: sqlite3.Connection, fence: int, targets: str) -> None:
-        """Delete the claim's unit and span rows, found by primary key from its targets."""
+        """Delete a claim row's unit and span rows, found by primary key from its targets."""
         for target in targets_from_text(targets):
             if isinstance(target, Unit):
                 conn.execute(
-                    "DELETE FROM dibs_units WHERE resource = ? AND slot = ? AND fence = ?",
+                    "DELETE FROM dibs_units_v2 WHERE resource = ? AND slot = ? AND fence = ? "
+                    "AND state IS NULL",
                     (target.resource, target.slot, fence),
                 )
             else:
                 conn.execute(
-                    "DELETE FROM dibs_spans WHERE resource = ? AND fence = ?",
+                    "DELETE FROM dibs_spans_v2 WHERE resource = ? AND fence = ?",
                     (target.resource, fence),
                 )
 
     # --- reads ----------------------------------------------------------------------------------
 
     @staticmethod
-    def _read(conn: sqlite3.Connection, fence: int, now: int) -> Claim:
+    def _read(conn: sqlite3.Connection, fence: int, now: int) -> Claim | None:
         row = conn.execute(
-            "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
-            "updated_at, taken_over FROM dibs_claims WHERE fence = ?",
+            f"SELECT {UNIT_COLS} FROM dibs_units_v2 WHERE fence = ? AND state IS NOT NULL",
             (fence,),
         ).fetchone()
-        return _claim_from_row(row, now)
+        if row is not None:
+            return unit_claim(row, now)
+        row = conn.execute(
+            f"SELECT {CLAIM_COLS} FROM dibs_claims_v2 WHERE fence = ?", (fence,)
+        ).fetchone()
+        return None if row is None else claim_from_row(row, now)
 
     def _reading(self, work: Callable[[sqlite3.Connection, int], _T]) -> _T:
         def attempt() -> _T:
             with self._pool.transaction("BEGIN") as conn:  # one snapshot for the whole read
-                return work(conn, _micros(self._now()))
+                return work(conn, micros(self._now()))
 
         return self._retrying(attempt)
 
@@ -489,89 +645,146 @@ class SQLiteStore(Store):
         fence = parse_serial_id(claim_id)
         if fence is None:
             return None
-
-        def read(conn: sqlite3.Connection, now: int) -> Claim | None:
-            exists = conn.execute("SELECT 1 FROM dibs_claims WHERE fence = ?", (fence,)).fetchone()
-            return self._read(conn, fence, now) if exists else None
-
-        return self._reading(read)
+        return self._reading(lambda conn, now: self._read(conn, fence, now))
 
     def _holder_of(self, target: Unit | Span) -> str | None:
         def read(conn: sqlite3.Connection, now: int) -> str | None:
             if isinstance(target, Unit):
                 row = conn.execute(
-                    f"SELECT c.holder FROM dibs_units u JOIN dibs_claims c ON c.fence = u.fence "
-                    f"WHERE u.resource = :resource AND u.slot = :slot AND {_LIVE}",
-                    {"resource": target.resource, "slot": target.slot, "now": now},
+                    "SELECT coalesce(u.state, c.state), coalesce(u.holder, c.holder), "
+                    "coalesce(u.expires_at, c.expires_at) FROM dibs_units_v2 u "
+                    "LEFT JOIN dibs_claims_v2 c ON u.state IS NULL AND c.fence = u.fence "
+                    "WHERE u.resource = ? AND u.slot = ?",
+                    (target.resource, target.slot),
                 ).fetchone()
-            else:
-                row = conn.execute(
-                    f"SELECT c.holder FROM dibs_spans s JOIN dibs_claims c ON c.fence = s.fence "
-                    f"WHERE s.resource = :resource AND s.kind = :kind AND s.lo < :hi "
-                    f"AND s.hi > :lo AND {_LIVE} LIMIT 1",
-                    {
-                        "resource": target.resource,
-                        "kind": target.kind,
-                        "lo": span_bound_to_number(target.start),
-                        "hi": span_bound_to_number(target.end),
-                        "now": now,
-                    },
-                ).fetchone()
+                if row is None or not (
+                    row[0] == "confirmed" or (row[0] == "held" and row[2] > now)
+                ):
+                    return None
+                return str(row[1])
+            row = conn.execute(
+                "SELECT c.holder FROM dibs_spans_v2 s JOIN dibs_claims_v2 c ON c.fence = s.fence "
+                f"WHERE s.resource = :resource AND s.kind = :kind AND s.lo < :hi "
+                f"AND s.hi > :lo AND {LIVE} LIMIT 1",
+                {
+                    "resource": target.resource,
+                    "kind": target.kind,
+                    "lo": span_bound_to_number(target.start),
+                    "hi": span_bound_to_number(target.end),
+                    "now": now,
+                },
+            ).fetchone()
             return None if row is None else str(row[0])
 
         return self._reading(read)
 
     def _claims_of(self, holder: str) -> list[Claim]:
         def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
-            rows = conn.execute(
-                "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
-                f"updated_at, taken_over FROM dibs_claims c WHERE holder = :holder "
-                f"AND state IN ('held', 'confirmed') AND {_LIVE} ORDER BY fence",
-                {"holder": holder, "now": now},
+            args = {"holder": holder, "now": now}
+            units = conn.execute(
+                f"SELECT {UNIT_COLS} FROM dibs_units_v2 c WHERE holder = :holder "
+                f"AND state IN ('held', 'confirmed') AND {LIVE}",
+                args,
             ).fetchall()
-            return [_claim_from_row(row, now) for row in rows]
+            rows = conn.execute(
+                f"SELECT {CLAIM_COLS} FROM dibs_claims_v2 c WHERE holder = :holder "
+                f"AND state IN ('held', 'confirmed') AND {LIVE}",
+                args,
+            ).fetchall()
+            claims = [unit_claim(row, now) for row in units]
+            claims += [claim_from_row(row, now) for row in rows]
+            claims.sort(key=lambda claim: claim.fence)
+            return claims
 
         return self._reading(read)
 
     # --- housekeeping ---------------------------------------------------------------------------
 
-    def _sweep(self, batch: int = 500) -> SweepResult:
+    def _sweep(self, batch: int = 1000) -> SweepResult:
         totals = {"expired": 0, "purged_requests": 0, "purged_claims": 0}
 
-        def step() -> bool:
+        def claims_step() -> bool:
             # Short transactions in batches, so a big sweep never starves claimants.
             with self._immediate() as conn:
-                now = _micros(self._now())
-                cutoff = now - _micros(self.request_retention)
+                now = micros(self._now())
+                cutoff = now - micros(self.request_retention)
                 # The unit and span rows of an expired claim stay until its purge,
                 # so a later claimant can still take it over (the reason rule).
                 dead = conn.execute(
-                    "UPDATE dibs_claims SET state = 'expired', updated_at = :now "
-                    "WHERE fence IN (SELECT fence FROM dibs_claims WHERE state = 'held' "
+                    "UPDATE dibs_claims_v2 SET state = 'expired', updated_at = :now "
+                    "WHERE fence IN (SELECT fence FROM dibs_claims_v2 WHERE state = 'held' "
                     "AND expires_at <= :now LIMIT :batch) RETURNING fence",
                     {"now": now, "batch": batch},
                 ).fetchall()
-                totals["expired"] += len(dead)
                 purged_requests = conn.execute(
-                    "DELETE FROM dibs_requests WHERE request_id IN (SELECT request_id FROM "
-                    "dibs_requests WHERE created_at <= ? LIMIT ?)",
+                    "DELETE FROM dibs_requests_v2 WHERE request_id IN (SELECT request_id FROM "
+                    "dibs_requests_v2 WHERE created_at <= ? LIMIT ?)",
                     (cutoff, batch),
                 ).rowcount
-                # Never the highest fence: SQLite would hand its rowid out again.
+                # Never the highest fence: the next claim would get it again.
                 ended = conn.execute(
-                    "SELECT fence, targets FROM dibs_claims "
+                    "SELECT fence, targets FROM dibs_claims_v2 "
                     "WHERE state IN ('released', 'expired') AND updated_at <= ? "
-                    "AND fence < (SELECT max(fence) FROM dibs_claims) LIMIT ?",
+                    f"AND fence < {NEXT_FENCE} - 1 LIMIT ?",
                     (cutoff, batch),
                 ).fetchall()
                 for fence, targets in ended:
-                    conn.execute("DELETE FROM dibs_claims WHERE fence = ?", (fence,))
+                    conn.execute("DELETE FROM dibs_claims_v2 WHERE fence = ?", (fence,))
                     self._detach(conn, fence, targets)
-                totals["purged_requests"] += purged_requests
-                totals["purged_claims"] += len(ended)
-                return len(dead) == batch or purged_requests == batch or len(ended) == batch
+            # Counted once committed: a busy retry runs the step again.
+            totals["expired"] += len(dead)
+            totals["purged_requests"] += purged_requests
+            totals["purged_claims"] += len(ended)
+            return len(dead) == batch or purged_requests == batch or len(ended) == batch
 
-        while self._retrying(step):
+        after: tuple[str, str] = ("", "")
+
+        def units_step() -> bool:
+            # The unit rows in key order, one range per transaction: no index on expiry
+            # to write on every hold, and the whole sweep reads each row once.
+            nonlocal after
+            with self._immediate() as conn:
+                now = micros(self._now())
+                cutoff = now - micros(self.request_retention)
+                last = conn.execute(
+                    "SELECT resource, slot FROM dibs_units_v2 WHERE (resource, slot) > (?, ?) "
+                    "ORDER BY resource, slot LIMIT 1 OFFSET ?",
+                    (*after, batch - 1),
+                ).fetchone()
+                where = "(resource, slot) > (:r, :s)" + (
+                    "" if last is None else " AND (resource, slot) <= (:lr, :ls)"
+                )
+                args = {
+                    "r": after[0], "s": after[1], "lr": last and last[0], "ls": last and last[1],
+                    "now": now, "cutoff": cutoff,
+                }  # fmt: skip
+                expired = conn.execute(
+                    f"UPDATE dibs_units_v2 SET state = 'expired', updated_at = :now WHERE {where} "
+                    "AND state = 'held' AND expires_at <= :now",
+                    args,
+                ).rowcount
+                purged_requests = conn.execute(
+                    f"UPDATE dibs_units_v2 SET fingerprint = NULL WHERE {where} "
+                    "AND fingerprint IS NOT NULL AND created_at <= :cutoff",
+                    args,
+                ).rowcount
+                purged_claims = conn.execute(
+                    f"DELETE FROM dibs_units_v2 WHERE {where} "
+                    "AND state IN ('released', 'expired') AND updated_at <= :cutoff "
+                    f"AND fence < {NEXT_FENCE} - 1",
+                    args,
+                ).rowcount
+            totals["expired"] += expired
+            totals["purged_requests"] += purged_requests
+            totals["purged_claims"] += purged_claims
+            if last is None:
+                return False
+            after = (last[0], last[1])
+            return True
+
+        while self._retrying(claims_step):
+            pass
+        while self._retrying(units_step):
             pass
         return SweepResult(
             expired=totals["expired"],
@@ -595,17 +808,21 @@ class SQLiteStore(Store):
         return "ok" if rows == [("ok",)] else "; ".join(str(row[0]) for row in rows)
 
     def claim_log(self) -> ClaimLog:
-        """Every row of ``dibs_claims``, read in one transaction."""
+        """Every claim: the single-unit ones in their unit rows and the claim rows, in one read."""
         return ClaimReader(self._log)
 
     def _log(self) -> list[Claim]:
         def read(conn: sqlite3.Connection, now: int) -> list[Claim]:
-            rows = conn.execute(
-                "SELECT fence, holder, targets, state, expires_at, request_id, created_at, "
-                "updated_at, taken_over FROM dibs_claims ORDER BY fence"
-            ).fetchall()
             # A "now" before every expiry: the log keeps the stored state (see ClaimLog).
-            return [_claim_from_row(row, -(2**62)) for row in rows]
+            past = -(2**62)
+            units = conn.execute(
+                f"SELECT {UNIT_COLS} FROM dibs_units_v2 WHERE state IS NOT NULL"
+            ).fetchall()
+            rows = conn.execute(f"SELECT {CLAIM_COLS} FROM dibs_claims_v2").fetchall()
+            claims = [unit_claim(row, past) for row in units]
+            claims += [claim_from_row(row, past) for row in rows]
+            claims.sort(key=lambda claim: claim.fence)
+            return claims
 
         return self._reading(read)
 
@@ -631,13 +848,3 @@ class _DataVersion:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-def _claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
-    fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
-    created, updated = _dt(created_at), _dt(updated_at)
-    assert created is not None and updated is not None
-    return stored_claim(
-        str(fence), holder, targets, state, fence, _dt(expires_at), request_id, created, updated,
-        taken, dead=state == "held" and expires_at <= now,
-    )  # fmt: skip
