@@ -108,6 +108,20 @@ class _Running:
     lost: bool = False
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """One attempt's outcome to record."""
+
+    running: _Running
+    kind: str
+    outcome: str
+    delay: float | None
+    done: threading.Event
+    state: str | None = None
+    error: DibsError | None = None
+    refilled: bool = False  # the same transaction took jobs for the slots it freed
+
+
 class DurableRunner:
     """Takes due jobs from the job table, runs them on the local engine, records them."""
 
@@ -134,12 +148,16 @@ class DurableRunner:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.tasks: dict[str, RegisteredTask] = {}
         self.schedules: dict[str, DurableSchedule] = {}
-        self._lock = threading.Lock()  # guards _running, _taking, _stopping, _woken
+        self._lock = threading.Lock()  # guards _running, _reserved, _taking, _stopping, _woken
         self._wake = threading.Condition(self._lock)
         self._running: dict[tuple[str, int | None], _Running] = {}  # by (job ID, fence)
         self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
         self._woken = True  # a wake-up came since the poller last looked: look again
+        self._reserved = 0  # slots being filled by a take in flight
+        self._record_lock = threading.Lock()  # guards _to_record and _recording
+        self._to_record: list[_Outcome] = []
+        self._recording = False  # a worker thread is recording outcomes for all
         self._threads = [
             threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="dibs-tasks-heartbeat", daemon=True),
@@ -261,8 +279,24 @@ class DurableRunner:
                     self._woken = True  # there may be more: look again once a slot frees
 
     def _take_some(self, free: int) -> int:
-        # Linearization point: the take's UPDATE gives each job to one worker.
-        taken = self.jobs.take(self.queues, free, self.lease, self.holder, names=list(self.tasks))
+        with self._lock:
+            free = max(min(free, self._slots - len(self._running) - self._reserved), 0)
+            self._reserved += free
+        try:
+            if free <= 0:
+                return 0
+            # Linearization point: the take's UPDATE gives each job to one worker.
+            taken = self.jobs.take(
+                self.queues, free, self.lease, self.holder, names=list(self.tasks)
+            )
+            self._start(taken)
+        finally:
+            with self._lock:
+                self._reserved -= free
+        return len(taken)
+
+    def _start(self, taken: list[Job]) -> None:
+        """Run jobs just taken on the local engine."""
         for job in taken:
             running = _Running(job)
             with self._lock:
@@ -271,12 +305,12 @@ class DurableRunner:
             running.handle = self._submit(
                 self._run, running, timeout=None if task is None else task.timeout
             )
-        return len(taken)
 
     # --- running and finishing ------------------------------------------------------------
 
     def _run(self, running: _Running) -> None:
         job = running.job
+        refilled = False  # whether recording the outcome also filled the slots it freed
         try:
             task = self.tasks.get(job.name)
             if task is None:
@@ -298,14 +332,16 @@ class DurableRunner:
                     kind, outcome = "error", "".join(traceback.format_exception(exc))
             finally:
                 current_job.reset(reset)
-            self._complete(running, kind, outcome)
+            refilled = self._complete(running, kind, outcome)
         finally:
             with self._wake:
                 self._running.pop((job.id, job.fence), None)
-                self._woken = True  # a slot is free
+                if not refilled:
+                    self._woken = True  # a slot is free: the poller fills it
                 self._wake.notify_all()  # the poller and the heartbeat both wait on it
 
-    def _complete(self, running: _Running, kind: str, outcome: str) -> None:
+    def _complete(self, running: _Running, kind: str, outcome: str) -> bool:
+        """Record the attempt; return whether its slot was refilled in the same transaction."""
         job = running.job
         assert job.fence is not None  # taken rows always have one
         delay: float | None = None
@@ -314,13 +350,65 @@ class DurableRunner:
             delay = task.backoff.delay(job.attempt, self._rng)
         # Completion is this fenced statement: a worker whose lease was taken over
         # changes nothing.
-        state = self.jobs.finish(job.id, job.fence, kind, outcome, delay)
+        item = _Outcome(running, kind, outcome, delay, threading.Event())
+        state = self._record(item)
         if state is None:
             log.warning("job %s attempt %d lost its lease; result dropped", job.id, job.attempt)
-            return
+            return item.refilled
         schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
+        return item.refilled
+
+    def _record(self, item: _Outcome) -> str | None:
+        """Record an outcome and refill the slots it frees, in one transaction.
+
+        The worker threads that finish while a recording is in flight queue their
+        outcomes; the first of them then records all of them in one statement
+        (:meth:`JobTable.finish_and_take`), taking jobs for every slot they free in
+        the same transaction, and goes on until none is left. The others wait
+        for theirs, as they would have waited for the write lock: under load one
+        transaction records several jobs.
+        """
+        with self._record_lock:
+            self._to_record.append(item)
+            lead = not self._recording
+            self._recording = True
+        while lead:
+            with self._record_lock:
+                batch, self._to_record = self._to_record, []
+                if not batch:
+                    self._recording = False
+                    break
+            self._record_batch(batch)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.state
+
+    def _record_batch(self, batch: list[_Outcome]) -> None:
+        with self._lock:
+            free = self._slots - len(self._running) - self._reserved + len(batch)
+            free = max(free, 0) if self._taking else 0
+            self._reserved += free  # so that the poller does not overfill
+        items = [
+            (b.running.job.id, b.running.job.fence or 0, b.kind, b.outcome, b.delay) for b in batch
+        ]
+        try:
+            states, taken = self.jobs.finish_and_take(
+                items, self.queues, free, self.lease, self.holder, names=list(self.tasks)
+            )
+            self._start(taken)
+            for waiting, state in zip(batch, states, strict=True):
+                waiting.state, waiting.refilled = state, free > 0
+        except DibsError as exc:
+            for waiting in batch:
+                waiting.error = exc
+        finally:
+            with self._lock:
+                self._reserved -= free
+            for waiting in batch:
+                waiting.done.set()
 
     # --- heartbeats -----------------------------------------------------------------------
 
