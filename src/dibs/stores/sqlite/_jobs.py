@@ -3,17 +3,24 @@
 The shared SQL job table (:mod:`dibs.stores._sql_jobs`) on the store's own
 connections. Every write runs in ``BEGIN IMMEDIATE``, which takes the file's
 write lock first, so operations on the file are serialized and a statement
-never has to upgrade a stale read snapshot.
+never has to upgrade a stale read snapshot. Writers wait for that lock on a
+mutex (this process) and an advisory ``flock`` on ``<file>-jobs.lock`` (other
+processes) rather than in SQLite's busy handler, which sleeps 1, 2, 5, 10 …
+ms between tries; ``BEGIN IMMEDIATE`` still decides, so a process that skips
+the file lock is slower, never wrong.
 
 Wake-ups: an add in this process wakes this process's workers at once. Other
 processes learn of it from ``PRAGMA data_version``, which moves whenever
 another connection commits to the file: :meth:`SQLiteJobs.listen` keeps one
 connection that reads it every :data:`WAKE_MIN` seconds after a change,
 backing off to :data:`WAKE_MAX` while nothing changes. That read touches only
-the WAL index in shared memory (a few microseconds), so the watcher costs far
-less than the job it finds; docs/benchmarks.md compares it with a wake-up
-socket per worker, which was no faster at the median and costs every
-enqueuer a ``sendto`` per worker process.
+the WAL index in shared memory. benchmarks/bench_sqlite_wake.py measured the
+options (docs/benchmarks.md): a wake-up socket per worker process noticed a
+commit as fast as a fixed 1 ms read and cost less CPU while idle, but only
+for writers that know to send to it, and a job enqueued inside the caller's
+own transaction (``connection=``) is committed by the caller, where no wake-up
+can be sent; ``data_version`` sees every commit, whoever makes it. The
+back-off keeps an idle watcher near 1 % of a core.
 """
 
 from __future__ import annotations
