@@ -438,7 +438,7 @@ def main() -> None:
             for s in ("dibs", "procrastinate"):
                 series.append(
                     {
-                        "name": f"{s} PostgreSQL",
+                        "name": f"{s} - PostgreSQL",
                         "clients": n,
                         "p99_ms": None,
                         "throughput": statistics.median(field(key, s, "throughput")),
@@ -483,7 +483,10 @@ def main() -> None:
                 "huey",
                 True,
             )
-            for s, label in (("dibs-sqlite", "dibs SQLite"), ("huey", "huey SqliteHuey")):
+            for s, label in (
+                ("dibs-sqlite", "dibs - SQLite"),
+                ("huey", "huey SqliteHuey - SQLite"),
+            ):
                 series.append(
                     {
                         "name": label,
