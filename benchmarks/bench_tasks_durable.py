@@ -4,10 +4,11 @@ Lateness: 1,000 durable jobs timed over two seconds (500/s), then over ten
 (100/s), run by one
 processor in this process (4 workers, ``poll`` as given); each records its
 start minus its due time. Baseline in the same run: the same 1,000 timed
-tasks through the in-process ``TaskProcessor.submit(at=)``. A durable job is
-found by the poll (SQLite has no notifications), so its lateness is bounded
-below by ``poll``; it also pays for a claim, three job-row writes and a
-confirm.
+tasks through the in-process ``TaskProcessor.submit(at=)``. A job timed for
+later is found by the poll, so its lateness is bounded below by ``poll`` (a
+job due now wakes the workers at once); it also pays for a take and a finish,
+two statements on the job row. For the comparison with huey and procrastinate
+see bench_peers_tasks.py.
 
 Throughput: N no-op durable jobs are enqueued first, then 1 or 3 worker
 processes (4 workers each) run them; the rate is N over the time from the

@@ -424,6 +424,62 @@ def test_async_tasks_run_together_on_one_event_loop(
     assert len(loops) == 1 and len(threads) == 1
 
 
+def test_thread_and_async_jobs_share_batched_finishes_within_each_lanes_slots(
+    processors: Callable[..., TaskProcessor],
+) -> None:
+    # Outcomes of both lanes are recorded together (finish_and_take), and each
+    # transaction refills only the slots of its lane: never more attempts on the
+    # loop than async_workers, nor on the threads than workers. An hour's poll:
+    # every job after the first takes is started by a refill or a wake-up.
+    lock = threading.Lock()
+    now = {"threads": 0, "loop": 0, "locked": 0}
+    most = dict(now)
+    ran: list[str] = []
+
+    def enter(*lanes: str) -> None:
+        with lock:
+            for lane in lanes:
+                now[lane] += 1
+                most[lane] = max(most[lane], now[lane])
+            ran.append(current().job_id or "")
+
+    def leave(*lanes: str) -> None:
+        with lock:
+            for lane in lanes:
+                now[lane] -= 1
+
+    worker = processors(workers=2, async_workers=3, poll=3600)
+
+    @worker.task("plain")
+    def plain(n: int) -> int:
+        enter("threads")
+        time.sleep(0.002)
+        leave("threads")
+        return n
+
+    @worker.task("coro")
+    async def coro(n: int) -> int:
+        enter("loop")
+        await asyncio.sleep(0.002)
+        leave("loop")
+        return n
+
+    @worker.task("coro-locked", lock_key="one-at-a-time")
+    async def coro_locked(n: int) -> int:
+        enter("loop", "locked")
+        await asyncio.sleep(0.002)
+        leave("loop", "locked")
+        return n
+
+    calls = [(n,) for n in range(80)]
+    ids = worker.enqueue_many("plain", calls) + worker.enqueue_many("coro", calls)
+    ids += worker.enqueue_many("coro-locked", calls[:20])
+    expected = list(range(80)) * 2 + list(range(20))
+    assert [worker.result(i, timeout=GUARD) for i in ids] == expected
+    assert sorted(ran) == sorted(ids)  # each ran once
+    assert most["threads"] <= 2 and most["loop"] <= 3 and most["locked"] == 1
+
+
 def test_async_tasks_are_cancelled_at_an_await_and_time_out(
     processors: Callable[..., TaskProcessor],
 ) -> None:

@@ -63,7 +63,7 @@ BATCH = 200
 
 # What a retried error needs: a delay, retries left, attempts left, no cancel asked.
 _RETRY = (
-    f"(CAST(:kind AS TEXT) = 'error' AND CAST(:delay AS {_FLOAT}) IS NOT NULL "
+    "(b_kind = 'error' AND b_delay IS NOT NULL "
     "AND failures < retries AND attempt < max_attempts AND cancel_requested = FALSE)"
 )
 _GIVE_UP = "(cancel_requested = TRUE OR attempt >= max_attempts)"
@@ -75,27 +75,31 @@ _SQL = {
     "WHERE j.state = 'pending' AND j.run_at <= {now}{queues}{names} "
     # A lock key's jobs go one at a time, oldest first: none while one is running,
     # and only the oldest pending one (so one take never starts two of a key).
-    "AND (j.lock_key IS NULL OR NOT EXISTS (SELECT 1 FROM {jobs} AS r "
-    "WHERE r.lock_key = j.lock_key AND (r.state = 'running' OR (r.state = 'pending' "
-    "AND (r.run_at < j.run_at OR (r.run_at = j.run_at AND r.id < j.id)))))) "
+    "AND (j.lock_key IS NULL OR (NOT EXISTS (SELECT 1 FROM {jobs} AS r "
+    "WHERE r.state = 'running' AND r.lock_key = j.lock_key) AND NOT EXISTS (SELECT 1 "
+    "FROM {jobs} AS o WHERE o.state = 'pending' AND o.lock_key = j.lock_key "
+    "AND (o.run_at < j.run_at OR (o.run_at = j.run_at AND o.id < j.id))))) "
     "ORDER BY j.priority DESC, j.run_at, j.id LIMIT :limit{skip_locked}) "
     "UPDATE {jobs} SET state = 'running', fence = COALESCE(fence, 0) + 1, "
     f"holder = :holder, started_at = {{now}}, lease_expires = {{now}} + CAST(:ttl AS {_FLOAT}), "
     "outcome_kind = NULL, outcome = NULL "
     f"WHERE id IN (SELECT id FROM picked) AND state = 'pending' RETURNING {COLUMNS}",
+    "due": "SELECT 1 FROM {jobs} AS j WHERE j.state = 'pending' AND j.run_at <= {now}"
+    "{queues}{names} LIMIT 1",
     "extend": f"UPDATE {{jobs}} SET lease_expires = {{now}} + CAST(:ttl AS {_FLOAT}) "
     "WHERE state = 'running' AND {held} RETURNING id, fence, cancel_requested",
+    # Many attempts at once: {batch} yields (b_id, b_fence, b_kind, b_outcome, b_delay).
     "finish": "UPDATE {jobs} SET "
-    "state = CASE WHEN CAST(:kind AS TEXT) = 'ok' THEN 'done' "
-    f"WHEN CAST(:kind AS TEXT) = 'cancelled' THEN 'cancelled' WHEN {_RETRY} THEN 'pending' "
+    "state = CASE WHEN b_kind = 'ok' THEN 'done' "
+    f"WHEN b_kind = 'cancelled' THEN 'cancelled' WHEN {_RETRY} THEN 'pending' "
     "ELSE 'failed' END, "
-    f"run_at = CASE WHEN {_RETRY} THEN {{now}} + CAST(:delay AS {_FLOAT}) ELSE run_at END, "
+    f"run_at = CASE WHEN {_RETRY} THEN {{now}} + b_delay ELSE run_at END, "
     f"attempt = CASE WHEN {_RETRY} THEN attempt + 1 ELSE attempt END, "
-    "failures = CASE WHEN CAST(:kind AS TEXT) = 'error' THEN failures + 1 ELSE failures END, "
+    "failures = CASE WHEN b_kind = 'error' THEN failures + 1 ELSE failures END, "
     f"finished_at = CASE WHEN {_RETRY} THEN NULL ELSE {{now}} END, "
-    "outcome_kind = :kind, outcome = :outcome, holder = NULL, lease_expires = NULL, "
-    "attempts_log = {log_kind} "
-    "WHERE id = :id AND fence = :fence AND state = 'running' RETURNING state, lock_key",
+    "outcome_kind = b_kind, outcome = b_outcome, holder = NULL, lease_expires = NULL, "
+    "attempts_log = {log_kind} FROM {batch} AS b "
+    "WHERE id = b_id AND fence = b_fence AND state = 'running' RETURNING id, state, lock_key",
     "put_back": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
     "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
     "reclaim": "UPDATE {jobs} SET "
@@ -152,6 +156,9 @@ class Dialect:
     """``{col} IN`` a list parameter ``{name}`` (SQLite: JSON text; PostgreSQL: an array)."""
     held: str
     """``(id, fence)`` of the row in the JSON list parameter ``:held``."""
+    batch: str
+    """The JSON list parameter ``:batch`` of ``[id, fence, kind, outcome, delay]`` as a
+    table of ``b_id, b_fence, b_kind, b_outcome, b_delay``."""
     log_append: str
     """``attempts_log`` with one entry appended: ``{kind}`` and ``{now}`` are SQL."""
     lock_schedule: bool
@@ -162,6 +169,9 @@ class Dialect:
     """Whether list parameters are passed as JSON text (SQLite) rather than lists."""
     insert_returning: str = "{insert} RETURNING id"
     """How an INSERT reports the IDs it added (PostgreSQL also notifies ``:channel``)."""
+    precheck: bool = False
+    """Whether a take reads first and writes only if a job is due (SQLite: the single
+    writer lock is the scarce thing; PostgreSQL: the read would be a commit of its own)."""
     channel: str | None = None
     """The ``NOTIFY`` channel that wakes workers in other processes, if any."""
 
@@ -191,7 +201,8 @@ class SQLJobs(abc.ABC):
             "schedules": d.schedules,
             "lock": " FOR UPDATE" if d.lock_schedule else "",
             "skip_locked": d.skip_locked,
-            "log_kind": log("CAST(:kind AS TEXT)"),
+            "log_kind": log("b_kind"),
+            "batch": d.batch,
             "log_lost": log("'lost'"),
             "log_put_back": log("'put_back'"),
             "held": d.held,
@@ -395,21 +406,67 @@ class SQLJobs(abc.ABC):
         names: Sequence[str] | None = None,
         now: float | None = None,
     ) -> list[Job]:
+        statement, params = self._take_args(queues, limit, lease_ttl, holder, names, now)
+        if self._dialect.precheck:
+            # A read first: waking for nothing costs no write transaction.
+            check = self._statement("due", (queues is None, names is None), **self._filters(params))
+            if not self._rows(check, params, write=False):
+                return []
+        return self._single(lambda conn: self._take_on(conn, statement, params))
+
+    def _take_args(
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None,
+        now: float | None,
+    ) -> tuple[Any, dict[str, Any]]:
         params: dict[str, Any] = {
             "now": self._now(now), "limit": limit, "ttl": lease_ttl, "holder": holder,
         }  # fmt: skip
-        parts = {}
         if queues is not None:
-            parts["queues"] = " AND " + self._in("j.queue", "queues")
             params["queues"] = self._list(queues)
         if names is not None:
-            parts["names"] = " AND " + self._in("j.name", "names")
             params["names"] = self._list(names)
-        statement = self._statement("take", (queues is None, names is None), **parts)
-        rows = self._single(lambda conn: self._run(conn, statement, params).fetchall())
-        jobs = [job_from_row(row) for row in rows]
+        parts = self._filters(params)
+        return self._statement("take", (queues is None, names is None), **parts), params
+
+    def _filters(self, params: dict[str, Any]) -> dict[str, str]:
+        parts = {}
+        if "queues" in params:
+            parts["queues"] = " AND " + self._in("j.queue", "queues")
+        if "names" in params:
+            parts["names"] = " AND " + self._in("j.name", "names")
+        return parts
+
+    def _take_on(self, conn: Any, statement: Any, params: dict[str, Any]) -> list[Job]:
+        jobs = [job_from_row(row) for row in self._run(conn, statement, params).fetchall()]
         jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
         return jobs
+
+    def finish_and_take(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> tuple[list[str | None], list[Job]]:
+        at = self._now(now)
+        finish = self._statement("finish")
+        fparams = {"batch": json.dumps([list(item) for item in items]), "now": at}
+        take, tparams = self._take_args(queues, limit, lease_ttl, holder, names, at)
+
+        def work(conn: Any) -> tuple[list[Any], list[Job]]:
+            rows = self._run(conn, finish, fparams).fetchall() if items else []
+            return rows, self._take_on(conn, take, tparams) if limit > 0 else []
+
+        rows, taken = self._atomic(work)
+        return self._ended_states(items, rows), taken
 
     def extend(
         self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
@@ -433,18 +490,29 @@ class SQLJobs(abc.ABC):
         retry_delay: float | None = None,
         now: float | None = None,
     ) -> str | None:
-        params = {
-            "id": job_id, "fence": fence, "kind": kind, "outcome": outcome,
-            "delay": retry_delay, "now": self._now(now),
-        }  # fmt: skip
-        rows = self._rows(self._statement("finish"), params)
-        if not rows:
-            return None
-        state, lock_key = str(rows[0][0]), rows[0][1]
+        return self.finish_many([(job_id, fence, kind, outcome, retry_delay)], now)[0]
+
+    def finish_many(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        now: float | None = None,
+    ) -> list[str | None]:
+        if not items:
+            return []
+        params = {"batch": json.dumps([list(item) for item in items]), "now": self._now(now)}
+        return self._ended_states(items, self._rows(self._statement("finish"), params))
+
+    def _ended_states(
+        self, items: Sequence[tuple[str, int, str, str | None, float | None]], rows: list[Any]
+    ) -> list[str | None]:
+        ended = {str(row[0]): (str(row[1]), row[2]) for row in rows}
+        if not ended:
+            return [None] * len(items)
         self._finished_here()
-        if lock_key is not None or state == "pending":
+        if any(lock_key is not None or state == "pending" for state, lock_key in ended.values()):
             self._local_wake()  # a lock key is free, or a retry is due: take again
-        return state
+        # One row per job: a batch never holds two attempts of one job with live fences.
+        return [ended[job_id][0] if job_id in ended else None for job_id, *_ in items]
 
     def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
         params = {"id": job_id, "fence": fence, "now": self._now(now)}

@@ -238,6 +238,28 @@ class JobTable(Protocol):
         """
         ...
 
+    def finish_many(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        now: float | None = None,
+    ) -> list[str | None]:
+        """:meth:`finish` for ``(job_id, fence, kind, outcome, retry_delay)`` items, in one
+        statement; the new state (or None) of each, in order. Each job at most once."""
+        ...
+
+    def finish_and_take(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> tuple[list[str | None], list[Job]]:
+        """:meth:`finish_many` then :meth:`take`, in one transaction (one commit)."""
+        ...
+
     def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
         """Return a taken attempt to ``pending`` uncounted (no failure, same attempt); fenced."""
         ...
@@ -508,6 +530,26 @@ class MemoryJobs:
         if job.lock_key is not None or row.state == "pending":
             self._wake_all()
         return row.state
+
+    def finish_many(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        now: float | None = None,
+    ) -> list[str | None]:
+        return [self.finish(*item, now=now) for item in items]
+
+    def finish_and_take(
+        self,
+        items: Sequence[tuple[str, int, str, str | None, float | None]],
+        queues: Sequence[str] | None,
+        limit: int,
+        lease_ttl: float,
+        holder: str,
+        names: Sequence[str] | None = None,
+        now: float | None = None,
+    ) -> tuple[list[str | None], list[Job]]:
+        states = self.finish_many(items, now)
+        return states, self.take(queues, limit, lease_ttl, holder, names, now) if limit else []
 
     def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
         with self._lock:

@@ -38,7 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from dibs.exceptions import DibsError, InvalidInput
@@ -51,7 +51,7 @@ from dibs.tasks._jobs import Job, job_table
 from dibs.tasks._locks import LockKeys
 from dibs.tasks._worker import Outcome, OutcomeKind
 
-__all__ = ["DurableRunner", "JobRecord", "RegisteredTask", "encode_payload"]
+__all__ = ["DurableRunner", "RegisteredTask", "encode_payload"]
 
 log = logging.getLogger("dibs.tasks")
 
@@ -92,24 +92,6 @@ class RegisteredTask:
         return inspect.iscoroutinefunction(self.fn)
 
 
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A snapshot of one durable job, as :meth:`TaskProcessor.job` returns it."""
-
-    id: str
-    name: str
-    state: str
-    """``pending``, ``running``, ``done``, ``failed`` or ``cancelled``."""
-    attempt: int
-    max_attempts: int
-    run_at: datetime
-    result: Any
-    """The JSON-decoded return value once done."""
-    error: str | None
-    """The last failure's traceback text."""
-    schedule_id: str | None
-
-
 @dataclass(slots=True)
 class _Running:
     job: Job  # as taken: its fence is this attempt's
@@ -123,6 +105,20 @@ class _Running:
             self.handle.cancel()
         elif self.token is not None:
             self.token.cancel(CancelReason.CANCELLED)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """One attempt's outcome to record."""
+
+    running: _Running
+    kind: str
+    outcome: str
+    delay: float | None
+    done: threading.Event
+    state: str | None = None
+    error: DibsError | None = None
+    refilled: bool = False  # the same transaction took jobs for the slots it freed
 
 
 class DurableRunner:
@@ -154,12 +150,16 @@ class DurableRunner:
         self.locks = LockKeys(store, self.holder, lease)
         self.tasks: dict[str, RegisteredTask] = {}
         self.schedules: dict[str, DurableSchedule] = {}
-        self._lock = threading.Lock()  # guards _running, _taking, _stopping, _woken
+        self._lock = threading.Lock()  # guards _running, _reserved, _taking, _stopping, _woken
         self._wake = threading.Condition(self._lock)
         self._running: dict[tuple[str, int | None], _Running] = {}  # by (job ID, fence)
         self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
         self._woken = True  # a wake-up came since the poller last looked: look again
+        self._reserved = {False: 0, True: 0}  # per lane (async?): slots a take in flight fills
+        self._record_lock = threading.Lock()  # guards _to_record and _recording
+        self._to_record: list[_Outcome] = []
+        self._recording = False  # a worker thread is recording outcomes for all
         self._threads = [
             threading.Thread(target=self._poll_loop, name="dibs-tasks-poller", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="dibs-tasks-heartbeat", daemon=True),
@@ -222,20 +222,6 @@ class DurableRunner:
             running.cancel()  # running here: no need to wait for a heartbeat
         return True
 
-    def record(self, job_id: str) -> JobRecord | None:
-        job = self.jobs.get(job_id)
-        if job is None:
-            return None
-        done = job.state == "done"
-        assert job.run_at is not None  # a stored row always has one
-        return JobRecord(
-            id=job.id, name=job.name, state=job.state, attempt=job.attempt,
-            max_attempts=job.max_attempts, run_at=datetime.fromtimestamp(job.run_at, UTC),
-            result=json.loads(job.outcome) if done and job.outcome is not None else None,
-            error=job.outcome if job.outcome_kind == "error" else None,
-            schedule_id=job.schedule_id,
-        )  # fmt: skip
-
     def stop_taking(self) -> None:
         """Take no new jobs; keep heartbeating the running ones."""
         with self._wake:
@@ -268,32 +254,67 @@ class DurableRunner:
                 if not self._taking:
                     return
                 self._woken = False
-                threads = sum(1 for r in self._running.values() if r.token is None)
+                lanes = [(is_async, self._free(is_async)) for is_async in (False, True)]
             full = False
             # Two lanes: plain functions on the worker threads, async def on the event loop.
-            for is_async, free in ((False, self._slots - threads), (True, self.lane.free)):
-                names = [name for name, task in self.tasks.items() if task.is_async is is_async]
+            for is_async, free in lanes:
+                names = self._names(is_async)
                 if free <= 0 or not names:
                     continue  # a finishing job sets _woken
                 try:
-                    full |= self._take_some(free, names) == free
+                    full |= self._take_some(free, names, is_async) == free
                 except DibsError:
                     log.exception("taking durable jobs failed; trying again")
             if full:
                 with self._wake:
                     self._woken = True  # there may be more: look again once a slot frees
 
-    def _take_some(self, free: int, names: list[str]) -> int:
-        # Linearization point: the take's UPDATE gives each job to one worker.
-        taken = self.jobs.take(self.queues, free, self.lease, self.holder, names=names)
+    def _free(self, is_async: bool, finishing: int = 0) -> int:
+        """Slots of a lane that no attempt holds and no take in flight fills (under _lock).
+
+        ``finishing``: attempts of that lane whose outcome is being recorded; they
+        still hold their slots, which the same transaction refills.
+        """
+        if not self._taking:
+            return 0
+        slots = self.lane.slots if is_async else self._slots
+        running = sum(1 for r in self._running.values() if (r.token is not None) is is_async)
+        return max(slots - running - self._reserved[is_async] + finishing, 0)
+
+    def _names(self, is_async: bool) -> list[str]:
+        """The registered task names a lane runs."""
+        return [name for name, task in self.tasks.items() if task.is_async is is_async]
+
+    def _take_some(self, free: int, names: list[str], is_async: bool = False) -> int:
+        with self._lock:
+            free = min(free, self._free(is_async))
+            self._reserved[is_async] += free
+        try:
+            if free <= 0:
+                return 0
+            # Linearization point: the take's UPDATE gives each job to one worker.
+            taken = self.jobs.take(self.queues, free, self.lease, self.holder, names=names)
+            return self._start(taken)
+        finally:
+            with self._lock:
+                self._reserved[is_async] -= free
+
+    def _start(self, taken: list[Job]) -> int:
+        """Run jobs just taken on the local engine; return how many started.
+
+        A job whose lock key another attempt holds goes back, uncounted.
+        """
         started = 0
         for job in taken:
             if not self._lock_key(job):
                 continue
+            task = self.tasks.get(job.name)
             running = _Running(job)
+            if task is not None and task.is_async:
+                # Before it is listed: _free tells the lanes apart by the token.
+                running.token = CancelToken(job.id, task.timeout)
             with self._lock:
                 self._running[job.id, job.fence] = running
-            task = self.tasks.get(job.name)
             if task is not None and task.is_async:
                 self._start_async(task, running)
             else:
@@ -322,6 +343,7 @@ class DurableRunner:
 
     def _run(self, running: _Running) -> None:
         job = running.job
+        refilled = False  # whether recording the outcome also filled the slots it freed
         try:
             task = self.tasks.get(job.name)
             if task is None:
@@ -337,29 +359,32 @@ class DurableRunner:
             # The attempt has returned: the next job of its lock key may start.
             self.locks.release((job.id, job.fence))
             if recorded is not None:
-                self._complete(running, *recorded)
+                refilled = self._complete(running, *recorded)
         finally:
-            self._ran(running)
+            self._ran(running, refilled)
 
-    def _ran(self, running: _Running) -> None:
+    def _ran(self, running: _Running, refilled: bool) -> None:
+        """The attempt's slot is free (``refilled``: taken again by its recording's transaction)."""
         job = running.job
         self.locks.release((job.id, job.fence))  # if the attempt raised before releasing
         with self._wake:
             self._running.pop((job.id, job.fence), None)
-            self._woken = True  # a slot is free
+            if not refilled:
+                self._woken = True  # a slot is free: the poller fills it
             self._wake.notify_all()  # the poller and the heartbeat both wait on it
 
     def _start_async(self, task: RegisteredTask, running: _Running) -> None:
         """Run an ``async def`` attempt on the lane's loop; record it on a finisher thread."""
         job = running.job
-        token = CancelToken(job.id, task.timeout)
-        running.token = token
+        token = running.token
+        assert token is not None  # set by _start
         context = TaskContext(
             task_id=job.id, attempt=job.attempt, token=token,
             schedule_id=job.schedule_id, nominal_time=_nominal(job), job_id=job.id,
         )  # fmt: skip
 
         def finish(outcome: Outcome) -> None:
+            refilled = False
             try:
                 self.locks.release((job.id, job.fence))
                 if outcome.kind is OutcomeKind.OK:
@@ -368,19 +393,27 @@ class DurableRunner:
                     assert outcome.error is not None
                     recorded = _recorded(running, token, None, outcome.error)
                 if recorded is not None:
-                    self._complete(running, *recorded)
+                    # As a thread attempt's: batched, refilling in the same transaction.
+                    refilled = self._complete(running, *recorded)
             except DibsError:
                 # As for a worker that died: the lease lapses and reclaim() retries it.
                 log.exception("recording job %s attempt %d failed", job.id, job.attempt)
             finally:
-                self._ran(running)
+                self._ran(running, refilled)
 
+        fn: Callable[..., Any] = task.fn
         try:
             args, kwargs = json.loads(job.args)
         except ValueError as exc:
-            finish(Outcome(OutcomeKind.FAILED, error=exc))
-            return
-        self.lane.start(task.fn, args, kwargs, context, task.timeout, finish)
+            # Failed on the lane like any attempt: finishing here could be inside a
+            # recording transaction's refill, which would then wait for itself.
+            error = exc
+
+            async def undecodable() -> None:
+                raise error
+
+            fn, args, kwargs = undecodable, [], {}
+        self.lane.start(fn, args, kwargs, context, task.timeout, finish)
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no async attempt is running; False if ``timeout`` real seconds passed."""
@@ -393,7 +426,8 @@ class DurableRunner:
         for token in tokens:
             token.cancel(reason)
 
-    def _complete(self, running: _Running, kind: str, outcome: str) -> None:
+    def _complete(self, running: _Running, kind: str, outcome: str) -> bool:
+        """Record the attempt; return whether its slot was refilled in the same transaction."""
         job = running.job
         assert job.fence is not None  # taken rows always have one
         delay: float | None = None
@@ -402,13 +436,72 @@ class DurableRunner:
             delay = task.backoff.delay(job.attempt, self._rng)
         # Completion is this fenced statement: a worker whose lease was taken over
         # changes nothing.
-        state = self.jobs.finish(job.id, job.fence, kind, outcome, delay)
+        item = _Outcome(running, kind, outcome, delay, threading.Event())
+        state = self._record(item)
         if state is None:
             log.warning("job %s attempt %d lost its lease; result dropped", job.id, job.attempt)
-            return
+            return item.refilled
         schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
+        return item.refilled
+
+    def _record(self, item: _Outcome) -> str | None:
+        """Record an outcome and refill the slots it frees, in one transaction.
+
+        The worker threads that finish while a recording is in flight queue their
+        outcomes; the first of them then records all of them in one statement
+        (:meth:`JobTable.finish_and_take`), taking jobs for every slot they free in
+        the same transaction, and goes on until none is left. The others wait
+        for theirs, as they would have waited for the write lock: under load one
+        transaction records several jobs.
+        """
+        with self._record_lock:
+            self._to_record.append(item)
+            lead = not self._recording
+            self._recording = True
+        while lead:
+            with self._record_lock:
+                batch, self._to_record = self._to_record, []
+                if not batch:
+                    self._recording = False
+                    break
+            self._record_batch(batch)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.state
+
+    def _record_batch(self, batch: list[_Outcome]) -> None:
+        # The transaction refills one lane: the worker threads' if any outcome
+        # in the batch freed one of theirs, else the event loop's. The other
+        # lane's freed slots are left to the poller (their outcomes' refilled
+        # stays False, which wakes it).
+        is_async = all(b.running.token is not None for b in batch)
+        names = self._names(is_async)
+        with self._lock:
+            finishing = sum(1 for b in batch if (b.running.token is not None) is is_async)
+            free = self._free(is_async, finishing) if names else 0
+            self._reserved[is_async] += free  # so that the poller does not overfill
+        items = [
+            (b.running.job.id, b.running.job.fence or 0, b.kind, b.outcome, b.delay) for b in batch
+        ]
+        try:
+            states, taken = self.jobs.finish_and_take(
+                items, self.queues, free, self.lease, self.holder, names=names
+            )
+            self._start(taken)
+            for waiting, state in zip(batch, states, strict=True):
+                waiting.state = state
+                waiting.refilled = free > 0 and (waiting.running.token is not None) is is_async
+        except DibsError as exc:
+            for waiting in batch:
+                waiting.error = exc
+        finally:
+            with self._lock:
+                self._reserved[is_async] -= free
+            for waiting in batch:
+                waiting.done.set()
 
     # --- heartbeats -----------------------------------------------------------------------
 

@@ -55,6 +55,10 @@ class PostgresJobs(SQLJobs):
                 in_list="{col} = ANY(CAST(:{name} AS TEXT[]))",
                 held="(id, fence) IN (SELECT e ->> 0, CAST(e ->> 1 AS BIGINT) "
                 "FROM json_array_elements(CAST(:held AS JSON)) AS e)",
+                batch="(SELECT e ->> 0 AS b_id, CAST(e ->> 1 AS BIGINT) AS b_fence, "
+                "e ->> 2 AS b_kind, e ->> 3 AS b_outcome, "
+                "CAST(e ->> 4 AS DOUBLE PRECISION) AS b_delay "
+                "FROM json_array_elements(CAST(:batch AS JSON)) AS e)",
                 log_append="CAST(COALESCE(CAST(attempts_log AS JSONB), '[]'::jsonb) || "
                 "jsonb_build_array(jsonb_build_object('attempt', attempt, 'holder', holder, "
                 "'started_at', started_at, 'ended_at', {now}, 'outcome_kind', {kind})) AS TEXT)",

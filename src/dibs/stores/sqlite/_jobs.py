@@ -3,26 +3,40 @@
 The shared SQL job table (:mod:`dibs.stores._sql_jobs`) on the store's own
 connections. Every write runs in ``BEGIN IMMEDIATE``, which takes the file's
 write lock first, so operations on the file are serialized and a statement
-never has to upgrade a stale read snapshot.
+never has to upgrade a stale read snapshot. Writers wait for that lock on a
+mutex (this process) and an advisory ``flock`` on ``<file>-jobs.lock`` (other
+processes) rather than in SQLite's busy handler, which sleeps 1, 2, 5, 10 …
+ms between tries; ``BEGIN IMMEDIATE`` still decides, so a process that skips
+the file lock is slower, never wrong.
 
 Wake-ups: an add in this process wakes this process's workers at once. Other
 processes learn of it from ``PRAGMA data_version``, which moves whenever
 another connection commits to the file: :meth:`SQLiteJobs.listen` keeps one
 connection that reads it every :data:`WAKE_MIN` seconds after a change,
 backing off to :data:`WAKE_MAX` while nothing changes. That read touches only
-the WAL index in shared memory (a few microseconds), so the watcher costs far
-less than the job it finds; docs/benchmarks.md compares it with a wake-up
-socket per worker, which was no faster at the median and costs every
-enqueuer a ``sendto`` per worker process.
+the WAL index in shared memory. benchmarks/bench_sqlite_wake.py measured the
+options (docs/benchmarks.md): a wake-up socket per worker process noticed a
+commit as fast as a fixed 1 ms read and cost less CPU while idle, but only
+for writers that know to send to it, and a job enqueued inside the caller's
+own transaction (``connection=``) is committed by the caller, where no wake-up
+can be sent; ``data_version`` sees every commit, whoever makes it. The
+back-off keeps an idle watcher near 1 % of a core.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # Windows: SQLite's busy handler alone
+    fcntl = None  # type: ignore[assignment]
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
@@ -48,12 +62,16 @@ _DIALECT = Dialect(
     in_list="{col} IN (SELECT value FROM json_each(:{name}))",
     held="(id, fence) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') "
     "FROM json_each(:held))",
+    batch="(SELECT json_extract(value, '$[0]') AS b_id, json_extract(value, '$[1]') AS b_fence, "
+    "json_extract(value, '$[2]') AS b_kind, json_extract(value, '$[3]') AS b_outcome, "
+    "json_extract(value, '$[4]') AS b_delay FROM json_each(:batch))",
     log_append="json_insert(COALESCE(attempts_log, '[]'), '$[#]', json_object('attempt', "
     "attempt, 'holder', holder, 'started_at', started_at, 'ended_at', {now}, "
     "'outcome_kind', {kind}))",
     lock_schedule=False,
     skip_locked="",
     json_lists=True,
+    precheck=True,
 )
 
 
@@ -68,6 +86,9 @@ class SQLiteJobs(SQLJobs):
     def __init__(self, pool: SQLitePool, clock: Callable[[], float]) -> None:
         super().__init__(_DIALECT, clock)
         self._pool = pool
+        self._write_lock = threading.Lock()  # one writer of this process at a time
+        self._lock_fd: int | None = None  # the advisory lock file, opened by _lock_pid
+        self._lock_pid = -1
 
         def create() -> None:
             with pool.transaction("BEGIN IMMEDIATE") as conn:
@@ -131,10 +152,39 @@ class SQLiteJobs(SQLJobs):
 
     def _atomic(self, work: Callable[[Any], _T]) -> _T:
         def attempt() -> _T:
-            with self._pool.transaction("BEGIN IMMEDIATE") as conn:
+            # Writers queue here, not in SQLite's busy handler, which sleeps 1, 2, 5,
+            # 10 … ms between tries: this process's on a mutex, other processes' on
+            # an advisory file lock, each handed over as soon as it is released.
+            # (Only an optimization: BEGIN IMMEDIATE still decides who writes.)
+            with (
+                self._write_lock,
+                self._file_lock(),
+                self._pool.transaction("BEGIN IMMEDIATE") as conn,
+            ):
                 return work(conn)
 
         return self._pool.retrying(attempt)
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Hold ``<file>-jobs.lock`` exclusively (flock), if the platform and folder allow."""
+        if fcntl is None or self._pool.memory:
+            yield
+            return
+        if self._lock_pid != os.getpid():  # a forked child must not share the parent's
+            self._lock_fd = None
+            self._lock_pid = os.getpid()
+            with suppress(OSError):  # a read-only folder: SQLite's busy handler alone
+                self._lock_fd = os.open(self._pool.path + "-jobs.lock", os.O_RDWR | os.O_CREAT)
+        fd = self._lock_fd
+        if fd is None:
+            yield
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _single(self, work: Callable[[Any], _T], write: bool = True) -> _T:
         if write:

@@ -20,3 +20,5 @@ CREATE INDEX jobs_take ON {s}.jobs (priority DESC, run_at, id) WHERE state = 'pe
 CREATE INDEX jobs_lease ON {s}.jobs (lease_expires) WHERE state = 'running';
 CREATE INDEX jobs_running_lock ON {s}.jobs (lock_key)
     WHERE state = 'running' AND lock_key IS NOT NULL;
+CREATE INDEX jobs_pending_lock ON {s}.jobs (lock_key, run_at, id)
+    WHERE state = 'pending' AND lock_key IS NOT NULL;

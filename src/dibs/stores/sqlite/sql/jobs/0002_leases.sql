@@ -19,3 +19,5 @@ CREATE INDEX dibs_jobs_take ON dibs_jobs (priority DESC, run_at, id) WHERE state
 CREATE INDEX dibs_jobs_lease ON dibs_jobs (lease_expires) WHERE state = 'running';
 CREATE INDEX dibs_jobs_running_lock ON dibs_jobs (lock_key)
     WHERE state = 'running' AND lock_key IS NOT NULL;
+CREATE INDEX dibs_jobs_pending_lock ON dibs_jobs (lock_key, run_at, id)
+    WHERE state = 'pending' AND lock_key IS NOT NULL;
