@@ -726,3 +726,98 @@ def test_wait_must_be_a_number_of_seconds() -> None:
             with pytest.raises(InvalidInput) as info:
                 dibs.idempotent(store, wait=bad)  # type: ignore[arg-type]
             assert info.value.field == "wait"
+
+
+class _CannotRelease:
+    """A store that cannot be reached for any release."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.request_retention = store.request_retention
+        self.releases = 0
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        self.releases += 1
+        raise dibs.StoreUnavailable("the store went away before the release")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_stored_result_is_returned_even_when_ending_the_run_hold_fails(store: Store) -> None:
+    flaky = _CannotRelease(store)
+    runs: list[str] = []
+
+    @dibs.idempotent(flaky, key="k", ttl=5)
+    def work(k: str) -> str:
+        runs.append(k)
+        return k * 2
+
+    assert work("a") == "aa"  # the function ran and its result was stored: no error
+    assert flaky.releases == 1
+    assert work("a") == "aa"  # the run hold is still live, yet the result is replayed
+    assert runs == ["a"]
+
+
+# --- the limits of a stored result ---------------------------------------------------------------
+
+
+def _stored_result_slots(store: Store, name: str, key: str) -> list[str]:
+    holder = store.holder_of(dibs.Unit(f"dibs.idempotent.done:{name}", key))
+    assert holder is not None
+    (claim,) = [c for c in store.claims_of(holder) if len(c.targets) > 1]
+    return [u.slot for u in claim.units if u.resource == f"dibs.idempotent.result:{name}"]
+
+
+def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store: Store) -> None:
+    # JSON of "x" * n is n + 2 bytes, and the stored text has a one-byte tag.
+    longest = "x" * (RESULT_MAX_BYTES - 3)
+
+    @dibs.idempotent(store, key="k", name="limits.largest")
+    def largest(k: str) -> str:
+        return longest
+
+    assert largest("a") == longest
+    assert largest("a") == longest  # the replay, read back from every unit in order
+    slots = _stored_result_slots(store, "limits.largest", "a")
+    sizes = [len(s.encode()) for s in slots]
+    assert max(sizes) == dibs.limits.NAME_MAX_BYTES  # the units are as long as a name may be
+    assert len(slots) == -(-(RESULT_MAX_BYTES) // (dibs.limits.NAME_MAX_BYTES - 40))
+
+    @dibs.idempotent(store, key="k", name="limits.one_over")
+    def one_over(k: str) -> str:
+        return longest + "x"
+
+    with pytest.raises(InvalidInput, match=f"{RESULT_MAX_BYTES + 1} bytes") as info:
+        one_over("a")
+    assert info.value.field == "result"
+    assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.one_over", "a")) is None
+
+
+class _Raw:
+    """A serializer for bytes as they are: the stored form is all the decorator's."""
+
+    def dumps(self, value: bytes) -> bytes:
+        return value
+
+    def loads(self, data: bytes) -> bytes:
+        return data
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.binary(max_size=3000)
+    | st.text(st.characters(max_codepoint=127), max_size=3000).map(str.encode)
+    | st.text(max_size=1500).map(str.encode)
+)
+def test_any_bytes_round_trip_whatever_the_serializer_makes(data: bytes) -> None:
+    # Printable ASCII is stored as text, anything else (control characters,
+    # UTF-8, binary) in base64: every kind comes back byte for byte.
+    with dibs.open("memory://") as store:
+
+        @dibs.idempotent(store, key="k", name="raw", serializer=_Raw())
+        def work(k: str) -> bytes:
+            return data
+
+        assert work("a") == data
+        assert work("a") == data

@@ -243,7 +243,11 @@ def _finish(
     # Not granted only when this call's run hold expired and another call, which
     # took it over, stored its result first: that result stands.
     yield from _claim(record, targets, keep, f"{record.holder}.done")
-    yield from _release(record, run)
+    # The result is stored: the function's caller gets it even if ending the run
+    # hold fails, since a duplicate reads the result before it looks at that hold,
+    # which expires after its ttl all the same.
+    with contextlib.suppress(StoreUnavailable):
+        yield from _release(record, run)
 
 
 def _claim(
