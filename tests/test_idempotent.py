@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pickle
+import random
 import re
 import signal
 import subprocess
@@ -822,3 +823,62 @@ def test_any_bytes_round_trip_whatever_the_serializer_makes(data: bytes) -> None
 
         assert work("a") == data
         assert work("a") == data
+
+
+# --- async: duplicates at once, and a call cancelled mid-way --------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("fine_switching")
+def test_async_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
+    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30}[store_kind]
+    runs: Counter[str] = Counter()
+
+    @dibs.idempotent(store, key="k", payload=lambda k, task: k, wait=60)
+    async def work(k: str, task: int) -> str:
+        runs[k] += 1
+        await asyncio.sleep(random.random() * 0.001)
+        return f"{k} by {task}"
+
+    async def staggered(key: str, task: int) -> str:
+        # Arrivals spread over the first call's run, so some land as it finishes.
+        await asyncio.sleep(random.random() * 0.004)
+        return await work(key, task)
+
+    async def main() -> None:
+        for r in range(rounds):
+            key = f"k{r}"
+            answers = await asyncio.gather(*(staggered(key, task) for task in range(THREADS)))
+            assert runs[key] == 1, (key, runs[key])
+            assert len(set(answers)) == 1, answers
+
+    asyncio.run(main())
+
+
+def test_an_async_call_cancelled_mid_way_stores_nothing_and_frees_the_key(store: Store) -> None:
+    runs: list[str] = []
+    cancel_it = [True]
+
+    # A ttl of an hour: only the release on cancellation can free the key in time.
+    @dibs.idempotent(store, key="k", ttl=3600, payload=lambda k, gate: k)
+    async def work(k: str, gate: asyncio.Event) -> str:
+        runs.append(k)
+        gate.set()
+        if cancel_it[0]:
+            await asyncio.sleep(3600)  # the call a client gives up on
+        return k
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        task = asyncio.create_task(work("a", gate))
+        await gate.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancel_it[0] = False
+        assert await work("a", asyncio.Event()) == "a"  # runs again: nothing was stored
+        assert await work("a", asyncio.Event()) == "a"  # and now replays
+
+    asyncio.run(main())
+    assert runs == ["a", "a"]
