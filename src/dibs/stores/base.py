@@ -116,8 +116,9 @@ class Store(abc.ABC):
         """Whether a store already exists at ``url``, found without creating anything.
 
         ``dibs.open(url, create=False)`` and ``dibs sweep`` ask this first, so that
-        what only reads or maintains a store refuses to make a new, empty one. None (the default) means this store cannot tell; it is then opened
-        as usual. Raises like :meth:`from_url` when the store cannot be reached.
+        what only reads or maintains a store refuses to make a new, empty one.
+        None (the default) means this store cannot tell; it is then opened as
+        usual. Raises like :meth:`from_url` when the store cannot be reached.
         """
         return None
 
