@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pickle
+import random
 import re
 import signal
 import subprocess
@@ -726,3 +727,158 @@ def test_wait_must_be_a_number_of_seconds() -> None:
             with pytest.raises(InvalidInput) as info:
                 dibs.idempotent(store, wait=bad)  # type: ignore[arg-type]
             assert info.value.field == "wait"
+
+
+class _CannotRelease:
+    """A store that cannot be reached for any release."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.request_retention = store.request_retention
+        self.releases = 0
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        self.releases += 1
+        raise dibs.StoreUnavailable("the store went away before the release")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_stored_result_is_returned_even_when_ending_the_run_hold_fails(store: Store) -> None:
+    flaky = _CannotRelease(store)
+    runs: list[str] = []
+
+    @dibs.idempotent(flaky, key="k", ttl=5)
+    def work(k: str) -> str:
+        runs.append(k)
+        return k * 2
+
+    assert work("a") == "aa"  # the function ran and its result was stored: no error
+    assert flaky.releases == 1
+    assert work("a") == "aa"  # the run hold is still live, yet the result is replayed
+    assert runs == ["a"]
+
+
+# --- the limits of a stored result ---------------------------------------------------------------
+
+
+def _stored_result_slots(store: Store, name: str, key: str) -> list[str]:
+    holder = store.holder_of(dibs.Unit(f"dibs.idempotent.done:{name}", key))
+    assert holder is not None
+    (claim,) = [c for c in store.claims_of(holder) if len(c.targets) > 1]
+    return [u.slot for u in claim.units if u.resource == f"dibs.idempotent.result:{name}"]
+
+
+def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store: Store) -> None:
+    # JSON of "x" * n is n + 2 bytes: this is RESULT_MAX_BYTES serialized, the most kept.
+    longest = "x" * (RESULT_MAX_BYTES - 2)
+
+    @dibs.idempotent(store, key="k", name="limits.largest")
+    def largest(k: str) -> str:
+        return longest
+
+    assert largest("a") == longest
+    assert largest("a") == longest  # the replay, read back from every unit in order
+    slots = _stored_result_slots(store, "limits.largest", "a")
+    sizes = [len(s.encode()) for s in slots]
+    assert max(sizes) == dibs.limits.NAME_MAX_BYTES  # the units are as long as a name may be
+    # One more byte (a tag: text or base64) is stored with it, and 40 bytes of each name number it.
+    assert len(slots) == -(-(RESULT_MAX_BYTES + 1) // (dibs.limits.NAME_MAX_BYTES - 40)) == 267
+
+    @dibs.idempotent(store, key="k", name="limits.one_over")
+    def one_over(k: str) -> str:
+        return longest + "x"
+
+    with pytest.raises(InvalidInput, match=f"{RESULT_MAX_BYTES + 1} bytes") as info:
+        one_over("a")
+    assert info.value.field == "result"
+    assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.one_over", "a")) is None
+
+
+class _Raw:
+    """A serializer for bytes as they are: the stored form is all the decorator's."""
+
+    def dumps(self, value: bytes) -> bytes:
+        return value
+
+    def loads(self, data: bytes) -> bytes:
+        return data
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.binary(max_size=3000)
+    | st.text(st.characters(max_codepoint=127), max_size=3000).map(str.encode)
+    | st.text(max_size=1500).map(str.encode)
+)
+def test_any_bytes_round_trip_whatever_the_serializer_makes(data: bytes) -> None:
+    # Printable ASCII is stored as text, anything else (control characters,
+    # UTF-8, binary) in base64: every kind comes back byte for byte.
+    with dibs.open("memory://") as store:
+
+        @dibs.idempotent(store, key="k", name="raw", serializer=_Raw())
+        def work(k: str) -> bytes:
+            return data
+
+        assert work("a") == data
+        assert work("a") == data
+
+
+# --- async: duplicates at once, and a call cancelled mid-way --------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("fine_switching")
+def test_async_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
+    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30}[store_kind]
+    runs: Counter[str] = Counter()
+
+    @dibs.idempotent(store, key="k", payload=lambda k, task: k, wait=60)
+    async def work(k: str, task: int) -> str:
+        runs[k] += 1
+        await asyncio.sleep(random.random() * 0.001)
+        return f"{k} by {task}"
+
+    async def staggered(key: str, task: int) -> str:
+        # Arrivals spread over the first call's run, so some land as it finishes.
+        await asyncio.sleep(random.random() * 0.004)
+        return await work(key, task)
+
+    async def main() -> None:
+        for r in range(rounds):
+            key = f"k{r}"
+            answers = await asyncio.gather(*(staggered(key, task) for task in range(THREADS)))
+            assert runs[key] == 1, (key, runs[key])
+            assert len(set(answers)) == 1, answers
+
+    asyncio.run(main())
+
+
+def test_an_async_call_cancelled_mid_way_stores_nothing_and_frees_the_key(store: Store) -> None:
+    runs: list[str] = []
+    cancel_it = [True]
+
+    # A ttl of an hour: only the release on cancellation can free the key in time.
+    @dibs.idempotent(store, key="k", ttl=3600, payload=lambda k, gate: k)
+    async def work(k: str, gate: asyncio.Event) -> str:
+        runs.append(k)
+        gate.set()
+        if cancel_it[0]:
+            await asyncio.sleep(3600)  # the call a client gives up on
+        return k
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        task = asyncio.create_task(work("a", gate))
+        await gate.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancel_it[0] = False
+        assert await work("a", asyncio.Event()) == "a"  # runs again: nothing was stored
+        assert await work("a", asyncio.Event()) == "a"  # and now replays
+
+    asyncio.run(main())
+    assert runs == ["a", "a"]

@@ -25,6 +25,7 @@ import dibs
 from dibs import InvalidInput, StoreMisconfigured, StoreUnavailable, Unit
 from dibs.cli import _parser, main
 from dibs.service._guard import JsonFormatter
+from dibs.stores import redact
 from dibs.stores.postgres._connect import connect_error
 from pg_fixtures import schema_url
 from pgserver import PostgresServer, free_port
@@ -345,3 +346,22 @@ def test_a_missing_file_on_the_command_line_is_named_without_a_traceback(
     err = capsys.readouterr().err
     assert f"dibs: error: {argv[-1]}: No such file or directory" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:p%40ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:a@b@h:5432/db?x=1", "postgresql://u:***@h:5432/db?x=1"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("sqlite:///x.db", "sqlite:///x.db"),
+        ("postgresql://u:secret@[::1:5432/db", "postgresql://…"),
+    ],
+)
+def test_one_redact_hides_every_password_for_messages_demo_and_verify(url: str, shown: str) -> None:
+    from dibs.demo import _rush
+    from dibs.verify import _cli
+
+    assert redact(url) == shown
+    # The demo's report and verify's histories use the same function, not copies.
+    assert _rush.redact is _cli.redact is redact

@@ -69,7 +69,7 @@ R = TypeVar("R")
 
 PREFIX = "dibs.idempotent"
 RESULT_MAX_BYTES = 256 * 1024
-"""The largest serialized result (after base64 for binary serializers), in bytes."""
+"""The largest serialized result, in bytes (after base64, for one that is not printable ASCII)."""
 _NONCE_BYTES = 16
 _CHUNK = NAME_MAX_BYTES - 2 * _NONCE_BYTES - 8  # a result slot is "<nonce>.<index:06d>.<chunk>"
 _ROUNDS = 64  # a record that keeps vanishing between two reads is not worth more
@@ -243,7 +243,11 @@ def _finish(
     # Not granted only when this call's run hold expired and another call, which
     # took it over, stored its result first: that result stands.
     yield from _claim(record, targets, keep, f"{record.holder}.done")
-    yield from _release(record, run)
+    # The result is stored: the function's caller gets it even if ending the run
+    # hold fails, since a duplicate reads the result before it looks at that hold,
+    # which expires after its ttl all the same.
+    with contextlib.suppress(StoreUnavailable):
+        yield from _release(record, run)
 
 
 def _claim(
@@ -279,12 +283,13 @@ def _encode(record: _Record, data: bytes) -> list[Unit]:
     text = data.decode("ascii") if data.isascii() else ""
     text = text if text.isprintable() else ""
     encoded = "t" + text if text or not data else "b" + base64.b64encode(data).decode("ascii")
-    if len(encoded) > RESULT_MAX_BYTES:
+    size = len(encoded) - 1  # the tag is ours, not the result's
+    if size > RESULT_MAX_BYTES:
         raise InvalidInput(
-            f"the result of {record.name!r} is {len(encoded)} bytes serialized; "
-            f"at most {RESULT_MAX_BYTES} are kept",
+            f"the result of {record.name!r} is {size} bytes serialized"
+            f"{'' if encoded[0] == 't' else ' (in base64)'}; at most {RESULT_MAX_BYTES} are kept",
             field="result",
-            value=len(encoded),
+            value=size,
         )
     resource = f"{PREFIX}.result:{record.name}"
     return [

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import dibs
 from dibs._model import SweepResult
 from dibs.demo._audit import Check, audit_rush
 from dibs.demo._customers import Outcome, Timings, serve_customers, work_in_process
 from dibs.demo._plan import Customer, DemoConfig, Venue, plan_customers
+from dibs.stores import redact
 from dibs.stores.base import Store
 
 __all__ = ["DEFAULT_FILE", "DEFAULT_URL", "DemoReport", "Observer", "run_demo"]
@@ -144,7 +144,7 @@ def run_demo(
         checks, counts = audit_rush(store, venue, rush.outcomes, final, rush.failures)
         counts["swept_during_rush"] = rush.swept
         return DemoReport(
-            store=_safe_url(url if owned else f"{store.scheme}://"),
+            store=redact(url if owned else f"{store.scheme}://"),
             mode=mode,
             config=config,
             venue=venue,
@@ -162,14 +162,6 @@ def _remove_default_file() -> None:
     for suffix in ("", "-wal", "-shm", "-journal"):
         with contextlib.suppress(FileNotFoundError):
             Path(DEFAULT_FILE + suffix).unlink()
-
-
-def _safe_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 # --- the two ways to run the customers -----------------------------------------------------------

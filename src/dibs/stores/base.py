@@ -115,10 +115,10 @@ class Store(abc.ABC):
     def exists(cls, url: str, **options: Any) -> bool | None:
         """Whether a store already exists at ``url``, found without creating anything.
 
-        ``dibs.open(url, create=False)`` asks this first, so that commands that
-        only read or maintain a store (``dibs sweep``) refuse to make a new, empty
-        one. None (the default) means this store cannot tell; it is then opened
-        as usual. Raises like :meth:`from_url` when the store cannot be reached.
+        ``dibs.open(url, create=False)`` and ``dibs sweep`` ask this first, so that
+        what only reads or maintains a store refuses to make a new, empty one.
+        None (the default) means this store cannot tell; it is then opened as
+        usual. Raises like :meth:`from_url` when the store cannot be reached.
         """
         return None
 

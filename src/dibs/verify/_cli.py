@@ -23,13 +23,14 @@ from dibs._cli_options import (
     whole_number,
 )
 from dibs.exceptions import InvalidInput
+from dibs.stores import redact
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import read_history
 from dibs.verify._planted import PLANTS
 from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
-from dibs.verify._workload import Workload, parse_mix, redact
+from dibs.verify._workload import Workload, parse_mix
 
 __all__ = ["add_verify_command"]
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from dibs._model import Claim, ClaimResult, Span, Target, Unit, target_from_json, target_to_json
 from dibs.exceptions import (
@@ -37,6 +36,7 @@ from dibs.exceptions import (
     RequestConflict,
     SpanKindMismatch,
 )
+from dibs.stores import redact
 from dibs.stores.base import Store
 from dibs.verify._history import write_events
 from dibs.verify._log import micros
@@ -52,7 +52,6 @@ __all__ = [
     "mark_pool_logs",
     "open_events",
     "parse_mix",
-    "redact",
 ]
 
 DEFAULT_MIX: tuple[tuple[str, float], ...] = (
@@ -391,16 +390,6 @@ def mark_pool_logs() -> None:
     logger = logging.getLogger("psycopg.pool")
     logger.addHandler(_PoolLines(logging.WARNING))
     logger.propagate = False
-
-
-def redact(url: str) -> str:
-    """The URL with its password (if any) replaced by ``***``, for histories and reports."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
 def client_skew(workload: Workload, index: int) -> float:
