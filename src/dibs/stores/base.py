@@ -314,6 +314,11 @@ class Store(abc.ABC):
         # DEBUG: a lost hold is the caller's to handle, and may come once per claim.
         self._logger.debug("%s of claim %s: hold lost (%s)", operation, exc.claim_id, exc.reason)
 
+    def _log_takeover(self, claim_id: str) -> None:
+        # DEBUG: abandoned holds are routine (a customer walks away), so a takeover
+        # is one line per claim at worst; the sweep's INFO line gives the counts.
+        self._logger.debug("hold %s expired and was taken over", claim_id)
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")

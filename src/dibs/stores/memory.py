@@ -790,6 +790,7 @@ class MemoryStore(Store):
             for old in dead:
                 _kill(old, now, taken_over=True)
                 self._forget_holder(old)
+                self._log_takeover(old["id"])
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 units[target] = record

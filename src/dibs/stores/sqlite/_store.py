@@ -367,6 +367,8 @@ class SQLiteStore(Store):
         if state == "confirmed" or (state == "held" and expires_at > now):
             return fence, holder, targets
         taken_over = state != "released"  # a dead hold, swept or not, now taken over
+        if taken_over:
+            self._log_takeover(str(fence))
         conn.execute(
             "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, taken_over, "
             "request_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -481,15 +483,16 @@ class SQLiteStore(Store):
                 (span.resource, lo, hi, span.kind, fence),
             )
 
-    @staticmethod
-    def _take_over(conn: sqlite3.Connection, fence: int, now: int) -> None:
+    def _take_over(self, conn: sqlite3.Connection, fence: int, now: int) -> None:
         # Only ever called on a claim row found not live, so 'held' here is a
         # dead hold; 'expired' is one the sweep marked first (the reason rule).
-        conn.execute(
+        taken = conn.execute(
             "UPDATE dibs_claims_v2 SET state = 'expired', taken_over = 1, updated_at = ? "
             "WHERE fence = ? AND state IN ('held', 'expired') AND taken_over = 0",
             (now, fence),
-        )
+        ).rowcount
+        if taken:
+            self._log_takeover(str(fence))
 
     # --- transitions on one claim ---------------------------------------------------------------
 
