@@ -8,10 +8,14 @@ store's clock is real; waits only guard against hangs (nothing asserts on time).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -107,6 +111,41 @@ def test_workers_take_only_their_queues(processors: Callable[..., TaskProcessor]
     everything = processors()  # queues=None: every queue
     register(everything, ran)
     assert client.result(to_default, timeout=GUARD) == 1
+
+
+def test_dibs_worker_queue_option_selects_the_apps_queues(
+    processors: Callable[..., TaskProcessor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `dibs worker --queue mail` loads the app with $DIBS_QUEUES set; a processor
+    # built without queues= takes only those.
+    from dibs.cli import _parser
+    from dibs.tasks._command import load_app
+
+    args = _parser().parse_args(["worker", "--app", "x:y", "--queue", "mail", "--queue", "b"])
+    assert args.queues == ["mail", "b"]
+    monkeypatch.setitem(sys.modules, "dibs_queue_app", SimpleNamespace(app=None))
+    monkeypatch.delenv("DIBS_QUEUES", raising=False)
+    with pytest.raises(InvalidInput):  # the attribute is no processor, but the env is set first
+        load_app("dibs_queue_app:app", None, ["mail", "b"])
+    assert json.loads(os.environ["DIBS_QUEUES"]) == ["mail", "b"]
+
+    ran: list[tuple[str, Any]] = []
+    monkeypatch.setenv("DIBS_QUEUES", '["mail"]')
+    mail_worker = processors()
+    register(mail_worker, ran)
+    monkeypatch.delenv("DIBS_QUEUES")
+    client = processors(take_jobs=False)
+    register(client, ran)
+    to_mail = client.enqueue("mail", "ann")
+    to_default = client.enqueue("echo", 1)
+    assert client.result(to_mail, timeout=GUARD) == "sent to ann"
+    record = client.job(to_default)
+    assert record is not None and record.state == "pending"
+
+    for bad in ("not json", '"mail"', "[]", '[""]'):
+        monkeypatch.setenv("DIBS_QUEUES", bad)
+        with pytest.raises(InvalidInput):
+            processors()
 
 
 def test_higher_priority_runs_first(processors: Callable[..., TaskProcessor]) -> None:

@@ -255,11 +255,21 @@ def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         default=30.0,
         help="seconds to drain running jobs after SIGTERM before cancelling them (default 30)",
     )
+    p.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        metavar="NAME",
+        help=(
+            "take jobs only from this queue; repeat for several (default: the app's "
+            "TaskProcessor(queues=...), else every queue)"
+        ),
+    )
     p.set_defaults(run=_run_worker)
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    run_worker(load_app(args.app, args.store), args.timeout)
+    run_worker(load_app(args.app, args.store, args.queues), args.timeout)
     return EXIT_OK
 
 

@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
 import dibs
 from dibs.exceptions import InvalidInput
-from dibs.tasks._processor import TaskProcessor
+from dibs.tasks._processor import QUEUES_ENV, TaskProcessor
 
 __all__ = ["load_app", "run_worker"]
 
 
-def load_app(spec: str, store_url: str | None) -> TaskProcessor:
+def load_app(
+    spec: str, store_url: str | None, queues: Sequence[str] | None = None
+) -> TaskProcessor:
     """Import ``module:attribute`` and return the processor it names.
 
     The attribute is a :class:`TaskProcessor` (built at import; it reads the
     store from ``$DIBS_URL``, which ``store_url`` sets first) or a callable
-    taking the opened store and returning one. Raises
+    taking the opened store and returning one. ``queues`` sets
+    ``$DIBS_QUEUES`` first, the queues a processor built without ``queues=``
+    takes jobs from. Raises
     :class:`~dibs.InvalidInput` if the module or attribute cannot be found or
     is neither.
     """
@@ -32,6 +37,8 @@ def load_app(spec: str, store_url: str | None) -> TaskProcessor:
         raise InvalidInput(f"--app must be module:attribute, got {spec!r}", field="app", value=spec)
     if store_url is not None:
         os.environ["DIBS_URL"] = store_url  # read by dibs.open() in the app's module
+    if queues:
+        os.environ[QUEUES_ENV] = json.dumps(list(queues))  # read by TaskProcessor()
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: apps next to the caller import
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import random
 import secrets
 import threading
@@ -66,7 +68,8 @@ class TaskProcessor:
     with ``async def`` run as tasks on one event loop thread, up to
     ``async_workers`` at once, next to the ``workers`` threads that run the
     others. ``queues`` names the queues this processor takes jobs from (None:
-    every queue). A processor that takes
+    the JSON list in ``$DIBS_QUEUES``, which ``dibs worker --queue`` sets,
+    else every queue). A processor that takes
     jobs also runs the store's sweeper as the durable schedule ``dibs.sweep``
     every ``sweep_every`` seconds (None: not from this process). Raises
     :class:`~dibs.InvalidInput` for a bad argument.
@@ -96,7 +99,10 @@ class TaskProcessor:
         self._ids = itertools.count(1)
         self._durable: DurableRunner | None = None
         self._job_options: dict[str, JobOptions] = {}
-        self._queues = None if queues is None else _check_queues(queues)
+        if queues is None and os.environ.get(QUEUES_ENV):
+            self._queues: list[str] | None = _check_queues(_queues_from_env(os.environ[QUEUES_ENV]))
+        else:
+            self._queues = None if queues is None else _check_queues(queues)
         if store is not None:
             if not isinstance(store, Store):
                 raise InvalidInput("store must be a dibs Store", field="store", value=store)
@@ -710,6 +716,19 @@ def _split_call(call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
         field="calls",
         value=call,
     )
+
+
+QUEUES_ENV = "DIBS_QUEUES"
+
+
+def _queues_from_env(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidInput(
+            f"${QUEUES_ENV} must be a JSON list of queue names, got {text!r}",
+            field="queues", value=text,
+        ) from None  # fmt: skip
 
 
 def _check_queues(queues: object) -> list[str]:
