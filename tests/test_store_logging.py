@@ -70,6 +70,23 @@ def test_a_lost_hold_is_debug_and_names_no_holder(
     assert held.id in line.getMessage() and "alice" not in line.getMessage()
 
 
+def test_a_takeover_is_debug_and_names_no_holder(
+    store: dibs.Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = store.claim(Unit("seat-1"), holder="alice-secret-name", ttl=5).claim
+    group = store.claim([Unit("seat-2"), Unit("seat-3")], holder="alice-secret-name", ttl=5).claim
+    assert held is not None and group is not None
+    clock.advance(10)
+    with caplog.at_level(logging.DEBUG, logger="dibs"):
+        assert store.claim(Unit("seat-1"), holder="bob", ttl=5)  # a single-unit dead hold
+        assert store.claim(Unit("seat-3"), holder="bob", ttl=5)  # part of a dead group
+    lines = _ours(caplog)
+    assert [line.levelno for line in lines] == [logging.DEBUG, logging.DEBUG]
+    assert held.id in lines[0].getMessage() and "taken over" in lines[0].getMessage()
+    assert group.id in lines[1].getMessage()
+    assert not any("alice" in line.getMessage() for line in lines)
+
+
 def test_each_retry_is_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
     tries = []
 

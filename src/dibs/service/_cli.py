@@ -143,11 +143,6 @@ def _run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(args.log_level.upper())
     showings = tuple(Showing.parse(s) for s in args.showing or ["show-1:8x12"])
     config = ServiceConfig(
         store_url=args.store or default_url(),
@@ -164,6 +159,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         public_map=not args.private_map,
         id_secret=_id_secret(args.id_secret_file),
     )
+    # Logging is set up once the arguments have all been read: a mistake above
+    # returns with the process's logging untouched.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(args.log_level.upper())
     app = create_app(config)
     uvicorn.run(
         app,
