@@ -32,7 +32,7 @@ from dibs import (
 )
 from dibs._model import targets_to_text
 from dibs.stores.postgres import PostgresStore
-from dibs.stores.postgres._sql import SCHEMA_VERSION, Statements
+from dibs.stores.postgres._sql import SCHEMA_VERSION
 from pg_fixtures import schema_url
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,12 +140,12 @@ def _race(
     with psycopg.connect(db_url) as blocker:
         if isinstance(middle, Unit):
             blocker.execute(
-                f"SELECT 1 FROM {schema}.units WHERE resource = %s AND slot = %s FOR UPDATE",
+                f"SELECT 1 FROM {schema}.units_v4 WHERE resource = %s AND slot = %s FOR UPDATE",
                 (middle.resource, middle.slot),
             )
         else:
             blocker.execute(
-                f"SELECT 1 FROM {schema}.spans WHERE resource = %s FOR UPDATE", (middle.resource,)
+                f"SELECT 1 FROM {schema}.spans_v4 WHERE resource = %s FOR UPDATE", (middle.resource,)
             )
         threads = [threading.Thread(target=confirm), threading.Thread(target=take_over)]
         for thread in threads:
@@ -320,8 +320,8 @@ def test_a_claim_beside_a_dead_hold_does_not_take_it_over(
 def _rows_of(url: str, schema: str, claim: dibs.Claim) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            f"SELECT (SELECT count(*) FROM {schema}.units WHERE claim_id = %(id)s)"
-            f" + (SELECT count(*) FROM {schema}.spans WHERE claim_id = %(id)s)",
+            f"SELECT (SELECT count(*) FROM {schema}.units_v4 WHERE id = %(id)s AND state <> "
+            f"'request') + (SELECT count(*) FROM {schema}.spans_v4 WHERE claim_id = %(id)s)",
             {"id": int(claim.id)},
         ).fetchone()
     assert row is not None
@@ -362,7 +362,8 @@ def _old_schema(url: str, schema: str, version: int) -> None:
         )
         unit = Unit("seat", "old")
         conn.execute(
-            Statements(schema, test_clock=False).claim,
+            f"SELECT * FROM {schema}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])",
             (
                 *("alice", targets_to_text((unit,)), None, None, None, None, 60.0),
                 *([unit.resource], [unit.slot], None, None, None, None),
@@ -425,9 +426,10 @@ def test_lock_timeout_is_store_unavailable(pg_schema_url: str, pg_url: str) -> N
         dibs.open(_options(pg_schema_url, "lock_timeout=100")) as store,
         psycopg.connect(pg_url) as blocker,
     ):
-        blocker.execute(f"SELECT 1 FROM {schema}.units FOR UPDATE")
+        blocker.execute(f"SELECT 1 FROM {schema}.units_v4 FOR UPDATE")
         blocker.execute(
-            f"INSERT INTO {schema}.units (resource, slot, claim_id) VALUES ('seat', '2', 0)"
+            f"INSERT INTO {schema}.units_v4 (resource, slot, id, state, fence, created_at, "
+            "updated_at) VALUES ('seat', '2', 0, 'free', 0, now(), now())"
         )
         for call in (
             lambda: store.claim(Unit("seat", "2"), holder="bob"),

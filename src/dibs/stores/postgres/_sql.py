@@ -115,7 +115,7 @@ class Statements:
         # check; a unit whose claim was released, or whose hold died, is one
         # UPDATE conditional on the claim observed there (its fence), which
         # copies that claim into claims_v4 and its request ID into a
-        # reservation row. The fence (= the claim ID) is drawn only when one
+        # reservation row. The claim ID and the fence are drawn only when one
         # of them may run; the UPDATE re-checks under the row lock that the
         # row still holds the claim whose fence is below it. No row back: the
         # function decides (a live claim in the way, a request ID seen before,
@@ -128,11 +128,11 @@ class Statements:
             "o AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.request_id, "
             "u.fingerprint, u.created_at, u.updated_at FROM {s}.units_v4 u "
             "WHERE u.resource = %(r)s AND u.slot = %(sl)s), "
-            "f AS (SELECT nextval('{s}.fences') AS v, NOW AS n "
+            "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
             "WHERE NOT EXISTS (SELECT 1 FROM seen) AND (NOT EXISTS (SELECT 1 FROM o) "
             "OR EXISTS (SELECT 1 FROM o WHERE o.state IN ('released', 'free') "
             "OR (o.state IN ('held', 'expired') AND o.expires_at <= NOW)))), "
-            "up AS (UPDATE {s}.units_v4 x SET id = f.v, holder = %(h)s, state = %(st)s, "
+            "up AS (UPDATE {s}.units_v4 x SET id = f.id, holder = %(h)s, state = %(st)s, "
             "fence = f.v, expires_at = f.n + make_interval(secs => %(ttl)s), taken_over = false, "
             "request_id = %(rid)s, fingerprint = %(fp)s, taken = NULL, created_at = f.n, "
             "updated_at = f.n FROM o, f WHERE x.resource = %(r)s AND x.slot = %(sl)s "
@@ -155,7 +155,7 @@ class Statements:
             "WHERE up.ofp IS NOT NULL AND up.ostate <> 'free' ON CONFLICT DO NOTHING), "
             "ins AS (INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, "
             "expires_at, request_id, fingerprint, created_at, updated_at) "
-            "SELECT %(r)s, %(sl)s, f.v, %(h)s, %(st)s, f.v, "
+            "SELECT %(r)s, %(sl)s, f.id, %(h)s, %(st)s, f.v, "
             "f.n + make_interval(secs => %(ttl)s), %(rid)s, %(fp)s, f.n, f.n "
             "FROM f WHERE NOT EXISTS (SELECT 1 FROM o) ON CONFLICT DO NOTHING "
             "RETURNING id, state, fence, expires_at, created_at) "

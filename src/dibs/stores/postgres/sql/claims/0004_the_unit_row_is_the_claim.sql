@@ -10,7 +10,8 @@
 -- 'member' unit row per unit. Every request ID lives in units_v4's one unique
 -- index: on the claim's own unit row, or in a reservation row (resource '',
 -- which no claim can name; slot = the request ID) for refusals, group claims
--- and replaced unit claims. IDs and fences come from one sequence.
+-- and replaced unit claims. IDs and fences keep their sequences: a fence is
+-- drawn only for a claim about to be granted.
 --
 -- Every table is renamed, and the version-3 functions are replaced by stubs
 -- that raise DB009, so a process still running version-3 code fails loudly
@@ -72,11 +73,6 @@ SELECT '', r.request_id, coalesce(r.claim_id, 0), 'request', 0, r.request_id, r.
  WHERE NOT EXISTS (SELECT 1 FROM {s}.units_v4 u
                     WHERE u.request_id = r.request_id AND u.fingerprint IS NOT NULL);
 
--- One sequence for IDs and fences, past every ID and fence given out so far.
-SELECT setval('{s}.fences', greatest(
-    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.fences),
-    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.claim_ids), 1));
-
 DROP FUNCTION IF EXISTS {s}.claim(text, text, double precision, text, text, timestamptz,
     double precision, text[], text[], text[], text[], numeric[], numeric[]);
 DROP FUNCTION IF EXISTS {s}.take_all(bigint, timestamptz, timestamptz, text[], text[], text[],
@@ -86,4 +82,3 @@ DROP FUNCTION IF EXISTS {s}.sweep(timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS {s}.check_span_kind(text, text, timestamptz, integer);
 DROP TABLE {s}.units_v3;
 DROP TABLE {s}.requests_v3;
-DROP SEQUENCE {s}.claim_ids;

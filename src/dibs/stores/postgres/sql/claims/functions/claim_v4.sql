@@ -75,7 +75,7 @@ BEGIN
         END LOOP;
     END IF;
 
-    v_id := nextval('{s}.fences');
+    v_id := nextval('{s}.claim_ids');
     IF v_single THEN
         -- One unit: its row is the claim. Dated just before the take; a loss
         -- wrote nothing, so no subtransaction is needed.

@@ -15,20 +15,24 @@ DECLARE
     v_o {s}.units_v4;
 BEGIN
     LOOP
-        -- Linearization point for a free unit: the insert against the primary key.
-        INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at,
-                                  created_at, updated_at)
-        VALUES (p_row.resource, p_row.slot, p_row.id, p_row.holder, p_row.state,
-                CASE WHEN p_row.state = 'member' THEN 0 ELSE nextval('{s}.fences') END,
-                p_row.expires_at, p_row.created_at, p_row.updated_at)
-        ON CONFLICT (resource, slot) DO NOTHING;
-        IF FOUND THEN
-            outcome := 'granted';
-            RETURN;
-        END IF;
+        -- A plain read first: a fence is drawn only for a take that should
+        -- succeed, so a refusal never spends one.
         SELECT * INTO v_o FROM {s}.units_v4 u
          WHERE u.resource = p_row.resource AND u.slot = p_row.slot;
-        CONTINUE WHEN NOT FOUND;  -- purged since the insert: insert again
+        IF NOT FOUND THEN
+            -- Linearization point for a free unit: the insert against the primary key.
+            INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at,
+                                      created_at, updated_at)
+            VALUES (p_row.resource, p_row.slot, p_row.id, p_row.holder, p_row.state,
+                    CASE WHEN p_row.state = 'member' THEN 0 ELSE nextval('{s}.fences') END,
+                    p_row.expires_at, p_row.created_at, p_row.updated_at)
+            ON CONFLICT (resource, slot) DO NOTHING;
+            IF FOUND THEN
+                outcome := 'granted';
+                RETURN;
+            END IF;
+            CONTINUE;  -- inserted by another since the read: look again
+        END IF;
         IF v_o.state IN ('held', 'confirmed', 'member')
            AND (v_o.expires_at IS NULL OR v_o.expires_at > p_now) THEN
             outcome := 'taken';
