@@ -344,7 +344,7 @@ def test_a_swept_hold_keeps_its_rows_until_it_is_purged(
     assert store.claim([Unit("seat", "1"), Span("room", 0, 10)], holder="rival")
 
 
-# --- schema version 3 ----------------------------------------------------------------------------
+# --- schema versions 1 and 2 -----------------------------------------------------------------
 
 
 def _old_schema(url: str, schema: str, version: int) -> None:
@@ -383,7 +383,7 @@ def _function_source(url: str, schema: str, name: str) -> str:
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_an_old_schema_is_upgraded_to_version_3_in_place(
+def test_an_old_schema_is_upgraded_to_the_current_version_in_place(
     pg_url: str, pg_schema_url: str, version: int
 ) -> None:
     schema = pg_schema_url.rsplit("schema=", 1)[1]
@@ -402,10 +402,10 @@ def test_an_old_schema_is_upgraded_to_version_3_in_place(
     with psycopg.connect(pg_url) as conn:
         row = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
         assert row.fetchone() == (str(SCHEMA_VERSION),)
-    assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition")
-    assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep")
-    assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_all")
-    assert "v_lost integer" in _function_source(pg_url, schema, "take_all")
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition_v4")
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep_v4")
+    assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_over_v4")
+    assert "v_lost integer" in _function_source(pg_url, schema, "take_all_v4")
 
 
 # --- no raw driver error escapes -----------------------------------------------------------------
@@ -431,9 +431,11 @@ def test_lock_timeout_is_store_unavailable(pg_schema_url: str, pg_url: str) -> N
             f"INSERT INTO {schema}.units_v4 (resource, slot, id, state, fence, created_at, "
             "updated_at) VALUES ('seat', '2', 0, 'free', 0, now(), now())"
         )
+        # A claim refused by a live hold reads it and never waits (schema version 4).
+        assert not store.claim(Unit("seat", "1"), holder="bob", ttl=5)
         for call in (
             lambda: store.claim(Unit("seat", "2"), holder="bob"),
-            lambda: store.claim(Unit("seat", "1"), holder="bob", ttl=5),
+            lambda: store.extend(held.id, holder="alice", fence=held.fence, ttl=5),
             lambda: store.confirm(held.id, holder="alice", fence=held.fence),
         ):
             with pytest.raises(StoreUnavailable) as raised:

@@ -475,7 +475,6 @@ class PostgresStore(Store):
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
-        text = targets_to_text(targets)
         fp = fingerprint(holder, targets, ttl) if request_id is not None else None
         # One unit: one plain statement settles it unless something is in the
         # way (see Statements.claim_unit); then the claim function decides.
@@ -483,6 +482,7 @@ class PostgresStore(Store):
             granted = self._claim_unit(targets[0], holder, request_id, fp, ttl)
             if granted is not None:
                 return granted
+        text = targets_to_text(targets)
         # The lock order (see dibs.stores.postgres._sql): units by (resource,
         # slot), spans by (resource, start), str compared by code point as the
         # "C" collation does, whatever the database's default collation is.
