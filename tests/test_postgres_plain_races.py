@@ -30,7 +30,7 @@ from pg_fixtures import drop_schema, schema_url
 pytestmark = pytest.mark.timeout(300)
 
 THREADS = 8
-ROUNDS = 60
+ROUNDS = 100
 
 
 @pytest.fixture
@@ -124,6 +124,7 @@ def test_a_confirm_racing_a_takeover_and_a_sweep_never_both_win(
         if isinstance(confirmed, dibs.Claim):
             outcomes.add("confirmed")
             assert confirmed.state is ClaimState.CONFIRMED
+            assert hold.expires_at is not None and confirmed.updated_at < hold.expires_at
             assert not rival.granted and store.holder_of(unit) == "alice"
             after = store.get(hold.id)
             assert after is not None and after.state is ClaimState.CONFIRMED
