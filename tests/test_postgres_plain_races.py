@@ -209,7 +209,7 @@ def test_a_retry_waits_for_its_first_attempt_in_flight(
             {"r": "order", "sl": "1", "h": "alice", "st": "held", "ttl": 60.0, "rid": "req-1",
              "fp": fp, "retention": 3600.0, "now": store._now_param()},  # type: ignore[attr-defined]  # fmt: skip
         ).fetchone()
-        assert row is not None and row[0] is True
+        assert row is not None and row[0] == "new"
         answer: list[Any] = []
         retry = threading.Thread(
             target=lambda: answer.append(

@@ -109,29 +109,57 @@ class Statements:
             "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
             "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[])"
         )
-        # One unit, in one statement: a replay of a live request is a plain
-        # read (nothing below runs, so no WAL and no commit record); a unit
-        # never claimed (or purged) is one INSERT against the primary key, the
-        # check; a unit whose claim was released, or whose hold died, is one
-        # UPDATE conditional on the claim observed there (its fence), which
-        # copies that claim into claims_v4 and its request ID into a
-        # reservation row. The claim ID and the fence are drawn only when one
-        # of them may run; the UPDATE re-checks under the row lock that the
-        # row still holds the claim whose fence is below it. No row back: the
-        # function decides (a live claim in the way, a request ID seen before,
-        # a dead group member). An insert racing a first attempt in flight
-        # waits on the unique index, then answers no row.
+        # One unit, in one statement. A replay of a live request is a plain
+        # read (nothing is written: no WAL, no commit record). A unit never
+        # claimed (or purged) is one INSERT against the primary key, the check;
+        # the claim ID and fence are drawn only when the snapshot shows the
+        # unit free, and an insert racing a first attempt in flight waits on
+        # the unique index, then does nothing. A unit whose claim was released,
+        # or whose hold died, answers "reuse": claim_reuse then replaces it.
+        # No row back: the function decides (a live claim in the way, a
+        # request ID seen before, a dead group member, a lost race).
+        seen = (
+            "seen AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.taken_over, "
+            "u.fingerprint, u.created_at, u.updated_at, u.resource, u.slot "
+            "FROM {s}.units_v4 u WHERE u.request_id = %(rid)s AND u.fingerprint IS NOT NULL)"
+        )
         self.claim_unit = render(
-            "WITH seen AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.taken_over, "
-            "u.request_id, u.fingerprint, u.created_at, u.updated_at, u.resource, u.slot "
-            "FROM {s}.units_v4 u WHERE u.request_id = %(rid)s AND u.fingerprint IS NOT NULL), "
-            "o AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.request_id, "
-            "u.fingerprint, u.created_at, u.updated_at FROM {s}.units_v4 u "
+            f"WITH {seen}, "
+            "o AS (SELECT u.state, u.expires_at FROM {s}.units_v4 u "
             "WHERE u.resource = %(r)s AND u.slot = %(sl)s), "
             "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
-            "WHERE NOT EXISTS (SELECT 1 FROM seen) AND (NOT EXISTS (SELECT 1 FROM o) "
-            "OR EXISTS (SELECT 1 FROM o WHERE o.state IN ('released', 'free') "
-            "OR (o.state IN ('held', 'expired') AND o.expires_at <= NOW)))), "
+            "WHERE NOT EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM o)), "
+            "ins AS (INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, "
+            "expires_at, request_id, fingerprint, created_at, updated_at) "
+            "SELECT %(r)s, %(sl)s, f.id, %(h)s, %(st)s, f.v, "
+            "f.n + make_interval(secs => %(ttl)s), %(rid)s, %(fp)s, f.n, f.n "
+            "FROM f ON CONFLICT DO NOTHING RETURNING id, state, fence, expires_at, created_at) "
+            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM ins "
+            "UNION ALL SELECT 'replay', seen.id, seen.state, seen.fence, seen.expires_at, "
+            "seen.created_at, seen.holder, seen.fingerprint, seen.taken_over, seen.updated_at, "
+            "NOW FROM seen WHERE seen.state <> 'request' AND seen.resource = %(r)s "
+            "AND seen.slot = %(sl)s "
+            "AND seen.created_at > NOW - make_interval(secs => %(retention)s) "
+            "UNION ALL SELECT 'reuse', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+            "FROM o WHERE NOT EXISTS (SELECT 1 FROM seen) AND (o.state IN ('released', 'free') "
+            "OR (o.state IN ('held', 'expired') AND o.expires_at <= NOW))"
+        )
+        # A unit whose claim was released, or whose hold died: one UPDATE
+        # conditional on the claim observed there (its ID and fence, and that
+        # it is still released or dead: re-checked under the row lock), which
+        # copies that claim into claims_v4 (released, or expired and taken
+        # over) and its live request ID into a reservation row. The fence is
+        # drawn after that claim's, which is the row's latest.
+        self.claim_reuse = render(
+            f"WITH {seen}, "
+            "o AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.request_id, "
+            "u.fingerprint, u.created_at, u.updated_at FROM {s}.units_v4 u "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s AND NOT EXISTS (SELECT 1 FROM seen) "
+            "AND (u.state IN ('released', 'free') "
+            "OR (u.state IN ('held', 'expired') AND u.expires_at <= NOW))), "
+            "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
+            "FROM o), "
             "up AS (UPDATE {s}.units_v4 x SET id = f.id, holder = %(h)s, state = %(st)s, "
             "fence = f.v, expires_at = f.n + make_interval(secs => %(ttl)s), taken_over = false, "
             "request_id = %(rid)s, fingerprint = %(fp)s, taken = NULL, created_at = f.n, "
@@ -152,22 +180,9 @@ class Statements:
             "res AS (INSERT INTO {s}.units_v4 (resource, slot, id, state, fence, request_id, "
             "fingerprint, created_at, updated_at) SELECT '', up.orid, up.oid, 'request', 0, "
             "up.orid, up.ofp, up.ocreated, up.ocreated FROM up "
-            "WHERE up.ofp IS NOT NULL AND up.ostate <> 'free' ON CONFLICT DO NOTHING), "
-            "ins AS (INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, "
-            "expires_at, request_id, fingerprint, created_at, updated_at) "
-            "SELECT %(r)s, %(sl)s, f.id, %(h)s, %(st)s, f.v, "
-            "f.n + make_interval(secs => %(ttl)s), %(rid)s, %(fp)s, f.n, f.n "
-            "FROM f WHERE NOT EXISTS (SELECT 1 FROM o) ON CONFLICT DO NOTHING "
-            "RETURNING id, state, fence, expires_at, created_at) "
-            "SELECT true, id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
-            "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM up "
-            "UNION ALL SELECT true, id, state, fence, expires_at, created_at, NULL, NULL, NULL, "
-            "NULL, NULL FROM ins "
-            "UNION ALL SELECT false, seen.id, seen.state, seen.fence, seen.expires_at, "
-            "seen.created_at, seen.holder, seen.fingerprint, seen.taken_over, seen.updated_at, "
-            "NOW FROM seen WHERE seen.state <> 'request' AND seen.resource = %(r)s "
-            "AND seen.slot = %(sl)s "
-            "AND seen.created_at > NOW - make_interval(secs => %(retention)s)"
+            "WHERE up.ofp IS NOT NULL AND up.ostate <> 'free' ON CONFLICT DO NOTHING) "
+            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM up"
         )
         # Confirm, extend and release of a single-unit claim: one UPDATE of its
         # row, conditional on its holder, fence and liveness (re-checked under

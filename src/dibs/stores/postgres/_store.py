@@ -535,12 +535,15 @@ class PostgresStore(Store):
             "now": self._now_param(),
         }
         try:
-            row = self._call(self._sql.claim_unit, params, explain=_unique_race)
+            row = self._call(self._sql.claim_unit, params)
+            if row is not None and row[0] == "reuse":
+                row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
         except _LeaveItToTheFunction:
             return None
         if row is None:
             return None
-        new, id_, state, fence, expires_at, created, who, fp_seen, taken_over, updated, now = row
+        kind, id_, state, fence, expires_at, created, who, fp_seen, taken_over, updated, now = row
+        new = kind == "new"
         if not new and (who != holder or fp_seen != fp):
             return None  # a reuse with other input: the function raises RequestConflict
         created_at = created.astimezone(UTC)
