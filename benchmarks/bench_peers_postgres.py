@@ -81,12 +81,30 @@ def redis_server() -> Iterator[str]:
     workdir = tempfile.mkdtemp(prefix="dibs-bench-redis-")
     port = _free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-         "--protected-mode", "yes", "--daemonize", "no", "--logfile", ""],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            workdir,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     import redis
 
     url = f"redis://127.0.0.1:{port}/0"
@@ -273,7 +291,7 @@ def compare(
         "series": [
             {"name": f"dibs {name}", "clients": procs, "throughput": med(x[0] for x in rounds),
              "p99_ms": med(x[2] for x in rounds) * 1e3},
-            {"name": f"{peer.split('_')[0]} {name}", "clients": procs,
+            {"name": f"{peer.partition('_')[0]} {name}", "clients": procs,
              "throughput": med(x[1] for x in rounds), "p99_ms": med(x[3] for x in rounds) * 1e3},
         ],
     }  # fmt: skip
@@ -294,33 +312,44 @@ def main() -> None:
         with redis_server() as rd:
             urls = {"dibs_pairs": pg, "dibs_replay": pg, "redis_pairs": rd,
                     "powertools_replay": rd}  # fmt: skip
-            print(f"PostgreSQL (fsync on) vs redis-server (AOF, appendfsync always), "
-                  f"{os.cpu_count()} cores;")  # fmt: skip
+            print(
+                f"PostgreSQL (fsync on) vs redis-server (AOF, appendfsync always), "
+                f"{os.cpu_count()} cores;"
+            )
             print(f"{args.ops} ops per process per round, {args.repeat} rounds interleaved")
-            print(f"{'work':>7} {'procs':>5} | {'dibs/s':>8} {'peer/s':>8} | "
-                  f"{'dibs÷peer (range)':>18} | {'dibs p99':>9} {'peer p99':>9}")  # fmt: skip
+            print(
+                f"{'work':>7} {'procs':>5} | {'dibs/s':>8} {'peer/s':>8} | "
+                f"{'dibs÷peer (range)':>18} | {'dibs p99':>9} {'peer p99':>9}"
+            )
             results = []
             for workload in args.workloads:
                 ours, peer = {"pairs": ("dibs_pairs", "redis_pairs"),
                               "replay": ("dibs_replay", "powertools_replay")}[workload]  # fmt: skip
                 for procs in args.procs:
-                    results.append(compare(workload, ours, peer, urls, procs, args.ops,
-                                           args.repeat))  # fmt: skip
+                    results.append(
+                        compare(workload, ours, peer, urls, procs, args.ops, args.repeat)
+                    )
             costs = {}
             for workload, kind in (("pairs", "dibs_pairs"), ("replay", "dibs_replay")):
                 if workload in args.workloads:
                     wal, commits = server_cost(kind, pg, min(args.ops, 500))
                     costs[workload] = {"wal_bytes": wal, "commits": commits}
-                    print(f"dibs {workload}: {wal:,.0f} WAL bytes and {commits:.2f} commits "
-                          "per operation")  # fmt: skip
+                    print(
+                        f"dibs {workload}: {wal:,.0f} WAL bytes and {commits:.2f} commits "
+                        "per operation"
+                    )
     if args.json:
         series = [s for r in results for s in r["series"]]
         Path(args.json).write_text(
             json.dumps(
-                {"benchmark": "peers_postgres", "series": series, "comparisons": results,
-                 "server_cost": costs},
+                {
+                    "benchmark": "peers_postgres",
+                    "series": series,
+                    "comparisons": results,
+                    "server_cost": costs,
+                },
                 indent=2,
-            )  # fmt: skip
+            )
         )
 
 

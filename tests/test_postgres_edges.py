@@ -145,7 +145,8 @@ def _race(
             )
         else:
             blocker.execute(
-                f"SELECT 1 FROM {schema}.spans_v4 WHERE resource = %s FOR UPDATE", (middle.resource,)
+                f"SELECT 1 FROM {schema}.spans_v4 WHERE resource = %s FOR UPDATE",
+                (middle.resource,),
             )
         threads = [threading.Thread(target=confirm), threading.Thread(target=take_over)]
         for thread in threads:

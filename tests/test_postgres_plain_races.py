@@ -84,7 +84,7 @@ def test_claimers_of_one_unit_have_one_winner_and_rising_fences(
                 if before == "swept":
                     assert store.sweep().expired == 1
         results = _race(
-            [lambda n=n: store.claim(unit, holder=f"h{n}", ttl=5) for n in range(THREADS)]
+            [lambda n=n, u=unit: store.claim(u, holder=f"h{n}", ttl=5) for n in range(THREADS)]
         )
         assert not [r for r in results if isinstance(r, Exception)], results
         winners = [r.claim for r in results if r.granted]
@@ -106,8 +106,8 @@ def test_a_confirm_racing_a_takeover_and_a_sweep_never_both_win(
 ) -> None:
     store, clock, _ = racing
     outcomes: set[str] = set()
-    for r in range(ROUNDS):
-        unit = Unit("seat", "1")
+    unit = Unit("seat", "1")
+    for _ in range(ROUNDS):
         hold = store.claim(unit, holder="alice", ttl=5).claim
         assert hold is not None
 
@@ -152,7 +152,7 @@ def test_retries_of_one_request_all_answer_its_one_claim(
         unit = Unit("order", str(r % 3))
         results = _race(
             [
-                lambda: store.claim(unit, holder="alice", ttl=60, request_id=f"req-{r}")
+                lambda u=unit, r=r: store.claim(u, holder="alice", ttl=60, request_id=f"req-{r}")
                 for _ in range(THREADS)
             ]
         )
@@ -175,8 +175,9 @@ def test_one_request_id_with_other_inputs_at_once_grants_one(
     for r in range(ROUNDS):
         results = _race(
             [
-                lambda n=n: store.claim(Unit("order", f"{r}-{n}"), holder="alice", ttl=60,
-                                        request_id=f"mixed-{r}")  # fmt: skip
+                lambda n=n, r=r: store.claim(
+                    Unit("order", f"{r}-{n}"), holder="alice", ttl=60, request_id=f"mixed-{r}"
+                )
                 for n in range(THREADS)
             ]
         )
@@ -206,8 +207,17 @@ def test_a_retry_waits_for_its_first_attempt_in_flight(
         # The first attempt: the plain statement, its transaction still open.
         row = first.execute(
             sql.claim_unit,
-            {"r": "order", "sl": "1", "h": "alice", "st": "held", "ttl": 60.0, "rid": "req-1",
-             "fp": fp, "retention": 3600.0, "now": store._now_param()},  # type: ignore[attr-defined]  # fmt: skip
+            {
+                "r": "order",
+                "sl": "1",
+                "h": "alice",
+                "st": "held",
+                "ttl": 60.0,
+                "rid": "req-1",
+                "fp": fp,
+                "retention": 3600.0,
+                "now": store._now_param(),  # type: ignore[attr-defined]
+            },
         ).fetchone()
         assert row is not None and row[0] == "new"
         answer: list[Any] = []

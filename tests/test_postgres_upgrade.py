@@ -65,22 +65,31 @@ class V3:
         request_id: str | None = None,
         now: float = T0,
     ) -> tuple[Any, ...]:
-        units = sorted((t for t in targets if isinstance(t, Unit)), key=lambda u: (u.resource, u.slot))
+        units = sorted(
+            (t for t in targets if isinstance(t, Unit)), key=lambda u: (u.resource, u.slot)
+        )
         spans = [t for t in targets if isinstance(t, Span)]
         normalized = normalize_targets(targets)
         text = targets_to_text(normalized)
         row = self.conn.execute(
             _V3_CLAIM.format(s=self.s),
             (
-                holder, text, ttl, request_id,
+                holder,
+                text,
+                ttl,
+                request_id,
                 fingerprint(holder, normalized, None if ttl is None else float(ttl))
                 if request_id
                 else None,
-                _at(now), 3600.0,
-                [u.resource for u in units], [u.slot for u in units],
-                [x.resource for x in spans] or None, [x.kind for x in spans] or None,
-                [x.start for x in spans] or None, [x.end for x in spans] or None,
-            ),  # fmt: skip
+                _at(now),
+                3600.0,
+                [u.resource for u in units],
+                [u.slot for u in units],
+                [x.resource for x in spans] or None,
+                [x.kind for x in spans] or None,
+                [x.start for x in spans] or None,
+                [x.end for x in spans] or None,
+            ),
         ).fetchone()
         assert row is not None
         return tuple(row)
@@ -117,8 +126,9 @@ def _populate(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[Any
         "confirmed": v3.claim([Unit("seat", "b")], "bob", request_id="r-confirmed"),
         "held_then_confirmed": v3.claim([Unit("seat", "c")], "carol", ttl=600),
         "released": v3.claim([Unit("seat", "d")], "dave", ttl=600, request_id="r-released"),
-        "group": v3.claim([Unit("row", "1"), Unit("row", "2")], "erin", ttl=600,
-                          request_id="r-group"),  # fmt: skip
+        "group": v3.claim(
+            [Unit("row", "1"), Unit("row", "2")], "erin", ttl=600, request_id="r-group"
+        ),
         "span": v3.claim([Span("room", 0, 10)], "frank", request_id="r-span"),
         "dead": v3.claim([Unit("seat", "f")], "gina", ttl=5),
         "swept": v3.claim([Unit("seat", "g"), Span("hall", 0, 5)], "hank", ttl=5),
@@ -157,13 +167,26 @@ def test_a_populated_version_3_schema_is_upgraded_in_place(
         for claim_id, row in before.items():
             claim = store.get(claim_id)
             assert claim is not None, claim_id
-            _, holder, targets, state, fence, expires_at, taken_over, request_id, created, updated = row
+            (
+                _,
+                holder,
+                targets,
+                state,
+                fence,
+                expires_at,
+                taken_over,
+                request_id,
+                created,
+                updated,
+            ) = row
             assert (claim.holder, claim.fence, claim.request_id) == (holder, fence, request_id)
             assert claim.targets == dibs._model.targets_from_text(targets)
             expected = "expired" if state == "held" and expires_at <= _at(T0 + 20) else state
             assert claim.state.value == expected, claim_id
             assert (claim.expires_at, claim.created_at, claim.updated_at) == (
-                expires_at, created, updated
+                expires_at,
+                created,
+                updated,
             )
             assert claim.taken_over == taken_over
         assert {c.id for c in store.claim_log().claims()} == set(before)

@@ -124,6 +124,8 @@ class _LeaveItToTheFunction(Exception):
 def _unique_race(exc: psycopg.Error) -> Exception | None:
     """A unique violation in the plain claim statement: a request ID committed under it."""
     return _LeaveItToTheFunction() if isinstance(exc, psycopg.errors.UniqueViolation) else None
+
+
 _LOST_REASONS = {
     "fence": HoldLostReason.FENCE,
     "released": HoldLostReason.RELEASED,

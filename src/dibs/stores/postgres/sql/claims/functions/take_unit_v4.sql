@@ -50,8 +50,8 @@ BEGIN
                updated_at = p_row.updated_at
          WHERE u.resource = v_o.resource AND u.slot = v_o.slot
            AND u.id = v_o.id AND u.fence = v_o.fence
-           AND (u.state IN ('free', 'released')
-                OR (u.state IN ('held', 'expired', 'member') AND u.expires_at <= p_now));
+           AND (u.state IN ('free', 'released', 'expired')
+                OR (u.state IN ('held', 'member') AND u.expires_at <= p_now));
         CONTINUE WHEN NOT FOUND;  -- it changed under us: look again
         IF v_o.state IN ('released', 'held', 'expired') THEN
             PERFORM {s}.archive_v4(v_o, p_now);
