@@ -129,14 +129,16 @@ def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[s
     return row, series
 
 
-def _wal_and_commits(url: str) -> tuple[int, int]:
+def _wal_and_commits(url: str) -> tuple[int, int, int]:
+    """WAL position, committed transactions, next transaction ID (write transactions)."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, xact_commit "
+            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, xact_commit, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint "
             "FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def server_cost(url: str, tag: str, claims: int) -> dict[str, dict[str, float]]:
@@ -145,7 +147,7 @@ def server_cost(url: str, tag: str, claims: int) -> dict[str, dict[str, float]]:
     for name in ("dibs", "baseline"):
         resource = f"cost-{secrets.token_hex(3)}"
         time.sleep(1.1)  # earlier sessions' counters reach the stats
-        wal0, commits0 = _wal_and_commits(url)
+        wal0, commits0, xid0 = _wal_and_commits(url)
         if name == "dibs":
             with dibs.open(f"{url}?schema=bench_{tag}&pool_min=1&pool_max=1") as store:
                 for i in range(claims):
@@ -158,14 +160,15 @@ def server_cost(url: str, tag: str, claims: int) -> dict[str, dict[str, float]]:
                         "ON CONFLICT DO NOTHING RETURNING holder",
                         (resource, str(i), "h"),
                     ).fetchone()
-        wal1, _ = _wal_and_commits(url)
+        wal1, _, xid1 = _wal_and_commits(url)
         time.sleep(1.1)
-        _, commits1 = _wal_and_commits(url)
+        _, commits1, _ = _wal_and_commits(url)
         # Each read is a read-only transaction of its own: two fall in the window
         # (dibs.open also reads the schema version once: not a claim's cost).
         out[name] = {
             "wal_bytes": (wal1 - wal0) / claims,
             "commits": (commits1 - commits0 - 2) / claims,
+            "write_xacts": (xid1 - xid0) / claims,
         }
     return out
 
@@ -209,7 +212,10 @@ def main() -> None:
             series += more
         cost = server_cost(url, tag, min(args.claims, 1000))
         for name, c in cost.items():
-            print(f"{name}: {c['wal_bytes']:,.0f} WAL bytes, {c['commits']:.2f} commits per claim")
+            print(
+                f"{name}: {c['wal_bytes']:,.0f} WAL bytes, {c['commits']:.2f} commits, "
+                f"{c['write_xacts']:.2f} write transactions per claim"
+            )
         if args.json:
             Path(args.json).write_text(
                 json.dumps(

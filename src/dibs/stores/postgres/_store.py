@@ -669,6 +669,7 @@ class PostgresStore(Store):
 
     def _holder_of(self, target: Unit | Span) -> str | None:
         now = self._now_param()
+        params: dict[str, Any]
         if isinstance(target, Unit):
             params = {"r": target.resource, "sl": target.slot, "now": now}
             row = self._call(self._sql.holder_of_unit, params)
