@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -173,6 +174,61 @@ def server_cost(url: str, tag: str, claims: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds a local server backend has used (Linux /proc; the server runs here)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_profile(url: str, tag: str, claims: int) -> dict[str, dict[str, float]]:
+    """Where one client's time goes, per claim: client CPU, server backend CPU, wall.
+
+    CPU time, unlike throughput, hardly moves with the machine's load, so on a
+    shared machine this is the steadier comparison. Needs the server on this
+    host (the private one).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name in ("dibs", "baseline"):
+        resource = f"cpu-{secrets.token_hex(3)}"
+        with ExitStack() as stack:
+            if name == "dibs":
+                store = stack.enter_context(
+                    dibs.open(f"{url}?schema=bench_{tag}&pool_min=1&pool_max=1")
+                )
+                with store._pool.connection() as conn:  # type: ignore[attr-defined]
+                    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+
+                def op(i: int, store: dibs.Store = store, resource: str = resource) -> None:
+                    assert store.claim(dibs.Unit(resource, str(i)), holder="h", ttl=300)
+
+            else:
+                conn = stack.enter_context(psycopg.connect(url, autocommit=True))
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+
+                def op(
+                    i: int, conn: psycopg.Connection[Any] = conn, resource: str = resource
+                ) -> None:
+                    conn.execute(
+                        f"INSERT INTO baseline_{tag} (resource, slot, holder) VALUES (%s, %s, %s) "
+                        "ON CONFLICT DO NOTHING RETURNING holder",
+                        (resource, str(i), "h"),
+                    ).fetchone()
+
+            assert row is not None
+            for i in range(50):  # warm up: statements prepared, caches filled
+                op(-1 - i)
+            server0, client0, wall0 = _backend_cpu(row[0]), time.process_time(), time.perf_counter()
+            for i in range(claims):
+                op(i)
+            server1, client1, wall1 = _backend_cpu(row[0]), time.process_time(), time.perf_counter()
+        out[name] = {
+            "client_cpu_us": (client1 - client0) / claims * 1e6,
+            "server_cpu_us": (server1 - server0) / claims * 1e6,
+            "wall_us": (wall1 - wall0) / claims * 1e6,
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--url", help="an existing database (default: a private server)")
@@ -216,10 +272,22 @@ def main() -> None:
                 f"{name}: {c['wal_bytes']:,.0f} WAL bytes, {c['commits']:.2f} commits, "
                 f"{c['write_xacts']:.2f} write transactions per claim"
             )
+        profile = cpu_profile(url, tag, min(args.claims, 2000)) if not args.url else {}
+        for name, p in profile.items():
+            print(
+                f"{name}: per claim {p['client_cpu_us']:.0f} µs client CPU, "
+                f"{p['server_cpu_us']:.0f} µs server CPU, {p['wall_us']:.0f} µs wall (1 client)"
+            )
         if args.json:
             Path(args.json).write_text(
                 json.dumps(
-                    {"benchmark": "postgres", "series": series, "server_cost": cost}, indent=2
+                    {
+                        "benchmark": "postgres",
+                        "series": series,
+                        "server_cost": cost,
+                        "cpu_profile": profile,
+                    },
+                    indent=2,
                 )
             )
 
