@@ -146,6 +146,18 @@ class Statements:
             "AND (o.state IN ('released', 'free', 'expired') "
             "OR (o.state = 'held' AND o.expires_at <= NOW))"
         )
+        # The same without a request ID, the most common claim: the INSERT
+        # alone (about half the server time of the statement above). No row
+        # back: the unit's row exists, and claim_reuse or the function decides.
+        self.claim_fresh = render(
+            "INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at, "
+            "created_at, updated_at) SELECT %(r)s, %(sl)s, nextval('{s}.claim_ids'), %(h)s, "
+            "%(st)s, nextval('{s}.fences'), t.n + make_interval(secs => %(ttl)s), t.n, t.n "
+            "FROM (SELECT NOW AS n) t WHERE NOT EXISTS (SELECT 1 FROM {s}.units_v4 u "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s) ON CONFLICT DO NOTHING "
+            "RETURNING 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz"
+        )
         # A unit whose claim was released, or whose hold died: one UPDATE
         # conditional on the claim observed there (its ID and fence, and that
         # it is still released or dead: re-checked under the row lock), which

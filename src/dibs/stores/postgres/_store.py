@@ -537,9 +537,14 @@ class PostgresStore(Store):
             "now": self._now_param(),
         }
         try:
-            row = self._call(self._sql.claim_unit, params)
-            if row is not None and row[0] == "reuse":
-                row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
+            if request_id is None:
+                row = self._call(self._sql.claim_fresh, params)
+                if row is None:  # the unit has a row: reuse it if its claim ended
+                    row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
+            else:
+                row = self._call(self._sql.claim_unit, params)
+                if row is not None and row[0] == "reuse":
+                    row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
         except _LeaveItToTheFunction:
             return None
         if row is None:
