@@ -15,10 +15,12 @@ liveness condition from the plain confirm lets a taken-over hold confirm.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -272,3 +274,45 @@ def test_a_replay_of_a_committed_request_writes_no_wal(
                 assert again.replayed and again.claim == first.claim
             spent.append(lsn() - before)
     assert min(spent) == 0, spent
+
+
+def test_the_uncontended_single_unit_path_runs_no_function(pg_url: str, pg_admin_url: str) -> None:
+    """Hold, extend, confirm, release, reuse and replay: plain statements only.
+
+    Counted by the server (``track_functions``, which only a superuser may
+    set, hence the admin role): the sessions' counters reach the statistics
+    when they end. A few group claims, which do take the function, are the
+    control that the counting works.
+    """
+    admin = urlunsplit(urlsplit(pg_admin_url)._replace(path=urlsplit(pg_url).path))
+    schema = f"f_{secrets.token_hex(4)}"
+    url = f"{admin}?schema={schema}&options=-c%20track_functions%3Dpl"
+    groups = 3
+    with dibs.open(url, pool_min=1, pool_max=1) as store:
+        for i in range(20):
+            unit = Unit("seat", str(i))
+            rid = f"r{i}" if i % 2 else None
+            hold = store.claim(unit, holder="a", ttl=60, request_id=rid)
+            assert hold.claim is not None and not hold.replayed
+            if rid:
+                assert store.claim(unit, holder="a", ttl=60, request_id=rid).replayed
+            claim = hold.claim
+            store.extend(claim.id, holder="a", fence=claim.fence, ttl=60)
+            store.confirm(claim.id, holder="a", fence=claim.fence)
+            assert store.release(claim.id, holder="a", fence=claim.fence)
+            again = store.claim(unit, holder="b", ttl=60).claim  # the released unit, reused
+            assert again is not None and again.fence > claim.fence
+        for i in range(groups):
+            assert store.claim([Unit("row", f"{i}a"), Unit("row", f"{i}b")], holder="g")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        calls: dict[str, int] = {}
+        while calls.get("claim_v4", 0) < groups:  # until the ended session's counters arrive
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            rows = conn.execute(
+                "SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = %s",
+                (schema,),
+            ).fetchall()
+            calls = {name: int(n) for name, n in rows}
+            time.sleep(0.05)
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    assert calls.get("claim_v4") == groups and "transition_v4" not in calls, calls
