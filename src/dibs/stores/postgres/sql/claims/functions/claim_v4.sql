@@ -105,15 +105,20 @@ BEGIN
     ELSE
         v_expires := CASE WHEN p_ttl IS NULL THEN NULL
                           ELSE v_now + make_interval(secs => p_ttl) END;
-        BEGIN
-            SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all_v4(
-                v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi);
-            IF cardinality(v_taken) > 0 THEN
-                RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
-            END IF;
-        EXCEPTION WHEN SQLSTATE 'DB010' THEN
-            NULL;  -- all or nothing: undo the targets this attempt took
-        END;
+        LOOP
+            BEGIN
+                SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all_v4(
+                    v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi);
+                IF cardinality(v_taken) > 0 THEN
+                    RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'DB010' THEN
+                NULL;  -- all or nothing: undo the targets this attempt took
+            END;
+            -- {-1}: what blocked it was gone when it looked again; try again.
+            EXIT WHEN v_taken IS DISTINCT FROM ARRAY[-1];
+            v_now := coalesce(p_now, clock_timestamp());
+        END LOOP;
     END IF;
 
     IF cardinality(v_taken) = 0 THEN

@@ -73,7 +73,10 @@ BEGIN
     END IF;
     IF v_lost > 0 THEN
         -- A loser only looks at the rest, so that it learns every taken target;
-        -- the caller rolls the attempt back.
+        -- the caller rolls the attempt back. The first loss was seen by a plain
+        -- read (no row lock), so it is looked at again with the rest, in one
+        -- statement: the taken set is that of one instant. If its blocker is
+        -- gone by then and nothing else is taken, taken is {-1}: try again.
         FOR j IN greatest(v_lost - v_nu, 0) + 1 .. v_ns LOOP
             PERFORM {s}.check_span_kind_v4(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
         END LOOP;
@@ -83,17 +86,17 @@ BEGIN
             SELECT t.k::integer - 1 AS idx, u.id AS claim_id
               FROM unnest(p_ures, p_uslot) WITH ORDINALITY AS t(res, slot, k)
               JOIN {s}.units_v4 u ON u.resource = t.res AND u.slot = t.slot
-             WHERE t.k > v_lost AND u.state IN ('held', 'confirmed', 'member')
+             WHERE t.k >= v_lost AND u.state IN ('held', 'confirmed', 'member')
                AND (u.expires_at IS NULL OR u.expires_at > p_now)
             UNION ALL
             SELECT v_nu + t.k::integer - 1, s.claim_id
               FROM unnest(p_sres, p_skind, p_slo, p_shi) WITH ORDINALITY AS t(res, kind, lo, hi, k)
               JOIN {s}.spans_v4 s ON s.resource = t.res AND s.kind = t.kind
                               AND s.span && numrange(t.lo, t.hi, '[)')
-             WHERE v_nu + t.k > v_lost AND (s.expires_at IS NULL OR s.expires_at > p_now)
+             WHERE v_nu + t.k >= v_lost AND (s.expires_at IS NULL OR s.expires_at > p_now)
           ) x;
-        taken := taken || v_more;
-        blockers := blockers || v_ids;
+        taken := CASE WHEN cardinality(v_more) > 0 THEN v_more ELSE ARRAY[-1] END;
+        blockers := v_ids;
     ELSIF cardinality(dead) > 0 THEN
         PERFORM {s}.take_over_v4(dead, p_now);
     END IF;
