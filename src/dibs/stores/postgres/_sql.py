@@ -202,23 +202,30 @@ class Statements:
         # row, conditional on its holder, fence and liveness (re-checked under
         # the row lock). Each keeps the row's indexed columns, so it is a HOT
         # update. No row back: transition_v4 says why (or handles a group).
+        # One clock read per statement (t.n), so that updated_at, expires_at
+        # and the liveness check agree. Under a wait for the row, PostgreSQL
+        # re-checks the conditions on the new row: a takeover, a release or a
+        # sweep that changed it makes them fail; only the holder's own
+        # concurrent extend leaves it held and live.
         self.confirm = render(
-            "UPDATE {s}.units_v4 u SET state = 'confirmed', expires_at = NULL, updated_at = NOW "
+            "UPDATE {s}.units_v4 u SET state = 'confirmed', expires_at = NULL, updated_at = t.n "
+            "FROM (SELECT NOW AS n) t "
             "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
-            "AND u.expires_at > NOW "
+            "AND u.expires_at > t.n "
             "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at"
         )
         self.extend = render(
-            "UPDATE {s}.units_v4 u SET expires_at = NOW + make_interval(secs => %(ttl)s), "
-            "updated_at = NOW "
+            "UPDATE {s}.units_v4 u SET expires_at = t.n + make_interval(secs => %(ttl)s), "
+            "updated_at = t.n FROM (SELECT NOW AS n) t "
             "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
-            "AND u.expires_at > NOW "
+            "AND u.expires_at > t.n "
             "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at, u.expires_at"
         )
         self.release = render(
-            "UPDATE {s}.units_v4 u SET state = 'released', expires_at = NULL, updated_at = NOW "
+            "UPDATE {s}.units_v4 u SET state = 'released', expires_at = NULL, updated_at = t.n "
+            "FROM (SELECT NOW AS n) t "
             "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s "
-            "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > NOW)) "
+            "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > t.n)) "
             "RETURNING true"
         )
         self.transition = render(
