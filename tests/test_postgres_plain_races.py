@@ -10,7 +10,8 @@ barrier; no assertion depends on timing.
 A planted bug fails these (checked by hand when they were written): dropping
 the re-check from the plain claim's UPDATE (``x.fence = o.fence`` and the
 state condition) lets two claimers of a released unit both win; dropping the
-liveness condition from the plain confirm lets a taken-over hold confirm.
+liveness condition from the plain confirm lets a dead hold confirm; sending a
+confirm straight to ``transition_v4`` shows up in the server's function count.
 """
 
 from __future__ import annotations
