@@ -77,15 +77,12 @@ BEGIN
 
     v_id := nextval('{s}.claim_ids');
     IF v_single THEN
-        -- One unit: its row is the claim. Dated just before the take; a loss
-        -- wrote nothing, so no subtransaction is needed.
-        v_stamp := coalesce(p_now, clock_timestamp());
-        v_expires := CASE WHEN p_ttl IS NULL THEN NULL
-                          ELSE v_stamp + make_interval(secs => p_ttl) END;
+        -- One unit: its row is the claim, dated by take_unit_v4 after it looked
+        -- at the row. A loss wrote nothing, so no subtransaction is needed.
         SELECT * INTO v_got FROM {s}.take_unit_v4(
             ROW(p_ures[1], p_uslot[1], v_id, p_holder,
-                CASE WHEN p_ttl IS NULL THEN 'confirmed' ELSE 'held' END, 0, v_expires, false,
-                NULL, NULL, NULL, v_stamp, v_stamp)::{s}.units_v4, v_now);
+                CASE WHEN p_ttl IS NULL THEN 'confirmed' ELSE 'held' END, 0, NULL, false,
+                NULL, NULL, NULL, v_now, v_now)::{s}.units_v4, v_now, p_now, p_ttl);
         IF v_got.outcome = 'granted' THEN
             IF v_got.other IS NOT NULL THEN
                 PERFORM {s}.take_over_v4(ARRAY[v_got.other], v_now);

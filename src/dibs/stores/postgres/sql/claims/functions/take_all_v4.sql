@@ -24,7 +24,7 @@ BEGIN
     FOR i IN 1 .. v_nu LOOP
         SELECT * INTO v_got FROM {s}.take_unit_v4(
             ROW(p_ures[i], p_uslot[i], p_id, NULL, 'member', 0, p_expires, false, NULL, NULL,
-                NULL, p_now, p_now)::{s}.units_v4, p_now);
+                NULL, p_now, p_now)::{s}.units_v4, p_now, NULL, NULL);
         IF v_got.outcome = 'taken' THEN
             taken := taken || (i - 1); blockers := blockers || v_got.other; v_lost := i;
             EXIT;

@@ -1,3 +1,4 @@
+DROP FUNCTION IF EXISTS {s}.take_unit_v4({s}.units_v4, timestamptz);
 -- take_unit_v4: acquire one unit row for p_row (a single-unit claim, or a
 -- 'member' row of a group claim). The insert is the check; a released claim,
 -- a free row or a dead hold found there is replaced by a conditional UPDATE
@@ -8,17 +9,29 @@
 -- claim taken over, if any) or 'taken' (other = the live claim in the way).
 --
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
+-- A single-unit claim (p_ttl given or not, p_row.state not 'member') is dated
+-- from a clock read after the row was looked at, so it never seems to begin
+-- before a release it saw; p_clock is the test clock, or NULL.
 CREATE OR REPLACE FUNCTION {s}.take_unit_v4(
-    p_row {s}.units_v4, p_now timestamptz, OUT outcome text, OUT other bigint
+    p_row {s}.units_v4, p_now timestamptz, p_clock timestamptz, p_ttl double precision,
+    OUT outcome text, OUT other bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_o {s}.units_v4;
+    v_stamp timestamptz;
 BEGIN
     LOOP
         -- A plain read first: a fence is drawn only for a take that should
         -- succeed, so a refusal never spends one.
         SELECT * INTO v_o FROM {s}.units_v4 u
          WHERE u.resource = p_row.resource AND u.slot = p_row.slot;
+        IF p_row.state <> 'member' THEN
+            v_stamp := coalesce(p_clock, clock_timestamp());
+            p_row.created_at := v_stamp;
+            p_row.updated_at := v_stamp;
+            p_row.expires_at := CASE WHEN p_ttl IS NULL THEN NULL
+                                     ELSE v_stamp + make_interval(secs => p_ttl) END;
+        END IF;
         IF NOT FOUND THEN
             -- Linearization point for a free unit: the insert against the primary key.
             INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at,
