@@ -4,7 +4,8 @@ Every schema dibs owns is upgraded here from every earlier version, populated:
 SQLite's claim tables (version 1, and 1 -> 2 with every kind of claim) and job
 tables (unversioned, "0"), and PostgreSQL's job tables (unversioned).
 PostgreSQL's claim schema versions 1 and 2 are upgraded in
-tests/test_postgres_edges.py. The earlier versions' SQL is frozen in
+tests/test_postgres_edges.py, version 3 (populated, to version 4) in
+tests/test_postgres_upgrade.py. The earlier versions' SQL is frozen in
 tests/schemas, so that editing a shipped step cannot quietly
 change what "an earlier version" means here.
 """

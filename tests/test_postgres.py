@@ -175,7 +175,8 @@ def test_lock_wait_past_statement_timeout_is_store_unavailable(pg_schema_url: st
         schema = store.schema  # type: ignore[attr-defined]
         # An uncommitted insert of the same unit: our insert must wait for it.
         blocker.execute(
-            f"INSERT INTO {schema}.units (resource, slot, claim_id) VALUES ('seat', '1', 0)"
+            f"INSERT INTO {schema}.units_v4 (resource, slot, id, state, fence, created_at, "
+            "updated_at) VALUES ('seat', '1', 0, 'free', 0, now(), now())"
         )
         with pytest.raises(StoreUnavailable):
             store.claim(Unit("seat", "1"), holder="alice")

@@ -32,7 +32,7 @@ from dibs import (
 )
 from dibs._model import targets_to_text
 from dibs.stores.postgres import PostgresStore
-from dibs.stores.postgres._sql import SCHEMA_VERSION, Statements
+from dibs.stores.postgres._sql import SCHEMA_VERSION
 from pg_fixtures import schema_url
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,12 +140,13 @@ def _race(
     with psycopg.connect(db_url) as blocker:
         if isinstance(middle, Unit):
             blocker.execute(
-                f"SELECT 1 FROM {schema}.units WHERE resource = %s AND slot = %s FOR UPDATE",
+                f"SELECT 1 FROM {schema}.units_v4 WHERE resource = %s AND slot = %s FOR UPDATE",
                 (middle.resource, middle.slot),
             )
         else:
             blocker.execute(
-                f"SELECT 1 FROM {schema}.spans WHERE resource = %s FOR UPDATE", (middle.resource,)
+                f"SELECT 1 FROM {schema}.spans_v4 WHERE resource = %s FOR UPDATE",
+                (middle.resource,),
             )
         threads = [threading.Thread(target=confirm), threading.Thread(target=take_over)]
         for thread in threads:
@@ -320,8 +321,8 @@ def test_a_claim_beside_a_dead_hold_does_not_take_it_over(
 def _rows_of(url: str, schema: str, claim: dibs.Claim) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            f"SELECT (SELECT count(*) FROM {schema}.units WHERE claim_id = %(id)s)"
-            f" + (SELECT count(*) FROM {schema}.spans WHERE claim_id = %(id)s)",
+            f"SELECT (SELECT count(*) FROM {schema}.units_v4 WHERE id = %(id)s AND state <> "
+            f"'request') + (SELECT count(*) FROM {schema}.spans_v4 WHERE claim_id = %(id)s)",
             {"id": int(claim.id)},
         ).fetchone()
     assert row is not None
@@ -344,7 +345,7 @@ def test_a_swept_hold_keeps_its_rows_until_it_is_purged(
     assert store.claim([Unit("seat", "1"), Span("room", 0, 10)], holder="rival")
 
 
-# --- schema version 3 ----------------------------------------------------------------------------
+# --- schema versions 1 and 2 -----------------------------------------------------------------
 
 
 def _old_schema(url: str, schema: str, version: int) -> None:
@@ -362,7 +363,8 @@ def _old_schema(url: str, schema: str, version: int) -> None:
         )
         unit = Unit("seat", "old")
         conn.execute(
-            Statements(schema, test_clock=False).claim,
+            f"SELECT * FROM {schema}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])",
             (
                 *("alice", targets_to_text((unit,)), None, None, None, None, 60.0),
                 *([unit.resource], [unit.slot], None, None, None, None),
@@ -382,7 +384,7 @@ def _function_source(url: str, schema: str, name: str) -> str:
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_an_old_schema_is_upgraded_to_version_3_in_place(
+def test_an_old_schema_is_upgraded_to_the_current_version_in_place(
     pg_url: str, pg_schema_url: str, version: int
 ) -> None:
     schema = pg_schema_url.rsplit("schema=", 1)[1]
@@ -401,10 +403,10 @@ def test_an_old_schema_is_upgraded_to_version_3_in_place(
     with psycopg.connect(pg_url) as conn:
         row = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'")
         assert row.fetchone() == (str(SCHEMA_VERSION),)
-    assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition")
-    assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep")
-    assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_all")
-    assert "v_lost integer" in _function_source(pg_url, schema, "take_all")
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "transition_v4")
+    assert 'COLLATE "C"' in _function_source(pg_url, schema, "sweep_v4")
+    assert "NOT c.taken_over" in _function_source(pg_url, schema, "take_over_v4")
+    assert "v_lost integer" in _function_source(pg_url, schema, "take_all_v4")
 
 
 # --- no raw driver error escapes -----------------------------------------------------------------
@@ -425,13 +427,16 @@ def test_lock_timeout_is_store_unavailable(pg_schema_url: str, pg_url: str) -> N
         dibs.open(_options(pg_schema_url, "lock_timeout=100")) as store,
         psycopg.connect(pg_url) as blocker,
     ):
-        blocker.execute(f"SELECT 1 FROM {schema}.units FOR UPDATE")
+        blocker.execute(f"SELECT 1 FROM {schema}.units_v4 FOR UPDATE")
         blocker.execute(
-            f"INSERT INTO {schema}.units (resource, slot, claim_id) VALUES ('seat', '2', 0)"
+            f"INSERT INTO {schema}.units_v4 (resource, slot, id, state, fence, created_at, "
+            "updated_at) VALUES ('seat', '2', 0, 'free', 0, now(), now())"
         )
+        # A claim refused by a live hold reads it and never waits (schema version 4).
+        assert not store.claim(Unit("seat", "1"), holder="bob", ttl=5)
         for call in (
             lambda: store.claim(Unit("seat", "2"), holder="bob"),
-            lambda: store.claim(Unit("seat", "1"), holder="bob", ttl=5),
+            lambda: store.extend(held.id, holder="alice", fence=held.fence, ttl=5),
             lambda: store.confirm(held.id, holder="alice", fence=held.fence),
         ):
             with pytest.raises(StoreUnavailable) as raised:

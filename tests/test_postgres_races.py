@@ -37,8 +37,12 @@ _spawn = multiprocessing.get_context("spawn")
 def _claims(url: str, schema: str) -> list[dict[str, Any]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            f"SELECT id, holder, targets, state, fence, expires_at, created_at, updated_at, "
-            f"taken_over FROM {schema}.claims ORDER BY fence"
+            "SELECT u.id, u.holder, jsonb_build_array(jsonb_build_array('u', u.resource, "
+            "u.slot))::text, u.state, u.fence, u.expires_at, u.created_at, u.updated_at, "
+            f"u.taken_over FROM {schema}.units_v4 u "
+            "WHERE u.state IN ('held', 'confirmed', 'released', 'expired') UNION ALL "
+            "SELECT id, holder, targets, state, fence, expires_at, created_at, updated_at, "
+            f"taken_over FROM {schema}.claims_v4 ORDER BY 5"
         ).fetchall()
     from dibs._model import targets_from_text
 

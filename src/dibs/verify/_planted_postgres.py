@@ -28,7 +28,7 @@ class CheckThenActPostgres(PostgresStore):
         units = [t for t in targets if isinstance(t, Unit)]
         if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
             time.sleep(RACE_WINDOW)
-            delete = f"DELETE FROM {_table(self, 'units')} WHERE resource = %s AND slot = %s "
+            delete = f"DELETE FROM {_table(self, 'units_v4')} WHERE resource = %s AND slot = %s "
             for u in units:  # BUG: act on a stale check, dropping whoever came in between
                 self._call((delete + "RETURNING 1").encode(), (u.resource, u.slot))
         return super()._claim(targets, holder, request_id, ttl)
@@ -41,18 +41,26 @@ class UnfencedPostgres(PostgresStore):
         key = parse_id(claim_id)
         if key is None:
             raise claim_not_found(claim_id)
-        query = f"SELECT holder FROM {_table(self, 'claims')} WHERE id = %s"
-        row = self._call(query.encode(), (key,))
+        query = (
+            f"SELECT holder FROM {_table(self, 'units_v4')} WHERE id = %s "
+            "AND state IN ('held', 'confirmed', 'released', 'expired') "
+            f"UNION ALL SELECT holder FROM {_table(self, 'claims_v4')} WHERE id = %s LIMIT 1"
+        )
+        row = self._call(query.encode(), (key, key))
         if row is None:
             raise claim_not_found(claim_id)
         if row[0] != holder:
             raise not_holder(claim_id, holder)
         # BUG: no fence, state or expiry condition.
-        update = (
-            f"UPDATE {_table(self, 'claims')} SET state = 'confirmed', expires_at = NULL, "
-            "updated_at = clock_timestamp() WHERE id = %s RETURNING 1"
-        )
-        self._call(update.encode(), (key,))
+        for table, only in (
+            ("units_v4", " AND state IN ('held', 'confirmed', 'released', 'expired')"),
+            ("claims_v4", ""),
+        ):
+            update = (
+                f"UPDATE {_table(self, table)} SET state = 'confirmed', expires_at = NULL, "
+                f"updated_at = clock_timestamp() WHERE id = %s{only} RETURNING 1"
+            )
+            self._call(update.encode(), (key,))
         claim = self._get(claim_id)
         if claim is None:
             raise claim_not_found(claim_id)

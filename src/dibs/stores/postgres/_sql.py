@@ -85,71 +85,188 @@ def upgrade(conn: psycopg.Connection[TupleRow], schema: str, migrations: Migrati
 class Statements:
     """The statements a store sends, rendered once for its schema.
 
-    With ``test_clock`` every statement takes the test clock's time as a
-    parameter; otherwise the hot path reads ``clock_timestamp()`` and the
-    others pass NULL for it. (Rendered to bytes up front: psycopg would
-    re-render a ``sql.Composed`` on every call.)
+    With ``test_clock`` every statement takes the test clock's time as the
+    parameter ``now``; otherwise they read ``clock_timestamp()``. (Rendered to
+    bytes up front: psycopg would re-render a ``sql.Composed`` on every call.)
+
+    The hot path is plain SQL: a single-unit claim, confirm, extend and
+    release are each one statement on the unit row, which is the claim
+    (schema version 4). What they cannot settle (a live claim in the way, a
+    group or span claim, a request ID seen before, a claim that is not the
+    caller's live hold) they leave to the functions ``claim_v4`` and
+    ``transition_v4``, and say so by answering no row.
     """
 
     def __init__(self, schema: str, *, test_clock: bool) -> None:
         s = sql.Identifier(schema)
+        now = "%(now)s::timestamptz" if test_clock else "clock_timestamp()"
 
         def render(text: str) -> bytes:
-            return sql.SQL(text).format(s=s).as_bytes(None)
+            return sql.SQL(text.replace("NOW", now)).format(s=s).as_bytes(None)
 
         self.claim = render(
-            "SELECT * FROM {s}.claim(%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], "
-            "%s::text[], %s::text[], %s::numeric[], %s::numeric[])"
+            "SELECT * FROM {s}.claim_v4(%(holder)s, %(targets)s, %(ttl)s, %(rid)s, %(fp)s, "
+            "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
+            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[])"
         )
-        # The hot path: one free unit, no request ID. One statement, no PL/pgSQL:
-        # the unit insert is the check; the fence is drawn by the claims insert,
-        # which reads the unit insert's row, so only after the unit is held.
-        # No row back means the unit was occupied: the full function decides.
-        # Confirmed claims only (no expiry): the claim is dated by a clock read
-        # after the unit insert, which may have waited behind a concurrent
-        # release of the unit. A hold's expiry would have to be fixed before
-        # that wait, so holds take the claim function, which dates them after.
-        now = "%s::timestamptz" if test_clock else "clock_timestamp()"
-        stamp = "t.now" if test_clock else "clock_timestamp()"
-        self.claim_free_unit = render(
-            f"WITH t AS (SELECT {now} AS now), "
-            "u AS (INSERT INTO {s}.units (resource, slot, claim_id, expires_at) "
-            "SELECT %s, %s, nextval('{s}.claim_ids'), t.now + make_interval(secs => %s::float8) "
-            "FROM t ON CONFLICT DO NOTHING RETURNING claim_id, expires_at) "
-            "INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, "
-            "created_at, updated_at) "
-            "SELECT u.claim_id, %s, %s, CASE WHEN u.expires_at IS NULL THEN 'confirmed' "
-            "ELSE 'held' END, nextval('{s}.fences'), u.expires_at, c.stamp, c.stamp "
-            # LATERAL on u's row: the clock is read once u's insert has happened.
-            f"FROM u, t, LATERAL (SELECT {stamp} AS stamp WHERE u.claim_id IS NOT NULL) c "
-            "RETURNING id, fence, expires_at, created_at"
+        # One unit, in one statement. A replay of a live request is a plain
+        # read (nothing is written: no WAL, no commit record). A unit never
+        # claimed (or purged) is one INSERT against the primary key, the check;
+        # the claim ID and fence are drawn only when the snapshot shows the
+        # unit free, and an insert racing a first attempt in flight waits on
+        # the unique index, then does nothing. A unit whose claim was released,
+        # or whose hold died, answers "reuse": claim_reuse then replaces it.
+        # No row back: the function decides (a live claim in the way, a
+        # request ID seen before, a dead group member, a lost race).
+        seen = (
+            "seen AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.taken_over, "
+            "u.fingerprint, u.created_at, u.updated_at, u.resource, u.slot "
+            "FROM {s}.units_v4 u WHERE u.request_id = %(rid)s AND u.fingerprint IS NOT NULL)"
         )
-        self.transition = render("SELECT * FROM {s}.transition(%s, %s, %s, %s, %s, %s)")
-        self.sweep = render("SELECT * FROM {s}.sweep(%s, %s, %s)")
-        self.get = render(
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, coalesce(%s, clock_timestamp()) "
-            "FROM {s}.claims WHERE id = %s"
+        self.claim_unit = render(
+            f"WITH {seen}, "
+            "o AS (SELECT u.state, u.expires_at FROM {s}.units_v4 u "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s), "
+            "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
+            "WHERE NOT EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM o)), "
+            "ins AS (INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, "
+            "expires_at, request_id, fingerprint, created_at, updated_at) "
+            "SELECT %(r)s, %(sl)s, f.id, %(h)s, %(st)s, f.v, "
+            "f.n + make_interval(secs => %(ttl)s), %(rid)s, %(fp)s, f.n, f.n "
+            "FROM f ON CONFLICT DO NOTHING RETURNING id, state, fence, expires_at, created_at) "
+            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM ins "
+            "UNION ALL SELECT 'replay', seen.id, seen.state, seen.fence, seen.expires_at, "
+            "seen.created_at, seen.holder, seen.fingerprint, seen.taken_over, seen.updated_at, "
+            "NOW FROM seen WHERE seen.state <> 'request' AND seen.resource = %(r)s "
+            "AND seen.slot = %(sl)s "
+            "AND seen.created_at > NOW - make_interval(secs => %(retention)s) "
+            "UNION ALL SELECT 'reuse', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+            "FROM o WHERE NOT EXISTS (SELECT 1 FROM seen) "
+            "AND (o.state IN ('released', 'free', 'expired') "
+            "OR (o.state = 'held' AND o.expires_at <= NOW))"
         )
+        # The same without a request ID, the most common claim: the INSERT
+        # alone (about half the server time of the statement above). No row
+        # back: the unit's row exists, and claim_reuse or the function decides.
+        self.claim_fresh = render(
+            "INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at, "
+            "created_at, updated_at) SELECT %(r)s, %(sl)s, nextval('{s}.claim_ids'), %(h)s, "
+            "%(st)s, nextval('{s}.fences'), t.n + make_interval(secs => %(ttl)s), t.n, t.n "
+            "FROM (SELECT NOW AS n) t WHERE NOT EXISTS (SELECT 1 FROM {s}.units_v4 u "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s) ON CONFLICT DO NOTHING "
+            "RETURNING 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz"
+        )
+        # A unit whose claim was released, or whose hold died: one UPDATE
+        # conditional on the claim observed there (its ID and fence, and that
+        # it is still released or dead: re-checked under the row lock), which
+        # copies that claim into claims_v4 (released, or expired and taken
+        # over) and its live request ID into a reservation row. The fence is
+        # drawn after that claim's, which is the row's latest.
+        self.claim_reuse = render(
+            f"WITH {seen}, "
+            "o AS (SELECT u.id, u.holder, u.state, u.fence, u.expires_at, u.request_id, "
+            "u.fingerprint, u.created_at, u.updated_at FROM {s}.units_v4 u "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s AND NOT EXISTS (SELECT 1 FROM seen) "
+            "AND (u.state IN ('released', 'free', 'expired') "
+            "OR (u.state = 'held' AND u.expires_at <= NOW))), "
+            "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
+            "FROM o), "
+            "up AS (UPDATE {s}.units_v4 x SET id = f.id, holder = %(h)s, state = %(st)s, "
+            "fence = f.v, expires_at = f.n + make_interval(secs => %(ttl)s), taken_over = false, "
+            "request_id = %(rid)s, fingerprint = %(fp)s, taken = NULL, created_at = f.n, "
+            "updated_at = f.n FROM o, f WHERE x.resource = %(r)s AND x.slot = %(sl)s "
+            "AND x.id = o.id AND x.fence = o.fence "
+            "AND (x.state IN ('released', 'free', 'expired') "
+            "OR (x.state = 'held' AND x.expires_at <= f.n)) "
+            "RETURNING x.id, x.state, x.fence, x.expires_at, x.created_at, f.n, o.id AS oid, "
+            "o.holder AS oholder, o.state AS ostate, o.fence AS ofence, o.expires_at AS oexp, "
+            "o.request_id AS orid, o.fingerprint AS ofp, o.created_at AS ocreated, "
+            "o.updated_at AS oupdated), "
+            "arch AS (INSERT INTO {s}.claims_v4 (id, holder, targets, state, fence, expires_at, "
+            "taken_over, request_id, created_at, updated_at) SELECT up.oid, up.oholder, "
+            "jsonb_build_array(jsonb_build_array('u', %(r)s::text, %(sl)s::text))::text, "
+            "CASE WHEN up.ostate = 'released' THEN 'released' ELSE 'expired' END, up.ofence, "
+            "up.oexp, up.ostate <> 'released', up.orid, up.ocreated, "
+            "CASE WHEN up.ostate = 'released' THEN up.oupdated ELSE up.n END "
+            "FROM up WHERE up.ostate <> 'free' ON CONFLICT (id) DO NOTHING), "
+            "res AS (INSERT INTO {s}.units_v4 (resource, slot, id, state, fence, request_id, "
+            "fingerprint, created_at, updated_at) SELECT '', up.orid, up.oid, 'request', 0, "
+            "up.orid, up.ofp, up.ocreated, up.ocreated FROM up "
+            "WHERE up.ofp IS NOT NULL AND up.ostate <> 'free' ON CONFLICT DO NOTHING) "
+            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM up"
+        )
+        # Confirm, extend and release of a single-unit claim: one UPDATE of its
+        # row, conditional on its holder, fence and liveness (re-checked under
+        # the row lock). Each keeps the row's indexed columns, so it is a HOT
+        # update. No row back: transition_v4 says why (or handles a group).
+        # One clock read per statement (t.n), so that updated_at, expires_at
+        # and the liveness check agree. Under a wait for the row, PostgreSQL
+        # re-checks the conditions on the new row: a takeover, a release or a
+        # sweep that changed it makes them fail; only the holder's own
+        # concurrent extend leaves it held and live.
+        self.confirm = render(
+            "UPDATE {s}.units_v4 u SET state = 'confirmed', expires_at = NULL, updated_at = t.n "
+            "FROM (SELECT NOW AS n) t "
+            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
+            "AND u.expires_at > t.n "
+            "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at"
+        )
+        self.extend = render(
+            "UPDATE {s}.units_v4 u SET expires_at = t.n + make_interval(secs => %(ttl)s), "
+            "updated_at = t.n FROM (SELECT NOW AS n) t "
+            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
+            "AND u.expires_at > t.n "
+            "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at, u.expires_at"
+        )
+        self.release = render(
+            "UPDATE {s}.units_v4 u SET state = 'released', expires_at = NULL, updated_at = t.n "
+            "FROM (SELECT NOW AS n) t "
+            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s "
+            "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > t.n)) "
+            "RETURNING true"
+        )
+        self.transition = render(
+            "SELECT * FROM {s}.transition_v4(%(op)s, %(id)s, %(h)s, %(f)s, %(ttl)s, %(now)s)"
+        )
+        self.sweep = render("SELECT * FROM {s}.sweep_v4(%(now)s, %(retention)s, %(batch)s)")
+        cols = (
+            "id, holder, targets, state, fence, expires_at, taken_over, request_id, "
+            "created_at, updated_at"
+        )
+        unit_cols = (
+            "u.id, u.holder, jsonb_build_array(jsonb_build_array('u', u.resource, u.slot))::text, "
+            "u.state, u.fence, u.expires_at, u.taken_over, u.request_id, u.created_at, "
+            "u.updated_at"
+        )
+        self.get = render(f"SELECT {cols}, NOW FROM {{s}}.claim_by_id_v4(%(id)s)")
         self.log = render(
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at FROM {s}.claims ORDER BY fence"
+            f"SELECT {unit_cols} FROM {{s}}.units_v4 u "
+            "WHERE u.state IN ('held', 'confirmed', 'released', 'expired') "
+            f"UNION ALL SELECT {cols} FROM {{s}}.claims_v4 ORDER BY 5"
         )
         self.claims_of = render(
-            "WITH t AS (SELECT coalesce(%s, clock_timestamp()) AS now) "
-            "SELECT id, holder, targets, state, fence, expires_at, taken_over, request_id, "
-            "created_at, updated_at, t.now FROM {s}.claims c, t WHERE c.holder = %s "
+            f"WITH t AS (SELECT NOW AS now) SELECT {unit_cols}, t.now FROM {{s}}.units_v4 u, t "
+            "WHERE u.holder = %(h)s "
+            "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > t.now)) "
+            "UNION ALL SELECT c.id, c.holder, c.targets, c.state, c.fence, c.expires_at, "
+            "c.taken_over, c.request_id, c.created_at, c.updated_at, t.now "
+            "FROM {s}.claims_v4 c, t WHERE c.holder = %(h)s "
             "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
-            "ORDER BY c.fence"
+            "ORDER BY 5"
         )
         self.holder_of_unit = render(
-            "SELECT c.holder FROM {s}.units u JOIN {s}.claims c ON c.id = u.claim_id "
-            "WHERE u.resource = %s AND u.slot = %s "
-            "AND (u.expires_at IS NULL OR u.expires_at > coalesce(%s, clock_timestamp()))"
+            "SELECT coalesce(u.holder, c.holder) FROM {s}.units_v4 u "
+            "LEFT JOIN {s}.claims_v4 c ON u.state = 'member' AND c.id = u.id "
+            "WHERE u.resource = %(r)s AND u.slot = %(sl)s "
+            "AND u.state IN ('held', 'confirmed', 'member') "
+            "AND (u.expires_at IS NULL OR u.expires_at > NOW)"
         )
         self.holder_of_span = render(
-            "SELECT c.holder FROM {s}.spans x JOIN {s}.claims c ON c.id = x.claim_id "
-            "WHERE x.resource = %s AND x.kind = %s AND x.span && numrange(%s, %s, '[)') "
-            "AND (x.expires_at IS NULL OR x.expires_at > coalesce(%s, clock_timestamp())) "
-            "LIMIT 1"
+            "SELECT c.holder FROM {s}.spans_v4 x JOIN {s}.claims_v4 c ON c.id = x.claim_id "
+            "WHERE x.resource = %(r)s AND x.kind = %(kind)s "
+            "AND x.span && numrange(%(lo)s, %(hi)s, '[)') "
+            "AND (x.expires_at IS NULL OR x.expires_at > NOW) LIMIT 1"
         )

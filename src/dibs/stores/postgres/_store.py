@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
@@ -114,6 +114,22 @@ _OPTIONS: dict[str, Callable[[str], Any]] = {
 }
 
 _STATES = {s.value: s for s in ClaimState}
+
+# SQLSTATEs of a statement written for another schema version: undefined
+# table, column or function, and DB009 from version 4's stubs of the version-3
+# functions (for code that predates the version check).
+_NOT_OUR_SCHEMA = frozenset({"42P01", "42703", "42883", "DB009"})
+
+
+class _LeaveItToTheFunction(Exception):
+    """The plain single-unit statement met a race only the claim function settles."""
+
+
+def _unique_race(exc: psycopg.Error) -> Exception | None:
+    """A unique violation in the plain claim statement: a request ID committed under it."""
+    return _LeaveItToTheFunction() if isinstance(exc, psycopg.errors.UniqueViolation) else None
+
+
 _LOST_REASONS = {
     "fence": HoldLostReason.FENCE,
     "released": HoldLostReason.RELEASED,
@@ -314,7 +330,7 @@ class PostgresStore(Store):
     def _call(
         self,
         query: bytes,
-        params: Sequence[Any],
+        params: Sequence[Any] | Mapping[str, Any],
         fetch: Literal["one", "all"] = "one",
         *,
         explain: Callable[[psycopg.Error], Exception | None] | None = None,
@@ -367,12 +383,18 @@ class PostgresStore(Store):
         return answer
 
     def _translate(
-        self, exc: psycopg.Error | UnicodeError, params: Sequence[Any], *, answered: bool
+        self,
+        exc: psycopg.Error | UnicodeError,
+        params: Sequence[Any] | Mapping[str, Any],
+        *,
+        answered: bool,
     ) -> Exception:
         """The dibs error for a driver error (see the module docstring for the mapping)."""
         if isinstance(exc, PoolClosed) and self._closed:
             return StoreClosed(f"this {type(self).__name__} is closed")
         sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in _NOT_OUR_SCHEMA:
+            return self._schema_moved(exc)
         if not answered and (
             isinstance(exc, UnicodeError | psycopg.DataError) or (sqlstate or "")[:2] == "54"
         ):
@@ -393,6 +415,22 @@ class PostgresStore(Store):
         # failed statement rolled back; a lost connection or an unreadable
         # answer leaves the outcome unknown: retry with the same request ID.
         return StoreUnavailable(f"PostgreSQL store unavailable{where}: {exc}")
+
+    def _schema_moved(self, exc: psycopg.Error | UnicodeError) -> SchemaError:
+        """SchemaError for a statement that found another schema version than this code's."""
+        found = 0
+        try:
+            with psycopg.connect(self._conninfo, connect_timeout=5) as conn:
+                found = schema_version(conn, self.schema)
+        except psycopg.Error:
+            pass
+        return SchemaError(
+            f"PostgreSQL schema {self.schema!r} is at version {found}, but this process runs "
+            f"code for version {SCHEMA_VERSION} ({exc}). Run one dibs version against a "
+            "schema: upgrade or restart every process using it",
+            found=found,
+            supported=SCHEMA_VERSION,
+        )
 
     def _now_param(self) -> datetime | None:
         """The test clock's time for statements, or None to use the database clock."""
@@ -477,35 +515,35 @@ class PostgresStore(Store):
     def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
     ) -> ClaimResult:
-        text = targets_to_text(targets)
-        # The one-statement path takes free single units confirmed at once; a
-        # hold's expiry must be counted after any lock wait, which only the
-        # claim function can do (see Statements.claim_free_unit).
-        if request_id is None and ttl is None and len(targets) == 1 and type(targets[0]) is Unit:
-            granted = self._claim_free_unit(targets[0], text, holder)
+        fp = fingerprint(holder, targets, ttl) if request_id is not None else None
+        # One unit: one plain statement settles it unless something is in the
+        # way (see Statements.claim_unit); then the claim function decides.
+        if len(targets) == 1 and type(targets[0]) is Unit:
+            granted = self._claim_unit(targets[0], holder, request_id, fp, ttl)
             if granted is not None:
                 return granted
+        text = targets_to_text(targets)
         # The lock order (see dibs.stores.postgres._sql): units by (resource,
         # slot), spans by (resource, start), str compared by code point as the
         # "C" collation does, whatever the database's default collation is.
         units = sorted((t for t in targets if isinstance(t, Unit)), key=_unit_key)
         spans = sorted((t for t in targets if isinstance(t, Span)), key=_span_key)
         sent: tuple[Target, ...] = (*units, *spans)
-        params = (
-            holder,
-            text,
-            ttl,
-            request_id,
-            fingerprint(holder, targets, ttl) if request_id is not None else None,
-            self._now_param(),
-            self.request_retention,
-            [u.resource for u in units],
-            [u.slot for u in units],
-            [x.resource for x in spans] if spans else None,
-            [x.kind for x in spans] if spans else None,
-            [_bound(x.start) for x in spans] if spans else None,
-            [_bound(x.end) for x in spans] if spans else None,
-        )
+        params = {
+            "holder": holder,
+            "targets": text,
+            "ttl": ttl,
+            "rid": request_id,
+            "fp": fp,
+            "now": self._now_param(),
+            "retention": self.request_retention,
+            "ures": [u.resource for u in units],
+            "uslot": [u.slot for u in units],
+            "sres": [x.resource for x in spans] if spans else None,
+            "skind": [x.kind for x in spans] if spans else None,
+            "slo": [_bound(x.start) for x in spans] if spans else None,
+            "shi": [_bound(x.end) for x in spans] if spans else None,
+        }
         row = self._call(
             self._sql.claim, params, explain=lambda exc: self._claim_error(exc, sent, request_id)
         )
@@ -521,28 +559,54 @@ class PostgresStore(Store):
             replayed=outcome == "replayed_taken",
         )
 
-    def _claim_free_unit(self, unit: Unit, text: str, holder: str) -> ClaimResult | None:
-        """Claim a free unit, confirmed at once, in one plain statement; None if it was occupied."""
-        params: tuple[Any, ...] = (unit.resource, unit.slot, None, holder, text)
-        if self._test_clock:
-            params = (self._now_param(), *params)
-        row = self._call(self._sql.claim_free_unit, params)
+    def _claim_unit(
+        self, unit: Unit, holder: str, request_id: str | None, fp: str | None, ttl: float | None
+    ) -> ClaimResult | None:
+        """Claim one unit in one plain statement; None when the claim function must decide."""
+        params = {
+            "r": unit.resource,
+            "sl": unit.slot,
+            "h": holder,
+            "st": "confirmed" if ttl is None else "held",
+            "ttl": ttl,
+            "rid": request_id,
+            "fp": fp,
+            "retention": self.request_retention,
+            "now": self._now_param(),
+        }
+        try:
+            if request_id is None:
+                row = self._call(self._sql.claim_fresh, params)
+                if row is None:  # the unit has a row: reuse it if its claim ended
+                    row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
+            else:
+                row = self._call(self._sql.claim_unit, params)
+                if row is not None and row[0] == "reuse":
+                    row = self._call(self._sql.claim_reuse, params, explain=_unique_race)
+        except _LeaveItToTheFunction:
+            return None
         if row is None:
             return None
-        id_, fence, expires_at, created = row
+        kind, id_, state, fence, expires_at, created, who, fp_seen, taken_over, updated, now = row
+        new = kind == "new"
+        if not new and (who != holder or fp_seen != fp):
+            return None  # a reuse with other input: the function raises RequestConflict
         created_at = created.astimezone(UTC)
         claim = make_claim(
             str(id_),
             holder,
             (unit,),
-            ClaimState.CONFIRMED,
+            ClaimState.EXPIRED
+            if not new and state == "held" and expires_at <= now
+            else _STATES[state],
             fence,
             None if expires_at is None else expires_at.astimezone(UTC),
-            None,
+            request_id,
             created_at,
-            created_at,
+            created_at if new else updated.astimezone(UTC),
+            bool(taken_over),
         )
-        return make_result(True, claim)
+        return make_result(True, claim, (), replayed=not new)
 
     def _claim_error(
         self, exc: psycopg.Error, targets: tuple[Target, ...], request_id: str | None
@@ -563,9 +627,7 @@ class PostgresStore(Store):
 
     # --- transitions on one claim ---------------------------------------------------------------
 
-    def _transition(
-        self, op: str, claim_id: str, holder: str, fence: int, ttl: float | None
-    ) -> tuple[str, Claim | None]:
+    def _number(self, claim_id: str, fence: int) -> int:
         number = parse_id(claim_id)
         if number is None:
             raise claim_not_found(claim_id)
@@ -573,7 +635,15 @@ class PostgresStore(Store):
             raise InvalidInput(
                 f"fence must fit in 64 bits, got {fence!r}", field="fence", value=fence
             )
-        row = self._call(self._sql.transition, (op, number, holder, fence, ttl, self._now_param()))
+        return number
+
+    def _transition(
+        self, op: str, number: int, claim_id: str, holder: str, fence: int, ttl: float | None
+    ) -> tuple[str, Claim | None]:
+        params = {
+            "op": op, "id": number, "h": holder, "f": fence, "ttl": ttl, "now": self._now_param()
+        }  # fmt: skip
+        row = self._call(self._sql.transition, params)
         status = row[0]
         if status == "not_found":
             raise claim_not_found(claim_id)
@@ -581,22 +651,52 @@ class PostgresStore(Store):
             raise not_holder(claim_id, holder)
         return status, _claim_from_row(row[1:11], row[11])
 
+    def _unit_claim(
+        self, row: Sequence[Any], claim_id: str, holder: str, fence: int, state: ClaimState
+    ) -> Claim:
+        resource, slot, request_id, created, updated, *expires = row
+        return make_claim(
+            claim_id,
+            holder,
+            (Unit(resource, slot),),
+            state,
+            fence,
+            expires[0].astimezone(UTC) if expires else None,
+            request_id,
+            created.astimezone(UTC),
+            updated.astimezone(UTC),
+        )
+
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
-        status, claim = self._transition("confirm", claim_id, holder, fence, None)
+        number = self._number(claim_id, fence)
+        params = {"id": number, "h": holder, "f": fence, "now": self._now_param()}
+        row = self._call(self._sql.confirm, params)
+        if row is not None:
+            return self._unit_claim(row, claim_id, holder, fence, ClaimState.CONFIRMED)
+        status, claim = self._transition("confirm", number, claim_id, holder, fence, None)
         if status != "ok":
             raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         assert claim is not None
         return claim
 
     def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
-        status, claim = self._transition("extend", claim_id, holder, fence, ttl)
+        number = self._number(claim_id, fence)
+        params = {"id": number, "h": holder, "f": fence, "ttl": ttl, "now": self._now_param()}
+        row = self._call(self._sql.extend, params)
+        if row is not None:
+            return self._unit_claim(row, claim_id, holder, fence, ClaimState.HELD)
+        status, claim = self._transition("extend", number, claim_id, holder, fence, ttl)
         if status != "ok":
             raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         assert claim is not None
         return claim
 
     def _release(self, claim_id: str, holder: str, fence: int) -> bool:
-        status, _ = self._transition("release", claim_id, holder, fence, None)
+        number = self._number(claim_id, fence)
+        params = {"id": number, "h": holder, "f": fence, "now": self._now_param()}
+        if self._call(self._sql.release, params) is not None:
+            return True
+        status, _ = self._transition("release", number, claim_id, holder, fence, None)
         if status == "fence":
             raise hold_lost(claim_id, _LOST_REASONS[status], fence)
         return status == "ok"
@@ -607,29 +707,29 @@ class PostgresStore(Store):
         number = parse_id(claim_id)
         if number is None:
             return None
-        row = self._call(self._sql.get, (self._now_param(), number))
+        row = self._call(self._sql.get, {"id": number, "now": self._now_param()})
         return None if row is None else _claim_from_row(row[:10], row[10])
 
     def _holder_of(self, target: Unit | Span) -> str | None:
+        now = self._now_param()
+        params: dict[str, Any]
         if isinstance(target, Unit):
-            row = self._call(
-                self._sql.holder_of_unit, (target.resource, target.slot, self._now_param())
-            )
+            params = {"r": target.resource, "sl": target.slot, "now": now}
+            row = self._call(self._sql.holder_of_unit, params)
         else:
-            row = self._call(
-                self._sql.holder_of_span,
-                (
-                    target.resource,
-                    target.kind,
-                    _bound(target.start),
-                    _bound(target.end),
-                    self._now_param(),
-                ),
-            )
+            params = {
+                "r": target.resource,
+                "kind": target.kind,
+                "lo": _bound(target.start),
+                "hi": _bound(target.end),
+                "now": now,
+            }
+            row = self._call(self._sql.holder_of_span, params)
         return None if row is None else str(row[0])
 
     def _claims_of(self, holder: str) -> list[Claim]:
-        rows = self._call(self._sql.claims_of, (self._now_param(), holder), fetch="all")
+        params = {"h": holder, "now": self._now_param()}
+        rows = self._call(self._sql.claims_of, params, fetch="all")
         return [_claim_from_row(row[:10], row[10]) for row in rows]
 
     # --- housekeeping ---------------------------------------------------------------------------
@@ -638,9 +738,12 @@ class PostgresStore(Store):
         expired = purged_claims = purged_requests = 0
         while True:
             # Batches in short transactions, so a big sweep never holds many locks.
-            e, c, r = self._call(
-                self._sql.sweep, (self._now_param(), self.request_retention, _SWEEP_BATCH)
-            )
+            params = {
+                "now": self._now_param(),
+                "retention": self.request_retention,
+                "batch": _SWEEP_BATCH,
+            }
+            e, c, r = self._call(self._sql.sweep, params)
             expired, purged_claims, purged_requests = (
                 expired + e,
                 purged_claims + c,
@@ -673,7 +776,7 @@ class PostgresStore(Store):
         return ClaimReader(self._log)
 
     def _log(self) -> list[Claim]:
-        rows = self._call(self._sql.log, (), fetch="all")
+        rows = self._call(self._sql.log, {}, fetch="all")
         return [_claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]
 
     def _close(self) -> None:
@@ -720,9 +823,10 @@ class _WalPosition:
             self._drop()
 
 
-def _bad_input(exc: Exception, params: Sequence[Any]) -> InvalidInput:
+def _bad_input(exc: Exception, params: Sequence[Any] | Mapping[str, Any]) -> InvalidInput:
     """InvalidInput for what PostgreSQL cannot store, naming the offending string if it can."""
-    strings = [v for p in params for v in (p if isinstance(p, list) else [p]) if type(v) is str]
+    values = list(params.values()) if isinstance(params, Mapping) else params
+    strings = [v for p in values for v in (p if isinstance(p, list) else [p]) if type(v) is str]
     value = next((v for v in strings if "\x00" in v or _SURROGATE.search(v)), None)
     return InvalidInput(f"PostgreSQL cannot store this input: {exc}", field="input", value=value)
 

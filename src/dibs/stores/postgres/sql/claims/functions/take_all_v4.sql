@@ -1,10 +1,11 @@
--- take_all: acquire every target of one claim in the given (sorted) order.
+-- take_all_v4: acquire every target of one group or span claim in the given
+-- (sorted) order: its units as 'member' rows (take_unit_v4), then its spans.
 -- Returns the indexes of taken targets, the live claims that blocked them and
--- the dead holds taken over. After the first loss it only looks, so a loser
--- learns every taken target; the caller rolls the attempt back.
+-- the dead group claims taken over. After the first loss it only looks, so a
+-- loser learns every taken target; the caller rolls the attempt back.
 --
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
-CREATE OR REPLACE FUNCTION {s}.take_all(
+CREATE OR REPLACE FUNCTION {s}.take_all_v4(
     p_id bigint, p_expires timestamptz, p_now timestamptz,
     p_ures text[], p_uslot text[],
     p_sres text[], p_skind text[], p_slo numeric[], p_shi numeric[],
@@ -14,35 +15,22 @@ DECLARE
     v_nu integer := coalesce(array_length(p_ures, 1), 0);
     v_ns integer := coalesce(array_length(p_sres, 1), 0);
     v_lost integer := 0;  -- position (units, then spans; from 1) of the first loss
-    v_other bigint;
-    v_exp timestamptz;
+    v_got record;
     v_rng numrange;
     v_ids bigint[];
     v_more integer[];
 BEGIN
     taken := '{}'; blockers := '{}'; dead := '{}';
     FOR i IN 1 .. v_nu LOOP
-        LOOP
-            -- Linearization point for a free unit: the insert against the primary key.
-            INSERT INTO {s}.units (resource, slot, claim_id, expires_at)
-            VALUES (p_ures[i], p_uslot[i], p_id, p_expires)
-            ON CONFLICT DO NOTHING;
-            EXIT WHEN FOUND;
-            SELECT u.claim_id, u.expires_at INTO v_other, v_exp FROM {s}.units u
-             WHERE u.resource = p_ures[i] AND u.slot = p_uslot[i] FOR UPDATE;
-            CONTINUE WHEN NOT FOUND;  -- released since the insert: insert again
-            IF v_exp IS NOT NULL AND v_exp <= p_now THEN
-                -- Lazy takeover: a conditional write on the dead hold observed
-                -- (and row-locked) above; a confirm racing it waits on that lock.
-                UPDATE {s}.units u SET claim_id = p_id, expires_at = p_expires
-                 WHERE u.resource = p_ures[i] AND u.slot = p_uslot[i] AND u.claim_id = v_other;
-                dead := dead || v_other;
-            ELSE
-                taken := taken || (i - 1); blockers := blockers || v_other; v_lost := i;
-            END IF;
+        SELECT * INTO v_got FROM {s}.take_unit_v4(
+            ROW(p_ures[i], p_uslot[i], p_id, NULL, 'member', 0, p_expires, false, NULL, NULL,
+                NULL, p_now, p_now)::{s}.units_v4, p_now, NULL, NULL);
+        IF v_got.outcome = 'taken' THEN
+            taken := taken || (i - 1); blockers := blockers || v_got.other; v_lost := i;
             EXIT;
-        END LOOP;
-        EXIT WHEN v_lost > 0;
+        ELSIF v_got.other IS NOT NULL THEN
+            dead := dead || v_got.other;
+        END IF;
     END LOOP;
     IF v_lost = 0 THEN
         FOR j IN 1 .. v_ns LOOP
@@ -51,10 +39,10 @@ BEGIN
                 -- Take over the dead spans in the way: overlapping ones, and any
                 -- of the other kind (they would trip spans_one_kind; a live one
                 -- would have blocked this claim). Rows locked in span order, the
-                -- order transition() locks them in.
+                -- order transition_v4() locks them in.
                 WITH gone AS (
-                    DELETE FROM {s}.spans s WHERE s.ctid = ANY(ARRAY(
-                        SELECT x.ctid FROM {s}.spans x
+                    DELETE FROM {s}.spans_v4 s WHERE s.ctid = ANY(ARRAY(
+                        SELECT x.ctid FROM {s}.spans_v4 x
                          WHERE x.resource = p_sres[j]
                            AND (x.span && v_rng OR x.kind <> p_skind[j])
                            AND x.expires_at <= p_now
@@ -65,12 +53,12 @@ BEGIN
                 dead := dead || v_ids;
                 -- Linearization point for a span: the insert against both exclusion
                 -- constraints (it waits for any uncommitted overlapping insert).
-                INSERT INTO {s}.spans (resource, kind, span, claim_id, expires_at)
+                INSERT INTO {s}.spans_v4 (resource, kind, span, claim_id, expires_at)
                 VALUES (p_sres[j], p_skind[j], v_rng, p_id, p_expires)
                 ON CONFLICT DO NOTHING;
                 EXIT WHEN FOUND;
-                PERFORM {s}.check_span_kind(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
-                SELECT array_agg(s.claim_id) INTO v_ids FROM {s}.spans s
+                PERFORM {s}.check_span_kind_v4(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
+                SELECT array_agg(s.claim_id) INTO v_ids FROM {s}.spans_v4 s
                  WHERE s.resource = p_sres[j] AND s.kind = p_skind[j] AND s.span && v_rng
                    AND (s.expires_at IS NULL OR s.expires_at > p_now);
                 IF v_ids IS NOT NULL THEN
@@ -85,32 +73,44 @@ BEGIN
     END IF;
     IF v_lost > 0 THEN
         -- A loser only looks at the rest, so that it learns every taken target;
-        -- the caller rolls the attempt back.
+        -- the caller rolls the attempt back. The first loss was seen by a plain
+        -- read (no row lock), so it is looked at again with the rest, in one
+        -- statement: the taken set is that of one instant. If its blocker is
+        -- gone by then and nothing else is taken, taken is {-1}: try again.
         FOR j IN greatest(v_lost - v_nu, 0) + 1 .. v_ns LOOP
-            PERFORM {s}.check_span_kind(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
+            PERFORM {s}.check_span_kind_v4(p_sres[j], p_skind[j], p_now, v_nu + j - 1);
         END LOOP;
         SELECT coalesce(array_agg(DISTINCT x.idx), '{}'), coalesce(array_agg(x.claim_id), '{}')
           INTO v_more, v_ids
           FROM (
-            SELECT t.k::integer - 1 AS idx, u.claim_id
+            SELECT t.k::integer - 1 AS idx, u.id AS claim_id
               FROM unnest(p_ures, p_uslot) WITH ORDINALITY AS t(res, slot, k)
-              JOIN {s}.units u ON u.resource = t.res AND u.slot = t.slot
-             WHERE t.k > v_lost AND (u.expires_at IS NULL OR u.expires_at > p_now)
+              JOIN {s}.units_v4 u ON u.resource = t.res AND u.slot = t.slot
+             WHERE t.k >= v_lost AND u.state IN ('held', 'confirmed', 'member')
+               AND (u.expires_at IS NULL OR u.expires_at > p_now)
             UNION ALL
             SELECT v_nu + t.k::integer - 1, s.claim_id
               FROM unnest(p_sres, p_skind, p_slo, p_shi) WITH ORDINALITY AS t(res, kind, lo, hi, k)
-              JOIN {s}.spans s ON s.resource = t.res AND s.kind = t.kind
+              JOIN {s}.spans_v4 s ON s.resource = t.res AND s.kind = t.kind
                               AND s.span && numrange(t.lo, t.hi, '[)')
-             WHERE v_nu + t.k > v_lost AND (s.expires_at IS NULL OR s.expires_at > p_now)
+             WHERE v_nu + t.k >= v_lost AND (s.expires_at IS NULL OR s.expires_at > p_now)
           ) x;
-        taken := taken || v_more;
-        blockers := blockers || v_ids;
+        taken := CASE WHEN cardinality(v_more) > 0 THEN v_more ELSE ARRAY[-1] END;
+        blockers := v_ids;
     ELSIF cardinality(dead) > 0 THEN
-        -- Claim rows last, in id order (the module's lock order). A dead hold
-        -- is taken over whether or not a sweep marked it expired already.
-        PERFORM 1 FROM {s}.claims c WHERE c.id = ANY(dead) ORDER BY c.id FOR UPDATE;
-        UPDATE {s}.claims c SET state = 'expired', taken_over = true, updated_at = p_now
-         WHERE c.id = ANY(dead) AND c.state IN ('held', 'expired') AND NOT c.taken_over;
+        PERFORM {s}.take_over_v4(dead, p_now);
     END IF;
+END
+$$;
+
+-- take_over_v4: mark dead group claims taken over. Claim rows last, in id
+-- order (the module's lock order); whether or not a sweep marked them
+-- expired already.
+CREATE OR REPLACE FUNCTION {s}.take_over_v4(p_dead bigint[], p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {s}.claims_v4 c WHERE c.id = ANY(p_dead) ORDER BY c.id FOR UPDATE;
+    UPDATE {s}.claims_v4 c SET state = 'expired', taken_over = true, updated_at = p_now
+     WHERE c.id = ANY(p_dead) AND c.state IN ('held', 'expired') AND NOT c.taken_over;
 END
 $$;
