@@ -73,17 +73,23 @@ def test_a_lost_hold_is_debug_and_names_no_holder(
 def test_a_takeover_is_debug_and_names_no_holder(
     store: dibs.Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The common case: a single-unit hold abandoned and claimed again, with and
+    # without a request ID. (A group member taken over through PostgreSQL's claim
+    # function is not logged there.)
     held = store.claim(Unit("seat-1"), holder="alice-secret-name", ttl=5).claim
-    group = store.claim([Unit("seat-2"), Unit("seat-3")], holder="alice-secret-name", ttl=5).claim
-    assert held is not None and group is not None
+    other = store.claim(Unit("seat-2"), holder="alice-secret-name", ttl=5).claim
+    released = store.claim(Unit("seat-3"), holder="alice-secret-name", ttl=5).claim
+    assert held is not None and other is not None and released is not None
+    store.release(released.id, holder="alice-secret-name", fence=released.fence)
     clock.advance(10)
     with caplog.at_level(logging.DEBUG, logger="dibs"):
-        assert store.claim(Unit("seat-1"), holder="bob", ttl=5)  # a single-unit dead hold
-        assert store.claim(Unit("seat-3"), holder="bob", ttl=5)  # part of a dead group
+        assert store.claim(Unit("seat-1"), holder="bob", ttl=5)
+        assert store.claim(Unit("seat-2"), holder="bob", ttl=5, request_id="r-1")
+        assert store.claim(Unit("seat-3"), holder="bob", ttl=5)  # released: no takeover
     lines = _ours(caplog)
     assert [line.levelno for line in lines] == [logging.DEBUG, logging.DEBUG]
     assert held.id in lines[0].getMessage() and "taken over" in lines[0].getMessage()
-    assert group.id in lines[1].getMessage()
+    assert other.id in lines[1].getMessage()
     assert not any("alice" in line.getMessage() for line in lines)
 
 

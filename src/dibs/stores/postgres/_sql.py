@@ -195,7 +195,10 @@ class Statements:
             "fingerprint, created_at, updated_at) SELECT '', up.orid, up.oid, 'request', 0, "
             "up.orid, up.ofp, up.ocreated, up.ocreated FROM up "
             "WHERE up.ofp IS NOT NULL AND up.ostate <> 'free' ON CONFLICT DO NOTHING) "
-            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, NULL::text, "
+            # A new claim's fingerprint column carries the ID of the dead hold
+            # it took over (None after a release), for the store's DEBUG log.
+            "SELECT 'new', id, state, fence, expires_at, created_at, NULL::text, "
+            "CASE WHEN up.ostate IN ('held', 'expired') THEN up.oid::text END, "
             "NULL::boolean, NULL::timestamptz, NULL::timestamptz FROM up"
         )
         # Confirm, extend and release of a single-unit claim: one UPDATE of its

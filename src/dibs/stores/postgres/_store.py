@@ -591,6 +591,8 @@ class PostgresStore(Store):
         new = kind == "new"
         if not new and (who != holder or fp_seen != fp):
             return None  # a reuse with other input: the function raises RequestConflict
+        if new and fp_seen is not None:  # claim_reuse: the dead hold it took over
+            self._log_takeover(fp_seen)
         created_at = created.astimezone(UTC)
         claim = make_claim(
             str(id_),
