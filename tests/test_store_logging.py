@@ -93,6 +93,25 @@ def test_a_takeover_is_debug_and_names_no_holder(
     assert not any("alice" in line.getMessage() for line in lines)
 
 
+def test_a_takeover_rolled_back_with_a_losing_claim_is_not_logged(
+    store: dibs.Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A group claim meets a dead hold on one unit and a live claim on the other:
+    # it loses, and its takeover of the dead hold is rolled back with it, so
+    # nothing may say the hold was taken over. (SQLite logged it from inside the
+    # transaction, before it knew the claim would lose.)
+    dead = store.claim(Unit("seat-1"), holder="alice", ttl=5).claim
+    assert dead is not None
+    clock.advance(10)
+    assert store.claim(Unit("seat-2"), holder="carol")
+    with caplog.at_level(logging.DEBUG, logger="dibs"):
+        lost = store.claim([Unit("seat-1"), Unit("seat-2")], holder="bob", ttl=5)
+    assert not lost and lost.taken == (Unit("seat-2"),)
+    assert not any("taken over" in line.getMessage() for line in _ours(caplog))
+    after = store.get(dead.id)
+    assert after is not None and not after.taken_over
+
+
 def test_each_retry_is_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
     tries = []
 

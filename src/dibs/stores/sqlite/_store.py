@@ -248,22 +248,29 @@ class SQLiteStore(Store):
         fp = fingerprint(holder, targets, ttl) if request_id is not None else None
         single = targets[0] if len(targets) == 1 and type(targets[0]) is Unit else None
 
+        # The dead holds this claim took over, logged once its transaction committed:
+        # a work may run again (busy, or a batch that a driver error voided), and a
+        # group claim that loses rolls its takeovers back with the rest.
+        took: list[str] = []
+
         def work(conn: sqlite3.Connection) -> ClaimResult:
+            took.clear()
             now = micros(self._now())
             if request_id is not None:
                 prior = self._prior_request(conn, request_id, fp, now)
                 if prior is not None:
                     return prior
             if single is not None:
-                result = self._claim_unit(conn, single, holder, request_id, fp, ttl, now)
+                result = self._claim_unit(conn, single, holder, request_id, fp, ttl, now, took)
                 # A new single-unit grant keeps its request in its unit row.
                 recorded = result.granted and not result.replayed
             else:
                 conn.execute("SAVEPOINT dibs_claim")
                 try:
-                    result = self._claim_rows(conn, targets, holder, request_id, ttl, now)
+                    result = self._claim_rows(conn, targets, holder, request_id, ttl, now, took)
                 except _Lost as lost:
                     conn.execute("ROLLBACK TO dibs_claim")
+                    took.clear()
                     result = lost.result
                 conn.execute("RELEASE dibs_claim")
                 recorded = False
@@ -281,7 +288,10 @@ class SQLiteStore(Store):
                 )
             return result
 
-        return self._write(work)
+        answer = self._write(work)
+        for claim_id in took:
+            self._log_takeover(claim_id)
+        return answer
 
     def _prior_request(
         self, conn: sqlite3.Connection, request_id: str, fp: str | None, now: int
@@ -314,6 +324,7 @@ class SQLiteStore(Store):
         fp: str | None,
         ttl: float | None,
         now: int,
+        took: list[str],
     ) -> ClaimResult:
         """One unit: its row is the arbiter and the claim, one insert or one conditional update."""
         if ttl is None:
@@ -325,7 +336,7 @@ class SQLiteStore(Store):
         row = conn.execute(INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
         if row is None:
             old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
-            blocker = self._vacate(conn, unit, old, now)
+            blocker = self._vacate(conn, unit, old, now, took)
             if blocker is not None:
                 other, other_holder, other_targets = blocker
                 # Natural key: the holder re-claiming exactly what it holds.
@@ -345,7 +356,7 @@ class SQLiteStore(Store):
         return make_result(True, claim, (), False)
 
     def _vacate(
-        self, conn: sqlite3.Connection, unit: Unit, row: tuple[Any, ...], now: int
+        self, conn: sqlite3.Connection, unit: Unit, row: tuple[Any, ...], now: int, took: list[str]
     ) -> tuple[int, str, str] | None:
         """Free ``unit``'s row for a new claim, or return its live claim (fence, holder, targets).
 
@@ -361,14 +372,14 @@ class SQLiteStore(Store):
             ).fetchone()
             if claim[2] == "confirmed" or (claim[2] == "held" and claim[3] > now):
                 return fence, claim[0], claim[1]
-            self._take_over(conn, fence, now)
+            self._take_over(conn, fence, now, took)
             return None
         targets = targets_to_text((unit,))
         if state == "confirmed" or (state == "held" and expires_at > now):
             return fence, holder, targets
         taken_over = state != "released"  # a dead hold, swept or not, now taken over
         if taken_over:
-            self._log_takeover(str(fence))
+            took.append(str(fence))
         conn.execute(
             "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, taken_over, "
             "request_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -393,6 +404,7 @@ class SQLiteStore(Store):
         request_id: str | None,
         ttl: float | None,
         now: int,
+        took: list[str],
     ) -> ClaimResult:
         """A group or span claim: a claim row, and unit or span rows pointing at it."""
         text = targets_to_text(targets)
@@ -415,7 +427,7 @@ class SQLiteStore(Store):
                 if inserted:
                     continue
                 old = conn.execute(SELECT_UNIT, (target.resource, target.slot)).fetchone()
-                blocker = self._vacate(conn, target, old, now)
+                blocker = self._vacate(conn, target, old, now, took)
                 if blocker is not None:
                     taken.append(target)
                     blockers[blocker[0]] = blocker[1:]
@@ -427,7 +439,7 @@ class SQLiteStore(Store):
                     (fence, target.resource, target.slot, old[0]),
                 )
             else:
-                self._claim_span(conn, target, fence, now, taken, blockers)
+                self._claim_span(conn, target, fence, now, taken, blockers, took)
         if taken:
             if len(blockers) == 1:
                 ((other, (other_holder, other_targets)),) = blockers.items()
@@ -453,6 +465,7 @@ class SQLiteStore(Store):
         now: int,
         taken: list[Target],
         blockers: dict[int, tuple[str, str]],
+        took: list[str],
     ) -> None:
         lo, hi = span_bound_to_number(span.start), span_bound_to_number(span.end)
         # Inside the write transaction no other writer can insert between this
@@ -469,7 +482,7 @@ class SQLiteStore(Store):
                 # A dead span of the other kind would have blocked this one had
                 # it been live: taken over like an overlap (the reason rule).
                 conn.execute("DELETE FROM dibs_spans_v2 WHERE rowid = ?", (rowid,))
-                self._take_over(conn, other, now)
+                self._take_over(conn, other, now, took)
             elif kind != span.kind:
                 raise span_kind_mismatch(span, kind)
             else:
@@ -483,7 +496,7 @@ class SQLiteStore(Store):
                 (span.resource, lo, hi, span.kind, fence),
             )
 
-    def _take_over(self, conn: sqlite3.Connection, fence: int, now: int) -> None:
+    def _take_over(self, conn: sqlite3.Connection, fence: int, now: int, took: list[str]) -> None:
         # Only ever called on a claim row found not live, so 'held' here is a
         # dead hold; 'expired' is one the sweep marked first (the reason rule).
         taken = conn.execute(
@@ -492,7 +505,7 @@ class SQLiteStore(Store):
             (now, fence),
         ).rowcount
         if taken:
-            self._log_takeover(str(fence))
+            took.append(str(fence))
 
     # --- transitions on one claim ---------------------------------------------------------------
 
