@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -272,3 +273,65 @@ def test_group_commit_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(dibs.InvalidInput) as raised:
         SQLiteStore(tmp_path / "o.db", group_commit="yes")  # type: ignore[arg-type]
     assert raised.value.field == "group_commit"
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt arriving in the thread that leads a batch."""
+
+
+def test_an_interrupt_in_the_leading_thread_is_its_own_and_others_may_retry(
+    tmp_path: Path,
+) -> None:
+    # The others in the batch get StoreUnavailable (retryable, outcome to learn by
+    # replay), never the leader's KeyboardInterrupt raised in their own threads; and
+    # the batch was rolled back as a whole.
+    store = SQLiteStore(tmp_path / "i.db", group_commit=True)
+    group = store._group
+    assert group is not None
+    go, started = threading.Event(), threading.Event()
+    errors: dict[str, BaseException] = {}
+
+    def blocked(conn: Any) -> None:  # holds the lead while the others queue
+        started.set()
+        go.wait()
+
+    def interrupted(conn: Any) -> None:
+        conn.execute("INSERT INTO dibs_meta (key, value) VALUES ('planted', 'x')")
+        raise _Interrupt
+
+    def writes(conn: Any) -> None:
+        conn.execute("INSERT INTO dibs_meta (key, value) VALUES ('other', 'x')")
+
+    def call(name: str, work: Callable[[Any], None]) -> None:
+        try:
+            group.run(work)
+        except BaseException as exc:
+            errors[name] = exc
+
+    def queued(n: int) -> None:
+        while True:
+            with group._lock:
+                if len(group._queue) >= n:
+                    return
+            threading.Event().wait(0.001)
+
+    first = threading.Thread(target=call, args=("first", blocked))
+    first.start()
+    started.wait()  # the first leads a batch of its own; the queue is empty
+    leader = threading.Thread(target=call, args=("leader", interrupted))
+    leader.start()
+    queued(1)
+    other = threading.Thread(target=call, args=("other", writes))
+    other.start()
+    queued(2)
+    go.set()
+    for thread in (first, leader, other):
+        thread.join()
+    assert "first" not in errors
+    assert isinstance(errors["leader"], _Interrupt)
+    assert isinstance(errors["other"], dibs.StoreUnavailable)
+    rows = sqlite3.connect(tmp_path / "i.db").execute("SELECT key FROM dibs_meta")
+    keys = {row[0] for row in rows}
+    assert not keys & {"planted", "other"}
+    store.claim(Unit("seat", "after"), holder="h")  # the group still leads and commits
+    store.close()

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from dibs.exceptions import StoreUnavailable
 from dibs.stores.sqlite._conn import SQLitePool, _busy
 
 __all__ = ["MAX_BATCH", "GroupCommit"]
@@ -101,9 +102,17 @@ class GroupCommit:
         try:
             self._run(batch)
         except BaseException as exc:  # KeyboardInterrupt and the like: nobody may hang
+            # The interrupt is the leading thread's own, not the others': to them the
+            # batch was cut short (rolled back, or committed just before), which is
+            # StoreUnavailable: retry with the same request ID to learn the outcome.
             for pending in batch:
                 if not pending.finished:
-                    pending.finish(error=exc)
+                    error = StoreUnavailable(
+                        f"SQLite store {self._pool.path!r}: the thread leading this write's "
+                        f"shared transaction was interrupted ({type(exc).__name__})"
+                    )
+                    error.__cause__ = exc
+                    pending.finish(error=error)
             raise
         finally:
             with self._lock:
