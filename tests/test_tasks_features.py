@@ -286,6 +286,32 @@ def test_a_foreign_connection_is_invalid_input(
         assert raised.value.field == "connection"
 
 
+def test_an_unusable_connection_is_invalid_input_not_unavailable(
+    make_store: StoreMaker, processors: Callable[..., TaskProcessor]
+) -> None:
+    """A closed connection, one to another database or an aborted transaction is the caller's
+    mistake: InvalidInput naming the connection, never a retryable StoreUnavailable."""
+    if make_store.kind == "memory":
+        return  # takes no connection at all (the test above)
+    client = processors(take_jobs=False)
+    register(client, [])
+    closed = _caller_connection(make_store)
+    closed.close()
+    unusable = [closed]
+    if make_store.kind == "sqlite":
+        unusable.append(sqlite3.connect(make_store.tmp_path / "another.db"))
+    else:
+        aborted = _caller_connection(make_store)
+        with pytest.raises(psycopg.Error):
+            aborted.execute("SELECT * FROM no_such_table_here")
+        unusable.append(aborted)
+    for conn in unusable:
+        with pytest.raises(InvalidInput) as raised:
+            client.enqueue("echo", 1, connection=conn)
+        assert raised.value.field == "connection"
+        conn.close()
+
+
 # --- lock keys ---------------------------------------------------------------------------------
 
 
