@@ -166,7 +166,8 @@ def test_higher_priority_runs_first(processors: Callable[..., TaskProcessor]) ->
 @pytest.mark.parametrize(
     ("option", "value"),
     [("priority", 2**31), ("priority", 1.5), ("priority", True), ("queue", ""),
-     ("queue", 7), ("lock_key", ""), ("retention", -1), ("retention", float("nan"))],
+     ("queue", 7), ("lock_key", ""), ("retention", -1), ("retention", float("nan")),
+     ("retention", 10**400), ("retention", float("inf"))],
 )  # fmt: skip
 def test_bad_options_are_invalid_input(
     processors: Callable[..., TaskProcessor], option: str, value: object
