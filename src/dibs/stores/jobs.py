@@ -450,6 +450,12 @@ class MemoryJobs:
         with self._lock:
             at = self._now(now)
             busy = {j.lock_key for j in self._rows.values() if j.state == "running"}
+            # A lock key's jobs go oldest first: only its oldest pending one may be taken.
+            oldest: dict[str, tuple[float, str]] = {}
+            for j in self._rows.values():
+                if j.state == "pending" and j.lock_key is not None:
+                    place = (j.run_at or 0.0, j.id)
+                    oldest[j.lock_key] = min(oldest.get(j.lock_key, place), place)
             due = sorted(
                 (
                     j
@@ -466,7 +472,7 @@ class MemoryJobs:
                 if len(taken) >= limit:
                     break
                 if job.lock_key is not None:
-                    if job.lock_key in busy:
+                    if job.lock_key in busy or oldest[job.lock_key] != (job.run_at or 0.0, job.id):
                         continue
                     busy.add(job.lock_key)
                 started = replace(
@@ -614,6 +620,10 @@ class MemoryJobs:
             job = self._rows.get(job_id)
             if job is None or job.state not in ("failed", "cancelled"):
                 return False
+            if job.key is not None and any(
+                j.key == job.key and j.state in LIVE_STATES for j in self._rows.values()
+            ):
+                return False  # another live job holds its key
             self._rows[job_id] = replace(
                 job, state="pending", run_at=self._now(now), attempt=job.attempt + 1,
                 max_attempts=job.max_attempts + job.attempt, failures=0,
