@@ -216,6 +216,10 @@ def test_a_bad_call_in_a_batch_adds_nothing(processors: Callable[..., TaskProces
         client.enqueue_many("echo", [(1,), "not a call"])  # type: ignore[list-item]
     with pytest.raises(InvalidInput):
         client.enqueue_many("echo", [(1,), (2,)], key="k")  # a key names one job
+    for calls in (42, None, "abc", {"a": 1}):  # not a list of calls at all
+        with pytest.raises(InvalidInput) as raised:
+            client.enqueue_many("echo", calls)  # type: ignore[arg-type]
+        assert raised.value.field == "calls"
     assert table.find() == []
 
 

@@ -340,6 +340,10 @@ class TaskProcessor:
         run_at = self._run_at(at, delay)
         if key is not None:
             check_id(key, "key")
+        if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
+            raise InvalidInput(
+                f"calls must be a list of calls, got {calls!r}", field="calls", value=calls
+            )
         payloads = [encode_payload(*_split_call(call)) for call in calls]
         if key is not None and len(payloads) > 1:
             raise InvalidInput(
