@@ -672,3 +672,25 @@ def test_jobs_lists_and_retry_runs_a_failed_job_again(
     for wrong in ({"states": ["lost"]}, {"queues": []}, {"limit": 0}, {"task": ""}):
         with pytest.raises(InvalidInput):
             worker.jobs(**wrong)  # type: ignore[arg-type]
+
+
+def test_a_job_taken_as_shutdown_begins_goes_back_uncounted(
+    store: Store, processors: Callable[..., TaskProcessor]
+) -> None:
+    """A refill that was in flight when shutdown began (its take committed, the processor then
+    refused new work) puts its jobs back, uncounted, instead of leaving them to lapse as lost."""
+    worker = processors()
+    register(worker, [])
+    worker.shutdown(wait=False)  # takes nothing more; its job table stays open
+    client = processors(take_jobs=False)
+    register(client, [])
+    job_id = client.enqueue("echo", 1)
+    runner = worker._durable
+    assert runner is not None
+    # As the group commit's take does when it lands just after shutdown began.
+    taken = runner.jobs.take(None, 1, 30.0, runner.holder)
+    assert [j.id for j in taken] == [job_id]
+    assert runner._start(taken) == 0
+    row = runner.jobs.get(job_id)
+    assert row is not None and (row.state, row.attempt, row.holder) == ("pending", 1, None)
+    assert [a.outcome_kind for a in row.attempts] == ["put_back"]
