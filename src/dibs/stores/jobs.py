@@ -279,10 +279,6 @@ class JobTable(Protocol):
         """Cancel a pending job, or flag a running one; False if it is finished or absent."""
         ...
 
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        """Which of these running jobs have been flagged by :meth:`cancel`."""
-        ...
-
     def retry(self, job_id: str, now: float | None = None) -> bool:
         """Make a ``failed`` or ``cancelled`` job ``pending`` again at ``now``.
 
@@ -604,16 +600,6 @@ class MemoryJobs:
             else:
                 self._rows[job_id] = replace(job, cancel_requested=True)
             return True
-
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        with self._lock:
-            return {
-                i
-                for i in job_ids
-                if (j := self._rows.get(i)) is not None
-                and j.cancel_requested
-                and j.state == "running"
-            }
 
     def retry(self, job_id: str, now: float | None = None) -> bool:
         with self._lock:
