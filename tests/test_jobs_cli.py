@@ -187,4 +187,7 @@ def test_names_the_api_refuses_are_refused_with_the_value(
             main(["jobs", *argv, "--store", url])
         _, err = capsys.readouterr()
         assert exited.value.code == 2 and "bad name" in err and "must" in err, (argv, err)
+    with pytest.raises(SystemExit) as exited:  # a limit no store can hold
+        main(["jobs", "list", "--limit", str(2**70), "--store", url])
+    assert exited.value.code == 2 and str(2**70) in capsys.readouterr().err
     assert not (tmp_path / "any.db").exists()

@@ -672,6 +672,11 @@ def test_jobs_lists_and_retry_runs_a_failed_job_again(
     for wrong in ({"states": ["lost"]}, {"queues": []}, {"limit": 0}, {"task": ""}):
         with pytest.raises(InvalidInput):
             worker.jobs(**wrong)  # type: ignore[arg-type]
+    # A limit no store can hold, and states that are not a list of states.
+    for wrong in ({"limit": 2**70}, {"states": "done"}, {"states": 42}):
+        with pytest.raises(InvalidInput) as raised:
+            worker.jobs(**wrong)  # type: ignore[arg-type]
+        assert raised.value.field in wrong
 
 
 def test_a_job_taken_as_shutdown_begins_goes_back_uncounted(

@@ -20,6 +20,7 @@ from typing import Any
 import dibs
 from dibs._cli_options import add_store_option
 from dibs.exceptions import InvalidInput
+from dibs.limits import NUMBER_MAX
 from dibs.stores import default_url
 from dibs.stores.jobs import FINISHED_STATES, LIVE_STATES, Job, JobTable
 from dibs.tasks._jobs import job_table
@@ -116,8 +117,10 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    if not 0 <= value <= NUMBER_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from 0 to 2**63 - 1, got {text!r}"
+        )
     return value
 
 
