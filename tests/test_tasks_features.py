@@ -124,7 +124,10 @@ def test_dibs_worker_queue_option_selects_the_apps_queues(
     args = _parser().parse_args(["worker", "--app", "x:y", "--queue", "mail", "--queue", "b"])
     assert args.queues == ["mail", "b"]
     monkeypatch.setitem(sys.modules, "dibs_queue_app", SimpleNamespace(app=None))
-    monkeypatch.delenv("DIBS_QUEUES", raising=False)
+    # load_app sets os.environ itself: make monkeypatch record the variable's absence first
+    # (a delenv of an absent variable records nothing), or the value leaks into later tests.
+    monkeypatch.setenv("DIBS_QUEUES", "[]")
+    monkeypatch.delenv("DIBS_QUEUES")
     with pytest.raises(InvalidInput):  # the attribute is no processor, but the env is set first
         load_app("dibs_queue_app:app", None, ["mail", "b"])
     assert json.loads(os.environ["DIBS_QUEUES"]) == ["mail", "b"]
