@@ -702,3 +702,22 @@ def test_a_job_taken_as_shutdown_begins_goes_back_uncounted(
     row = runner.jobs.get(job_id)
     assert row is not None and (row.state, row.attempt, row.holder) == ("pending", 1, None)
     assert [a.outcome_kind for a in row.attempts] == ["put_back"]
+
+
+def test_a_closed_async_lane_refuses_an_attempt_and_stays_idle() -> None:
+    """An attempt handed to a closed lane (a refill racing shutdown) is refused with
+    ProcessorClosed, which the runner answers by putting the job back; before, it was
+    counted as active forever and wait_idle() never returned True."""
+    from dibs.tasks._async import AsyncLane
+    from dibs.tasks._handle import CancelToken, TaskContext
+
+    lane = AsyncLane("test", 2)
+    lane.close()
+
+    async def nothing() -> None:
+        return None
+
+    context = TaskContext(task_id="t", attempt=1, token=CancelToken("t", None))
+    with pytest.raises(ProcessorClosed):
+        lane.start(nothing, [], {}, context, None, lambda outcome: None)
+    assert lane.wait_idle(GUARD) and lane.free == 0
