@@ -173,3 +173,21 @@ def test_an_empty_store_lists_nothing(
     store.close()
     code, out, _ = run(capsys, "jobs", "list", "--store", place.url)
     assert code == 0 and "0 job(s)" in out
+
+
+def test_names_the_api_refuses_are_refused_with_the_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queue, task or job ID that enqueue() would refuse is a usage error (exit 2) naming it,
+    before any store is opened, as the API's InvalidInput is."""
+    url = f"sqlite:///{tmp_path / 'any.db'}"
+    for argv in (["list", "--queue", ""], ["list", "--task", "a\0b"], ["show", ""],
+                 ["retry", "ok", ""], ["cancel", "x" * 5000], ["purge", ""]):  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            main(["jobs", *argv, "--store", url])
+        _, err = capsys.readouterr()
+        assert exited.value.code == 2 and "bad name" in err and "must" in err, (argv, err)
+    with pytest.raises(SystemExit) as exited:  # a limit no store can hold
+        main(["jobs", "list", "--limit", str(2**70), "--store", url])
+    assert exited.value.code == 2 and str(2**70) in capsys.readouterr().err
+    assert not (tmp_path / "any.db").exists()

@@ -124,7 +124,10 @@ def test_dibs_worker_queue_option_selects_the_apps_queues(
     args = _parser().parse_args(["worker", "--app", "x:y", "--queue", "mail", "--queue", "b"])
     assert args.queues == ["mail", "b"]
     monkeypatch.setitem(sys.modules, "dibs_queue_app", SimpleNamespace(app=None))
-    monkeypatch.delenv("DIBS_QUEUES", raising=False)
+    # load_app sets os.environ itself: make monkeypatch record the variable's absence first
+    # (a delenv of an absent variable records nothing), or the value leaks into later tests.
+    monkeypatch.setenv("DIBS_QUEUES", "[]")
+    monkeypatch.delenv("DIBS_QUEUES")
     with pytest.raises(InvalidInput):  # the attribute is no processor, but the env is set first
         load_app("dibs_queue_app:app", None, ["mail", "b"])
     assert json.loads(os.environ["DIBS_QUEUES"]) == ["mail", "b"]
@@ -166,7 +169,8 @@ def test_higher_priority_runs_first(processors: Callable[..., TaskProcessor]) ->
 @pytest.mark.parametrize(
     ("option", "value"),
     [("priority", 2**31), ("priority", 1.5), ("priority", True), ("queue", ""),
-     ("queue", 7), ("lock_key", ""), ("retention", -1), ("retention", float("nan"))],
+     ("queue", 7), ("lock_key", ""), ("retention", -1), ("retention", float("nan")),
+     ("retention", 10**400), ("retention", float("inf"))],
 )  # fmt: skip
 def test_bad_options_are_invalid_input(
     processors: Callable[..., TaskProcessor], option: str, value: object
@@ -215,6 +219,10 @@ def test_a_bad_call_in_a_batch_adds_nothing(processors: Callable[..., TaskProces
         client.enqueue_many("echo", [(1,), "not a call"])  # type: ignore[list-item]
     with pytest.raises(InvalidInput):
         client.enqueue_many("echo", [(1,), (2,)], key="k")  # a key names one job
+    for calls in (42, None, "abc", {"a": 1}):  # not a list of calls at all
+        with pytest.raises(InvalidInput) as raised:
+            client.enqueue_many("echo", calls)  # type: ignore[arg-type]
+        assert raised.value.field == "calls"
     assert table.find() == []
 
 
@@ -284,6 +292,32 @@ def test_a_foreign_connection_is_invalid_input(
         with pytest.raises(InvalidInput) as raised:
             client.enqueue("echo", 1, connection=wrong)
         assert raised.value.field == "connection"
+
+
+def test_an_unusable_connection_is_invalid_input_not_unavailable(
+    make_store: StoreMaker, processors: Callable[..., TaskProcessor]
+) -> None:
+    """A closed connection, one to another database or an aborted transaction is the caller's
+    mistake: InvalidInput naming the connection, never a retryable StoreUnavailable."""
+    if make_store.kind == "memory":
+        return  # takes no connection at all (the test above)
+    client = processors(take_jobs=False)
+    register(client, [])
+    closed = _caller_connection(make_store)
+    closed.close()
+    unusable = [closed]
+    if make_store.kind == "sqlite":
+        unusable.append(sqlite3.connect(make_store.tmp_path / "another.db"))
+    else:
+        aborted = _caller_connection(make_store)
+        with pytest.raises(psycopg.Error):
+            aborted.execute("SELECT * FROM no_such_table_here")
+        unusable.append(aborted)
+    for conn in unusable:
+        with pytest.raises(InvalidInput) as raised:
+            client.enqueue("echo", 1, connection=conn)
+        assert raised.value.field == "connection"
+        conn.close()
 
 
 # --- lock keys ---------------------------------------------------------------------------------
@@ -641,3 +675,49 @@ def test_jobs_lists_and_retry_runs_a_failed_job_again(
     for wrong in ({"states": ["lost"]}, {"queues": []}, {"limit": 0}, {"task": ""}):
         with pytest.raises(InvalidInput):
             worker.jobs(**wrong)  # type: ignore[arg-type]
+    # A limit no store can hold, and states that are not a list of states.
+    for wrong in ({"limit": 2**70}, {"states": "done"}, {"states": 42}):
+        with pytest.raises(InvalidInput) as raised:
+            worker.jobs(**wrong)  # type: ignore[arg-type]
+        assert raised.value.field in wrong
+
+
+def test_a_job_taken_as_shutdown_begins_goes_back_uncounted(
+    store: Store, processors: Callable[..., TaskProcessor]
+) -> None:
+    """A refill that was in flight when shutdown began (its take committed, the processor then
+    refused new work) puts its jobs back, uncounted, instead of leaving them to lapse as lost."""
+    worker = processors()
+    register(worker, [])
+    worker.shutdown(wait=False)  # takes nothing more; its job table stays open
+    client = processors(take_jobs=False)
+    register(client, [])
+    job_id = client.enqueue("echo", 1)
+    runner = worker._durable
+    assert runner is not None
+    # As the group commit's take does when it lands just after shutdown began.
+    taken = runner.jobs.take(None, 1, 30.0, runner.holder)
+    assert [j.id for j in taken] == [job_id]
+    assert runner._start(taken) == 0
+    row = runner.jobs.get(job_id)
+    assert row is not None and (row.state, row.attempt, row.holder) == ("pending", 1, None)
+    assert [a.outcome_kind for a in row.attempts] == ["put_back"]
+
+
+def test_a_closed_async_lane_refuses_an_attempt_and_stays_idle() -> None:
+    """An attempt handed to a closed lane (a refill racing shutdown) is refused with
+    ProcessorClosed, which the runner answers by putting the job back; before, it was
+    counted as active forever and wait_idle() never returned True."""
+    from dibs.tasks._async import AsyncLane
+    from dibs.tasks._handle import CancelToken, TaskContext
+
+    lane = AsyncLane("test", 2)
+    lane.close()
+
+    async def nothing() -> None:
+        return None
+
+    context = TaskContext(task_id="t", attempt=1, token=CancelToken("t", None))
+    with pytest.raises(ProcessorClosed):
+        lane.start(nothing, [], {}, context, None, lambda outcome: None)
+    assert lane.wait_idle(GUARD) and lane.free == 0

@@ -119,8 +119,6 @@ _SQL = {
     "finished_at = CASE WHEN state = 'pending' THEN {now} ELSE finished_at END, "
     "cancel_requested = (state = 'running') "
     f"WHERE id = :id AND {_LIVE}",
-    "cancel_requested": "SELECT id FROM {jobs} WHERE cancel_requested = TRUE "
-    "AND state = 'running' AND {ids}",
     "retry": "UPDATE {jobs} SET state = 'pending', run_at = {now}, attempt = attempt + 1, "
     "max_attempts = max_attempts + attempt, failures = 0, cancel_requested = FALSE, "
     "finished_at = NULL, outcome_kind = NULL, outcome = NULL "
@@ -540,13 +538,6 @@ class SQLJobs(abc.ABC):
         if done:
             self._finished_here()
         return done
-
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        if not job_ids:
-            return set()
-        statement = self._statement("cancel_requested", ids=self._in("id", "ids"))
-        rows = self._rows(statement, {"ids": self._list(job_ids)}, write=False)
-        return {str(row[0]) for row in rows}
 
     def retry(self, job_id: str, now: float | None = None) -> bool:
         done = self._write(self._statement("retry"), {"id": job_id, "now": self._now(now)}) == 1

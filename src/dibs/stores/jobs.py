@@ -279,10 +279,6 @@ class JobTable(Protocol):
         """Cancel a pending job, or flag a running one; False if it is finished or absent."""
         ...
 
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        """Which of these running jobs have been flagged by :meth:`cancel`."""
-        ...
-
     def retry(self, job_id: str, now: float | None = None) -> bool:
         """Make a ``failed`` or ``cancelled`` job ``pending`` again at ``now``.
 
@@ -450,6 +446,12 @@ class MemoryJobs:
         with self._lock:
             at = self._now(now)
             busy = {j.lock_key for j in self._rows.values() if j.state == "running"}
+            # A lock key's jobs go oldest first: only its oldest pending one may be taken.
+            oldest: dict[str, tuple[float, str]] = {}
+            for j in self._rows.values():
+                if j.state == "pending" and j.lock_key is not None:
+                    place = (j.run_at or 0.0, j.id)
+                    oldest[j.lock_key] = min(oldest.get(j.lock_key, place), place)
             due = sorted(
                 (
                     j
@@ -466,7 +468,7 @@ class MemoryJobs:
                 if len(taken) >= limit:
                     break
                 if job.lock_key is not None:
-                    if job.lock_key in busy:
+                    if job.lock_key in busy or oldest[job.lock_key] != (job.run_at or 0.0, job.id):
                         continue
                     busy.add(job.lock_key)
                 started = replace(
@@ -599,21 +601,15 @@ class MemoryJobs:
                 self._rows[job_id] = replace(job, cancel_requested=True)
             return True
 
-    def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        with self._lock:
-            return {
-                i
-                for i in job_ids
-                if (j := self._rows.get(i)) is not None
-                and j.cancel_requested
-                and j.state == "running"
-            }
-
     def retry(self, job_id: str, now: float | None = None) -> bool:
         with self._lock:
             job = self._rows.get(job_id)
             if job is None or job.state not in ("failed", "cancelled"):
                 return False
+            if job.key is not None and any(
+                j.key == job.key and j.state in LIVE_STATES for j in self._rows.values()
+            ):
+                return False  # another live job holds its key
             self._rows[job_id] = replace(
                 job, state="pending", run_at=self._now(now), attempt=job.attempt + 1,
                 max_attempts=job.max_attempts + job.attempt, failures=0,

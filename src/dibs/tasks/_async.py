@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dibs.tasks._errors import CancelReason, TaskCancelled
+from dibs.tasks._errors import CancelReason, ProcessorClosed, TaskCancelled
 from dibs.tasks._handle import CancelToken, TaskContext, job_context
 from dibs.tasks._worker import Outcome, OutcomeKind
 
@@ -60,9 +60,12 @@ class AsyncLane:
     ) -> None:
         """Run ``fn(*args, **kwargs)`` on the loop; then call ``finish(outcome)`` on a finisher.
 
-        ``finish`` is called exactly once, whatever the attempt does.
+        ``finish`` is called exactly once, whatever the attempt does. Raises
+        :class:`ProcessorClosed` once the lane is closed (and calls nothing).
         """
         with self._lock:
+            if self._closed:
+                raise ProcessorClosed("the async lane is closed; it starts no new attempt")
             self._active += 1
             loop = self._ensure_loop()
 

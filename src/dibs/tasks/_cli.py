@@ -20,9 +20,11 @@ from typing import Any
 import dibs
 from dibs._cli_options import add_store_option
 from dibs.exceptions import InvalidInput
+from dibs.limits import NUMBER_MAX
 from dibs.stores import default_url
 from dibs.stores.jobs import FINISHED_STATES, LIVE_STATES, Job, JobTable
 from dibs.tasks._jobs import job_table
+from dibs.tasks._options import check_id
 
 __all__ = ["add_jobs_command"]
 
@@ -45,8 +47,10 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p = commands.add_parser("list", help="list jobs, filtered by state, queue and task")
     _common(p)
     p.add_argument("--state", action="append", choices=STATES, help="only this state (repeat)")
-    p.add_argument("--queue", action="append", metavar="NAME", help="only this queue (repeat)")
-    p.add_argument("--task", metavar="NAME", help="only jobs of this task")
+    p.add_argument(
+        "--queue", action="append", type=_name, metavar="NAME", help="only this queue (repeat)"
+    )
+    p.add_argument("--task", type=_name, metavar="NAME", help="only jobs of this task")
     p.add_argument(
         "--limit", type=_count, default=100, help="at most this many, earliest due first "
         "(default 100; 0: no limit)",
@@ -55,7 +59,7 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
     p = commands.add_parser("show", help="show one job with its attempts")
     _common(p)
-    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("job_id", type=_name, metavar="JOB_ID")
     p.set_defaults(run=_run_show)
 
     p = commands.add_parser(
@@ -64,7 +68,7 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "retries restored. Exits 1 if any job was not failed or cancelled.",
     )  # fmt: skip
     _common(p)
-    p.add_argument("job_ids", metavar="JOB_ID", nargs="+")
+    p.add_argument("job_ids", type=_name, metavar="JOB_ID", nargs="+")
     p.set_defaults(run=_run_retry)
 
     p = commands.add_parser(
@@ -74,7 +78,7 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "any job had already finished or does not exist.",
     )  # fmt: skip
     _common(p)
-    p.add_argument("job_ids", metavar="JOB_ID", nargs="+")
+    p.add_argument("job_ids", type=_name, metavar="JOB_ID", nargs="+")
     p.set_defaults(run=_run_cancel)
 
     p = commands.add_parser(
@@ -85,12 +89,14 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "running jobs are never deleted.",
     )  # fmt: skip
     _common(p)
-    p.add_argument("job_ids", metavar="JOB_ID", nargs="*")
+    p.add_argument("job_ids", type=_name, metavar="JOB_ID", nargs="*")
     p.add_argument("--older-than", type=_seconds, metavar="SECONDS", help="finished longer ago")
     p.add_argument(
         "--state", action="append", choices=FINISHED_STATES, help="only this state (repeat)"
     )
-    p.add_argument("--queue", action="append", metavar="NAME", help="only this queue (repeat)")
+    p.add_argument(
+        "--queue", action="append", type=_name, metavar="NAME", help="only this queue (repeat)"
+    )
     p.set_defaults(run=_run_purge)
 
     jobs.set_defaults(run=lambda args: _usage(jobs))
@@ -111,9 +117,20 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    if not 0 <= value <= NUMBER_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from 0 to 2**63 - 1, got {text!r}"
+        )
     return value
+
+
+def _name(text: str) -> str:
+    """A queue, task or job name as the API takes it (non-empty, at most the store's length)."""
+    try:
+        return check_id(text, "name")
+    except InvalidInput as exc:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise argparse.ArgumentTypeError(f"bad name {shown!r}: {exc.args[0]}") from None
 
 
 def _seconds(text: str) -> float:

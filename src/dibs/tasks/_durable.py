@@ -315,14 +315,32 @@ class DurableRunner:
                 running.token = CancelToken(job.id, task.timeout)
             with self._lock:
                 self._running[job.id, job.fence] = running
-            if task is not None and task.is_async:
-                self._start_async(task, running)
-            else:
-                running.handle = self._submit(
-                    self._run, running, timeout=None if task is None else task.timeout
-                )
+            try:
+                if task is not None and task.is_async:
+                    self._start_async(task, running)
+                else:
+                    running.handle = self._submit(
+                        self._run, running, timeout=None if task is None else task.timeout
+                    )
+            except DibsError:
+                # Shutdown began after the take (a refill in flight): give it back uncounted
+                # rather than leave it to lapse and be counted as a lost attempt.
+                self._give_back(job)
+                continue
             started += 1
         return started
+
+    def _give_back(self, job: Job) -> None:
+        """Forget a taken job that will not run here and put it back, uncounted; never raises."""
+        assert job.fence is not None  # taken rows always have one
+        with self._lock:
+            self._running.pop((job.id, job.fence), None)
+        self.locks.release((job.id, job.fence))
+        try:
+            self.jobs.put_back(job.id, job.fence)
+        except DibsError:
+            # Its lease lapses and reclaim() makes it pending again (counted as lost).
+            log.exception("putting job %s back failed", job.id)
 
     def _lock_key(self, job: Job) -> bool:
         """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted."""
@@ -331,12 +349,7 @@ class DurableRunner:
                 return True
         except DibsError:
             log.exception("claiming the lock key of job %s failed; putting it back", job.id)
-        assert job.fence is not None  # taken rows always have one
-        try:
-            self.jobs.put_back(job.id, job.fence)
-        except DibsError:
-            # Its lease lapses and reclaim() makes it pending again (counted as lost).
-            log.exception("putting job %s back failed", job.id)
+        self._give_back(job)
         return False
 
     # --- running and finishing ------------------------------------------------------------

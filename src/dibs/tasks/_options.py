@@ -21,9 +21,10 @@ def check_fn(fn: object) -> None:
 def check_id(value: object, field: str) -> str:
     """Return ``value`` or raise :class:`~dibs.InvalidInput` unless it is a name in the domain.
 
-    Job IDs, keys and schedule IDs become store names (a job is claimed as
-    ``Unit(job_id, attempt)``), so they obey the same domain: non-empty, at
-    most ``NAME_MAX_BYTES`` in UTF-8, no NUL, no lone surrogates.
+    Job IDs, keys, queues, lock keys and schedule IDs obey the domain of store
+    names (a lock key is claimed as ``Unit("dibs.tasks.lock", lock_key)``), the
+    same on every store: non-empty, at most ``NAME_MAX_BYTES`` in UTF-8, no
+    NUL, no lone surrogates.
     """
     return check_name(value, field)
 

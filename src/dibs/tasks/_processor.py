@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar
 
 from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
-from dibs.limits import NAME_MAX_BYTES
+from dibs.limits import NAME_MAX_BYTES, NUMBER_MAX
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
@@ -340,6 +340,10 @@ class TaskProcessor:
         run_at = self._run_at(at, delay)
         if key is not None:
             check_id(key, "key")
+        if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
+            raise InvalidInput(
+                f"calls must be a list of calls, got {calls!r}", field="calls", value=calls
+            )
         payloads = [encode_payload(*_split_call(call)) for call in calls]
         if key is not None and len(payloads) > 1:
             raise InvalidInput(
@@ -440,6 +444,11 @@ class TaskProcessor:
         bad filter or without a store.
         """
         durable = self._require_store()
+        if isinstance(states, str) or not isinstance(states, Iterable | None):
+            raise InvalidInput(
+                f"states must be a list of job states, got {states!r}", field="states",
+                value=states,
+            )  # fmt: skip
         wanted = None if states is None else list(states)
         for state in wanted or []:
             if state not in (*LIVE_STATES, *FINISHED_STATES):
@@ -448,10 +457,10 @@ class TaskProcessor:
         if task is not None:
             check_id(task, "task")
         if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= NUMBER_MAX
         ):
-            raise InvalidInput(f"limit must be an int >= 1, got {limit!r}", field="limit",
-                               value=limit)  # fmt: skip
+            raise InvalidInput(f"limit must be an int from 1 to 2**63 - 1, got {limit!r}",
+                               field="limit", value=limit)  # fmt: skip
         rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=limit)
         return [to_record(row) for row in rows]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -60,16 +61,15 @@ def check_priority(value: object) -> int:
 
 def check_retention(value: object) -> float:
     """Return ``value`` in seconds or raise :class:`~dibs.InvalidInput` unless finite and >= 0."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    seconds = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        with contextlib.suppress(OverflowError):  # an int too large for a float
+            seconds = float(value)
+    if not 0 <= seconds < math.inf:
         raise InvalidInput(
             f"retention must be seconds >= 0, got {value!r}", field="retention", value=value
         )
-    return float(value)
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

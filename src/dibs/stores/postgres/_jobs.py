@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.errors
 from psycopg import sql
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -117,8 +118,18 @@ class PostgresJobs(SQLJobs):
                 field="connection",
                 value=connection,
             )
+        if connection.closed:
+            raise InvalidInput("connection is closed", field="connection", value=connection)
         try:
             return work(connection)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InFailedSqlTransaction) as exc:
+            # The caller's mistake (another database, or a transaction it must roll back).
+            raise InvalidInput(
+                f"connection must be an open psycopg.Connection to the store's database, "
+                f"in a usable transaction: {exc}",
+                field="connection",
+                value=connection,
+            ) from exc
         except psycopg.Error as exc:
             raise StoreUnavailable(
                 f"PostgreSQL job table, on the caller's connection: {exc}"

@@ -206,5 +206,20 @@ class SQLiteJobs(SQLJobs):
             )
         try:
             return work(connection)
+        except sqlite3.ProgrammingError as exc:  # closed, or used from another thread
+            raise _unusable(connection, exc) from exc
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a connection to some other file
+                raise _unusable(connection, exc) from exc
+            raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
+
+
+def _unusable(connection: sqlite3.Connection, exc: sqlite3.Error) -> InvalidInput:
+    """The caller's mistake, not the store's: trying again cannot help."""
+    return InvalidInput(
+        f"connection must be an open sqlite3.Connection to the store's file: {exc}",
+        field="connection",
+        value=connection,
+    )
