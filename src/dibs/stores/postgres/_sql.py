@@ -170,7 +170,10 @@ class Statements:
             "u.fingerprint, u.created_at, u.updated_at FROM {s}.units_v4 u "
             "WHERE u.resource = %(r)s AND u.slot = %(sl)s AND NOT EXISTS (SELECT 1 FROM seen) "
             "AND (u.state IN ('released', 'free', 'expired') "
-            "OR (u.state = 'held' AND u.expires_at <= NOW))), "
+            "OR (u.state = 'held' AND u.expires_at <= NOW)) FOR UPDATE OF u), "
+            # f reads the clock only once o holds the row lock: a claim that waited
+            # for it (behind a sweep's batch, say) is stamped after the wait, never
+            # before a change it could not see.
             "f AS (SELECT nextval('{s}.claim_ids') AS id, nextval('{s}.fences') AS v, NOW AS n "
             "FROM o), "
             "up AS (UPDATE {s}.units_v4 x SET id = f.id, holder = %(h)s, state = %(st)s, "
