@@ -418,6 +418,18 @@ def test_log_replay_finds_lost_confirmations_and_grants_over_live_claims() -> No
     assert "confirm-after-takeover" in [a.kind for a in taken]
 
 
+def test_log_replay_finds_a_claim_released_by_nobody() -> None:
+    # A blind overwrite that marks a live hold released: no release asked for it.
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5)
+    ops = assemble(h.events).ops
+    assert replay_log(ops, [row("1", "held", 0.5, 100.5, 0.5)]) == []
+    nobody = replay_log(ops, [row("1", "released", 0.5, 100.5, 2)])
+    assert [a.kind for a in nobody] == ["released-by-nobody"]
+    h.op("a", "release", on_claim("a", "1"), 1.5, 2.5, released=True)
+    assert replay_log(assemble(h.events).ops, [row("1", "released", 0.5, 100.5, 2)]) == []
+
+
 def test_history_files_survive_a_torn_last_line(tmp_path: Path) -> None:
     h = Recorder()
     h.grant("a", "0", 0, 1, "1", at=0.5)

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Log anomalies that mean an acknowledged operation was lost or a fence reused.
 DURABILITY = {"lost-grant", "grant-mismatch", "lost-claim", "lost-confirmation", "lost-release"}
-DURABILITY |= {"lost-extend", "fence-reused"}
+DURABILITY |= {"lost-extend", "fence-reused", "released-by-nobody"}
 
 
 def _report(workload: Workload, path: Path, **options: Any) -> Report:

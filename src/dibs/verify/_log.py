@@ -165,22 +165,6 @@ def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
                         later,
                     )
                 )
-            elif (
-                op.fn == "confirm"
-                and row.state == "released"
-                and not any(
-                    o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
-                    for o in later
-                )
-            ):
-                anomalies.append(
-                    LogAnomaly(
-                        "lost-confirmation",
-                        f"confirmed claim {cid} was released by nobody",
-                        [row],
-                        later,
-                    )
-                )
             elif op.fn == "release" and v.get("released") and row.state != "released":
                 anomalies.append(
                     LogAnomaly(
@@ -230,6 +214,21 @@ def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
                     if prev.id != row.id and _overlap(span, target):
                         _compare(prev, row, f"span {target[1]}", anomalies, on_claim)
                 entries.append((target, row))
+        if row.state == "released" and not any(
+            o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
+            for o in on_claim.get(row.id, [])
+        ):
+            # Only a release ends a claim as released; anything else that does
+            # (a blind overwrite, a confirmation lost) took a grant from its holder.
+            anomalies.append(
+                LogAnomaly(
+                    "released-by-nobody",
+                    f"claim {row.id} ({row.holder}) is released, but no release of it "
+                    "was acknowledged or left unknown",
+                    [row],
+                    on_claim.get(row.id, []),
+                )
+            )
         if row.state == "confirmed" and row.taken_over:
             anomalies.append(
                 LogAnomaly(
