@@ -82,6 +82,10 @@ class Store(abc.ABC):
     """True when the store judges time on this machine's clock and the calling process does
     the writes (memory://, sqlite://): a caller killed mid-call leaves nothing running."""
 
+    async_store: ClassVar[str | None] = None
+    """``module:Class`` of this store's native async twin (a :class:`dibs.aio.AsyncStore`
+    with ``from_url``), or None: :func:`dibs.aio.open` then runs this store on threads."""
+
     verify_faults: ClassVar[frozenset[str]] = frozenset()
     """Faults ``dibs verify`` may inject beyond kill, pause and skew: ``integrity`` (check
     the store's file after each kill), ``terminate`` and ``restart`` (server sessions that
@@ -146,17 +150,7 @@ class Store(abc.ABC):
         """
         if self._closed:
             self._check_open()
-        # Fast paths for the common well-formed call; the checkers raise otherwise.
-        normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)
-        if type(holder) is not str or not holder or not is_plain_name(holder):
-            check_holder(holder)
-        if request_id is not None and (
-            type(request_id) is not str or not request_id or not is_plain_name(request_id)
-        ):
-            check_request_id(request_id)
-        if ttl is not None and (type(ttl) is not float or not TTL_MIN <= ttl <= TTL_MAX):
-            ttl = check_ttl(ttl)
-        return self._claim(normalized, holder, request_id, ttl)
+        return self._claim(*claim_args(targets, holder, request_id, ttl))
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim (idempotent on a confirmed one).
@@ -167,7 +161,7 @@ class Store(abc.ABC):
         """
         self._check_open()
         try:
-            return self._confirm(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+            return self._confirm(*transition_args(claim_id, holder, fence))
         except HoldLost as exc:
             self._log_lost("confirm", exc)
             raise
@@ -179,12 +173,8 @@ class Store(abc.ABC):
         like :meth:`confirm`, and :class:`~dibs.InvalidInput` for a bad TTL.
         """
         self._check_open()
-        ttl_seconds = check_ttl(ttl, allow_none=False)
-        assert ttl_seconds is not None
         try:
-            return self._extend(
-                check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
-            )
+            return self._extend(*extend_args(claim_id, holder, fence, ttl))
         except HoldLost as exc:
             self._log_lost("extend", exc)
             raise
@@ -199,7 +189,7 @@ class Store(abc.ABC):
         """
         self._check_open()
         try:
-            return self._release(check_claim_id(claim_id), check_holder(holder), check_fence(fence))
+            return self._release(*transition_args(claim_id, holder, fence))
         except HoldLost as exc:
             self._log_lost("release", exc)
             raise
@@ -216,13 +206,7 @@ class Store(abc.ABC):
         decide a claim with it; claim and read the answer instead.
         """
         self._check_open()
-        if not isinstance(target, Unit | Span):
-            raise InvalidInput(
-                f"holder_of() takes a Unit or a Span, got {target!r}",
-                field="target",
-                value=target,
-            )
-        return self._holder_of(target)
+        return self._holder_of(target_arg(target))
 
     def claims_of(self, holder: str) -> list[Claim]:
         """Return the holder's live claims (held and unexpired, or confirmed); a snapshot."""
@@ -240,15 +224,7 @@ class Store(abc.ABC):
         """
         self._check_open()
         result = self._sweep()
-        if result.expired or result.purged_requests or result.purged_claims:
-            self._logger.info(
-                "sweep: expired %d dead holds, purged %d request records and %d ended claims",
-                result.expired,
-                result.purged_requests,
-                result.purged_claims,
-            )
-        else:
-            self._logger.debug("sweep: nothing to do")
+        log_sweep(self._logger, result)
         return result
 
     def close(self) -> None:
@@ -311,8 +287,7 @@ class Store(abc.ABC):
     # --- for backends ---------------------------------------------------------------------------
 
     def _log_lost(self, operation: str, exc: HoldLost) -> None:
-        # DEBUG: a lost hold is the caller's to handle, and may come once per claim.
-        self._logger.debug("%s of claim %s: hold lost (%s)", operation, exc.claim_id, exc.reason)
+        log_lost(self._logger, operation, exc)
 
     def _log_takeover(self, claim_id: str) -> None:
         # DEBUG: abandoned holds are routine (a customer walks away), so a takeover
@@ -363,6 +338,70 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _close(self) -> None: ...
+
+
+# --- the input checks and log lines both faces share (sync Store, dibs.aio.AsyncStore) ---------
+
+
+def claim_args(
+    targets: object, holder: object, request_id: object, ttl: object
+) -> tuple[tuple[Target, ...], str, str | None, float | None]:
+    """``claim()``'s arguments checked and normalized for a backend's ``_claim``.
+
+    Raises :class:`~dibs.InvalidInput` naming the bad value.
+    """
+    # Fast paths for the common well-formed call; the checkers raise otherwise.
+    normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)  # type: ignore[arg-type]
+    if type(holder) is not str or not holder or not is_plain_name(holder):
+        holder = check_holder(holder)
+    if request_id is not None and (
+        type(request_id) is not str or not request_id or not is_plain_name(request_id)
+    ):
+        request_id = check_request_id(request_id)
+    if ttl is not None and (type(ttl) is not float or not TTL_MIN <= ttl <= TTL_MAX):
+        ttl = check_ttl(ttl)
+    return normalized, holder, request_id, ttl
+
+
+def transition_args(claim_id: object, holder: object, fence: object) -> tuple[str, str, int]:
+    """``confirm()``'s and ``release()``'s arguments, checked."""
+    return check_claim_id(claim_id), check_holder(holder), check_fence(fence)
+
+
+def extend_args(
+    claim_id: object, holder: object, fence: object, ttl: object
+) -> tuple[str, str, int, float]:
+    """``extend()``'s arguments, checked; the TTL may not be None."""
+    ttl_seconds = check_ttl(ttl, allow_none=False)
+    assert ttl_seconds is not None
+    return check_claim_id(claim_id), check_holder(holder), check_fence(fence), ttl_seconds
+
+
+def target_arg(target: object) -> Unit | Span:
+    """``holder_of()``'s argument: a Unit or a Span."""
+    if not isinstance(target, Unit | Span):
+        raise InvalidInput(
+            f"holder_of() takes a Unit or a Span, got {target!r}", field="target", value=target
+        )
+    return target
+
+
+def log_lost(logger: logging.Logger, operation: str, exc: HoldLost) -> None:
+    """DEBUG: a lost hold is the caller's to handle, and may come once per claim."""
+    logger.debug("%s of claim %s: hold lost (%s)", operation, exc.claim_id, exc.reason)
+
+
+def log_sweep(logger: logging.Logger, result: SweepResult) -> None:
+    """INFO for a sweep that did something, DEBUG for one that did not."""
+    if result.expired or result.purged_requests or result.purged_claims:
+        logger.info(
+            "sweep: expired %d dead holds, purged %d request records and %d ended claims",
+            result.expired,
+            result.purged_requests,
+            result.purged_claims,
+        )
+    else:
+        logger.debug("sweep: nothing to do")
 
 
 def _logger_name(cls: type[Store]) -> str:

@@ -1,0 +1,256 @@
+"""The async face of a store: the sync store's contract, as coroutines.
+
+:class:`AsyncStore` checks its input with the very functions the sync
+:class:`~dibs.Store` uses (:mod:`dibs.stores.base`) and then awaits the
+backend's ``_``-coroutines with normalized values, so both faces give the same
+errors for the same bad input and the same results for the same calls.
+
+An async store opens lazily: :func:`dibs.aio.open` returns it at once, without
+I/O, and the first ``await`` (of the store itself, of ``async with``, or of any
+method) opens it on the running loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from collections.abc import Generator, Iterable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    Span,
+    SweepResult,
+    Target,
+    Unit,
+    check_claim_id,
+    check_holder,
+)
+from dibs.exceptions import HoldLost, StoreClosed
+from dibs.stores.base import (
+    claim_args,
+    extend_args,
+    log_lost,
+    log_sweep,
+    target_arg,
+    transition_args,
+)
+
+__all__ = ["AsyncStore"]
+
+
+class AsyncStore(abc.ABC):
+    """A claim store for asyncio code: :class:`~dibs.Store`'s methods, as coroutines.
+
+    ``claim``, ``confirm``, ``extend``, ``release``, ``get``, ``claims_of``,
+    ``holder_of``, ``sweep``, ``now`` and ``close`` take the sync store's
+    arguments and return (or raise) what it does. Use it as ``async with
+    dibs.aio.open(url) as store:``, or ``store = await dibs.aio.open(url)`` and
+    ``await store.close()``.
+
+    One async store belongs to one event loop (its connections do). Cancelling a
+    call is safe: a cancelled ``claim`` either made no claim or made one that a
+    retry with the same request ID learns about, and no connection goes back to
+    its pool mid-transaction.
+
+    A backend implements :meth:`from_url`, :meth:`_open` and the ``_``-coroutines.
+    """
+
+    scheme: ClassVar[str]
+    """The URL scheme this store answers to, for display (logs, metrics)."""
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._opened = False
+        self._opening: asyncio.Lock | None = None
+        self._logger = logging.getLogger("dibs.stores." + type(self).scheme)
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """Make the store for ``url`` without I/O; :meth:`_open` connects it.
+
+        Raises :class:`~dibs.InvalidInput` for a malformed URL or option.
+        """
+
+    # --- opening and closing --------------------------------------------------------------------
+
+    async def open(self) -> Self:
+        """Open the store now (connect, create its schema); calls after the first do nothing.
+
+        Every method opens the store first if needed, so calling this is only a
+        way to meet open errors (:class:`~dibs.StoreMisconfigured`,
+        :class:`~dibs.StoreUnavailable`, :class:`~dibs.SchemaError`) early.
+        """
+        self._check_open()
+        if not self._opened:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if not self._opened:
+                    await self._open()
+                    self._opened = True
+        return self
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self.open().__await__()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`."""
+        if not self._closed:
+            self._closed = True
+            if self._opened:
+                await self._close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        request_id: str | None = None,
+        ttl: float | None = None,
+    ) -> ClaimResult:
+        """Claim every target or none, atomically, and answer who won: :meth:`dibs.Store.claim`."""
+        if self._closed:
+            self._check_open()
+        args = claim_args(targets, holder, request_id, ttl)
+        if not self._opened:
+            await self.open()
+        return await self._claim(*args)
+
+    async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+        """Turn a live hold into a confirmed claim: :meth:`dibs.Store.confirm`."""
+        self._check_open()
+        args = transition_args(claim_id, holder, fence)
+        await self._ready()
+        try:
+            return await self._confirm(*args)
+        except HoldLost as exc:
+            log_lost(self._logger, "confirm", exc)
+            raise
+
+    async def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+        """Push a live hold's expiry to ``ttl`` seconds from now: :meth:`dibs.Store.extend`."""
+        self._check_open()
+        args = extend_args(claim_id, holder, fence, ttl)
+        await self._ready()
+        try:
+            return await self._extend(*args)
+        except HoldLost as exc:
+            log_lost(self._logger, "extend", exc)
+            raise
+
+    async def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+        """Give up a live hold or confirmed claim: :meth:`dibs.Store.release`."""
+        self._check_open()
+        args = transition_args(claim_id, holder, fence)
+        await self._ready()
+        try:
+            return await self._release(*args)
+        except HoldLost as exc:
+            log_lost(self._logger, "release", exc)
+            raise
+
+    async def get(self, claim_id: str) -> Claim | None:
+        """The claim with this ID as stored now, or None: :meth:`dibs.Store.get`."""
+        self._check_open()
+        checked = check_claim_id(claim_id)
+        await self._ready()
+        return await self._get(checked)
+
+    async def holder_of(self, target: Unit | Span) -> str | None:
+        """Who holds this unit or an overlapping span now: :meth:`dibs.Store.holder_of`."""
+        self._check_open()
+        checked = target_arg(target)
+        await self._ready()
+        return await self._holder_of(checked)
+
+    async def claims_of(self, holder: str) -> list[Claim]:
+        """The holder's live claims, a snapshot: :meth:`dibs.Store.claims_of`."""
+        self._check_open()
+        checked = check_holder(holder)
+        await self._ready()
+        return await self._claims_of(checked)
+
+    async def sweep(self) -> SweepResult:
+        """Mark dead holds expired and purge past retention: :meth:`dibs.Store.sweep`."""
+        self._check_open()
+        await self._ready()
+        result = await self._sweep()
+        log_sweep(self._logger, result)
+        return result
+
+    async def now(self) -> datetime:
+        """The store's current time (the clock that judges expiry), as aware UTC."""
+        self._check_open()
+        await self._ready()
+        return datetime.fromtimestamp(await self._now(), UTC)
+
+    # --- for backends ---------------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        if not self._opened:
+            await self.open()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Connect and make the schema ready; raises like :func:`dibs.open`."""
+
+    @abc.abstractmethod
+    async def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult: ...
+
+    @abc.abstractmethod
+    async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim: ...
+
+    @abc.abstractmethod
+    async def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim: ...
+
+    @abc.abstractmethod
+    async def _release(self, claim_id: str, holder: str, fence: int) -> bool: ...
+
+    @abc.abstractmethod
+    async def _get(self, claim_id: str) -> Claim | None: ...
+
+    @abc.abstractmethod
+    async def _holder_of(self, target: Unit | Span) -> str | None: ...
+
+    @abc.abstractmethod
+    async def _claims_of(self, holder: str) -> list[Claim]: ...
+
+    @abc.abstractmethod
+    async def _sweep(self) -> SweepResult: ...
+
+    @abc.abstractmethod
+    async def _now(self) -> float:
+        """Seconds since the epoch on the store's clock."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
