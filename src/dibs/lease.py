@@ -1,0 +1,766 @@
+"""A fenced lease: hold targets for a ``with`` block, renewed in the background.
+
+``store.lease(targets, holder=..., ttl=...)`` claims the targets as a hold of
+``ttl`` seconds, renews it with the fenced :meth:`~dibs.Store.extend` every
+``renew_every`` seconds (``ttl / 3`` by default) while the block runs, and
+releases it, fenced, when the block exits. ``lease.fence`` is the claim's
+fence token: pass it to whatever the block writes to, so that a writer whose
+lease was lost is refused there.
+
+Both faces share one policy, written once here as generators of *steps* (claim,
+extend, release, sleep...) that a thin driver performs: :class:`Lease` with
+blocking calls and a renewal thread, :class:`AsyncLease` with awaits and a
+renewal task. The policy:
+
+* **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
+  with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
+  store answers the first attempt's outcome instead of making a second hold.
+  A grant the lease did not make (the same holder already holds exactly these
+  targets: another lease, or a claim of its own) counts as taken: a lease
+  never adopts a hold it did not claim.
+* **Taken.** With ``wait=0`` (the default) taken targets raise
+  :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
+  holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
+  the store's change feed where it has one) until then; ``wait=None`` waits
+  as long as it takes.
+* **Renewal.** An extend that fails with :class:`~dibs.StoreUnavailable` is
+  retried while the hold can still be alive: until ``ttl`` after the last
+  renewal was sent, less a margin of ``ttl / 10``. Past that, or on
+  :class:`~dibs.HoldLost`, the lease is lost.
+* **Loss.** The async face cancels the block's task and turns that
+  cancellation into :class:`~dibs.HoldLost` when the block exits; an outside
+  cancellation still propagates as :class:`asyncio.CancelledError`. The sync
+  face cannot safely interrupt a thread: ``lease.check()`` raises
+  :class:`~dibs.HoldLost` as soon as the loss is known, and the ``with``
+  statement raises it when the block ends normally. A block that raised keeps
+  its own exception, with a note that the hold was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit
+from dibs.booking import ResourceBusy
+from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput, StoreUnavailable
+from dibs.stores.base import check_seconds, claim_args
+
+if TYPE_CHECKING:
+    from dibs.aio import AsyncStore
+    from dibs.stores.base import Store
+    from dibs.stores.capabilities import ChangeFeed
+
+__all__ = ["LEASE_TTL_MIN", "AsyncLease", "Lease"]
+
+_T = TypeVar("_T")
+
+LEASE_TTL_MIN = 1.0
+"""The shortest TTL a lease takes, in seconds: renewal needs a few round trips per TTL."""
+
+UNAVAILABLE_RETRY = 10.0
+"""Seconds a claim meeting :class:`~dibs.StoreUnavailable` is retried (``wait`` if longer)."""
+
+_RELEASE_TRIES = 3
+_SHOWN_HOLDERS = 16  # ResourceBusy names the holders of at most this many taken targets
+_FIRST_PAUSE = 0.005
+_MAX_PAUSE = 0.25  # between claim attempts: an expiry frees a target without a change to see
+_FEED_POLL = 0.01  # between reads of a change feed while waiting for taken targets
+
+_logger = logging.getLogger("dibs.lease")
+
+
+# --- the terms and the steps, shared by both faces ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    targets: tuple[Target, ...]
+    holder: str
+    ttl: float
+    wait: float | None
+    renew_every: float
+
+    @property
+    def margin(self) -> float:
+        """Seconds before the hold could expire at which an unrenewed lease counts as lost."""
+        return self.ttl / 10
+
+
+def _terms(
+    targets: object, holder: object, ttl: object, wait: object, renew_every: object
+) -> _Terms:
+    """The lease's arguments, checked like ``claim()``'s; raises :class:`~dibs.InvalidInput`."""
+    checked, holder_name, _, seconds = claim_args(targets, holder, None, ttl)
+    if seconds is None:
+        raise InvalidInput("a lease needs a ttl in seconds, got None", field="ttl", value=ttl)
+    if seconds < LEASE_TTL_MIN:
+        raise InvalidInput(
+            f"a lease's ttl must be at least {LEASE_TTL_MIN} seconds to renew safely, got {ttl!r}",
+            field="ttl",
+            value=ttl,
+        )
+    if wait is not None and (
+        isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf")
+    ):
+        raise InvalidInput(
+            f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
+        )
+    every = seconds / 3 if renew_every is None else check_seconds("renew_every", renew_every)
+    if every > seconds / 2:
+        raise InvalidInput(
+            f"renew_every must be at most half the ttl ({seconds / 2:g}s), got {renew_every!r}",
+            field="renew_every",
+            value=renew_every,
+        )
+    return _Terms(checked, holder_name, seconds, None if wait is None else float(wait), every)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimStep:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ExtendStep:
+    claim: Claim
+    deadline: float
+    """``time.monotonic()`` past which an answer comes too late (the async face stops waiting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ReleaseStep:
+    claim: Claim
+
+
+@dataclass(frozen=True, slots=True)
+class _GetStep:
+    claim_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _HoldersStep:
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _SleepStep:
+    seconds: float
+    renewal: bool = False
+    """Whether this is the renewal's pause, which the block's end cuts short."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ChangeStep:
+    """Sleep up to ``seconds``, or less if the store's change feed moves first."""
+
+    seconds: float
+
+
+_Step = _ClaimStep | _ExtendStep | _ReleaseStep | _GetStep | _HoldersStep | _SleepStep | _ChangeStep
+_Policy = Generator[_Step, Any, _T]
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What the claiming policy is doing, for the face that may have to abandon it."""
+
+    unanswered: str | None = None
+    """The request ID of a claim sent whose outcome is not known yet."""
+    sent: float = 0.0
+    """``time.monotonic()`` just before the last claim attempt was sent."""
+
+
+def _jitter(delay: float) -> float:
+    # Full jitter: waiters spread out instead of retrying in lockstep.
+    return random.uniform(0, delay)
+
+
+def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
+    """Claim the targets, waiting for them as ``terms.wait`` says; the claim made."""
+    started = time.monotonic()
+    deadline = None if terms.wait is None else started + terms.wait
+    give_up = None if terms.wait is None else started + max(terms.wait, UNAVAILABLE_RETRY)
+    delay = _FIRST_PAUSE
+    while True:
+        request_id = f"lease-{uuid.uuid4().hex}"
+        result = yield from _claim_once(request_id, attempt, give_up)
+        claim = result.claim
+        if result and claim is not None and claim.request_id == request_id:
+            if claim.state is ClaimState.HELD:
+                return claim
+            taken: tuple[Target, ...] = ()  # our replayed hold died meanwhile: claim again
+        elif result:
+            taken = terms.targets  # held by this holder under a claim the lease did not make
+        else:
+            taken = result.taken
+        now = time.monotonic()
+        if taken and deadline is not None and now >= deadline:
+            holders: dict[Target, str | None] = {}
+            with contextlib.suppress(StoreUnavailable):  # who holds them is for the message only
+                holders = yield _HoldersStep(taken[:_SHOWN_HOLDERS])
+            raise _busy(terms, taken, holders, now - started)
+        pause = _jitter(delay)
+        if deadline is not None:
+            pause = min(pause, max(0.0, deadline - now))
+        yield _ChangeStep(pause)
+        delay = min(delay * 2, _MAX_PAUSE)
+
+
+def _claim_once(request_id: str, attempt: _Attempt, give_up: float | None) -> _Policy[ClaimResult]:
+    """One claim, retried with the same request ID while the store is unavailable."""
+    delay = _FIRST_PAUSE
+    attempt.unanswered = request_id
+    while True:
+        attempt.sent = time.monotonic()
+        try:
+            result: ClaimResult = yield _ClaimStep(request_id)
+        except StoreUnavailable:
+            now = time.monotonic()
+            if give_up is not None and now >= give_up:
+                raise
+            pause = _jitter(delay)
+            if give_up is not None:
+                pause = min(pause, give_up - now)
+            yield _SleepStep(pause)
+            delay = min(delay * 2, 1.0)
+            continue
+        attempt.unanswered = None
+        return result
+
+
+def _busy(
+    terms: _Terms, taken: tuple[Target, ...], holders: dict[Target, str | None], waited: float
+) -> ResourceBusy:
+    named = sorted({h for h in holders.values() if h is not None})
+    by = f" (held by {', '.join(map(repr, named))})" if named else ""
+    return ResourceBusy(
+        f"lease of {_describe(taken)} for {terms.holder!r}: taken{by}, waited {waited:.3g}s",
+        resource=taken[0].resource,
+        waited=waited,
+        targets=terms.targets,
+        taken=taken,
+        holders=holders,
+    )
+
+
+def _describe(targets: tuple[Target, ...]) -> str:
+    shown = ", ".join(map(repr, targets[:3]))
+    return shown + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+
+
+class _Hold:
+    """The live state of one lease's hold, written by its renewal and read by the block."""
+
+    def __init__(self, terms: _Terms, claim: Claim, sent: float) -> None:
+        self.terms = terms
+        self.claim = claim
+        # The store set the expiry at least this late (it answered after we sent).
+        self.alive_until = sent + terms.ttl
+        self.renewals = 0
+        self.error: HoldLost | None = None
+        self._lock = threading.Lock()  # guards error: the renewal and the block both latch it
+
+    def renewed(self, claim: Claim, sent: float) -> None:
+        self.claim = claim
+        self.alive_until = sent + self.terms.ttl
+        self.renewals += 1
+
+    def lose(self, error: HoldLost) -> bool:
+        """Record the loss; True if this is the first news of it."""
+        with self._lock:
+            if self.error is not None:
+                return False
+            self.error = error
+        _logger.warning("lease %s of %r lost: %s", self.claim.id, self.terms.holder, error)
+        return True
+
+    def overdue(self) -> bool:
+        """Whether the hold may have expired unrenewed (the renewal is stuck); latches a loss."""
+        if self.error is None and time.monotonic() >= self.alive_until - self.terms.margin:
+            self.lose(_lost(self.claim.id, "was not renewed in time and may have expired"))
+        return self.error is not None
+
+
+def _lost(claim_id: str, why: str, reason: HoldLostReason = HoldLostReason.EXPIRED) -> HoldLost:
+    return HoldLost(f"lease {claim_id!r} {why}", claim_id=claim_id, reason=reason)
+
+
+def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
+    """Extend the hold every ``renew_every`` seconds until it is lost; the loss."""
+    terms = hold.terms
+    pause = terms.renew_every
+    delay = _FIRST_PAUSE
+    while True:
+        yield _SleepStep(pause, renewal=True)
+        if hold.error is not None:
+            return hold.error  # check() found it overdue
+        sent = time.monotonic()
+        try:
+            claim = yield _ExtendStep(hold.claim, hold.alive_until - terms.margin)
+        except HoldLost as exc:
+            return exc
+        except StoreUnavailable as exc:
+            left = hold.alive_until - terms.margin - time.monotonic()
+            if left <= 0:
+                lost = _lost(hold.claim.id, f"could not be renewed before it could expire: {exc}")
+                lost.__cause__ = exc
+                return lost
+            pause = min(_jitter(delay), left)
+            delay = min(delay * 2, terms.renew_every)
+            continue
+        hold.renewed(claim, sent)
+        pause = terms.renew_every
+        delay = _FIRST_PAUSE
+
+
+def _release_policy(hold: _Hold) -> _Policy[HoldLost | None]:
+    """Release the hold, fenced; the loss it reveals (the hold ended before the block), if any."""
+    claim = hold.claim
+    released = False
+    for tries_left in reversed(range(_RELEASE_TRIES)):
+        try:
+            released = yield _ReleaseStep(claim)
+        except HoldLost as exc:
+            return exc  # a fence that is not ours any more
+        except StoreUnavailable as exc:
+            if not tries_left:
+                _logger.warning(
+                    "lease %s: could not release (%s); it expires by itself", claim.id, exc
+                )
+                return None
+            yield _SleepStep(_jitter(0.05))
+            continue
+        break
+    if released:
+        return None
+    try:
+        ended: Claim | None = yield _GetStep(claim.id)
+    except StoreUnavailable:
+        ended = None
+    if ended is not None and ended.state is ClaimState.RELEASED:
+        return _lost(claim.id, "was released by someone else", HoldLostReason.RELEASED)
+    if ended is not None and ended.taken_over:
+        return _lost(claim.id, "expired and was taken over", HoldLostReason.TAKEN_OVER)
+    return _lost(claim.id, "expired before the block ended")
+
+
+def _unexpected(claim_id: str, exc: BaseException) -> HoldLost:
+    """A renewal that failed for another reason (the store was closed...): the hold will expire."""
+    if not isinstance(exc, DibsError):
+        _logger.error("lease %s: renewal failed", claim_id, exc_info=exc)
+    lost = _lost(claim_id, f"could not be renewed: {exc!r}")
+    lost.__cause__ = exc
+    return lost
+
+
+def _drive(policy: _Policy[_T], perform: Callable[[_Step], Any]) -> _T:
+    """Run a policy with blocking calls: its steps' answers and errors go back into it."""
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = policy.send(answer) if error is None else policy.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                answer, error = perform(step), None
+            except (StoreUnavailable, HoldLost) as exc:  # the errors the policy decides on
+                answer, error = None, exc
+    finally:
+        policy.close()
+
+
+async def _adrive(policy: _Policy[_T], perform: Callable[[_Step], Coroutine[Any, Any, Any]]) -> _T:
+    """:func:`_drive` with awaits."""
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = policy.send(answer) if error is None else policy.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                answer, error = await perform(step), None
+            except (StoreUnavailable, HoldLost) as exc:
+                answer, error = None, exc
+    finally:
+        policy.close()
+
+
+# --- what the block sees -------------------------------------------------------------------------
+
+
+class _LeaseFace:
+    """What both faces show the block: the claim, its fence, and whether it was lost."""
+
+    def __init__(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None,
+        renew_every: float | None,
+    ) -> None:
+        self._terms = _terms(targets, holder, ttl, wait, renew_every)
+        self._hold: _Hold | None = None
+        self._entered = False
+
+    def _enter(self) -> None:
+        if self._entered:
+            raise RuntimeError("a lease is entered once; call store.lease() again for another")
+        self._entered = True
+
+    def _live(self) -> _Hold:
+        if self._hold is None:
+            raise RuntimeError("the lease has no claim yet: use it in a with block")
+        return self._hold
+
+    @property
+    def holder(self) -> str:
+        """The holder the lease claims for."""
+        return self._terms.holder
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        """The targets the lease holds, normalized as the store keeps them."""
+        return self._terms.targets
+
+    @property
+    def ttl(self) -> float:
+        """Seconds each renewal pushes the hold's expiry to, on the store's clock."""
+        return self._terms.ttl
+
+    @property
+    def claim(self) -> Claim:
+        """The hold, as of its latest renewal (``expires_at`` moves; ``id`` and ``fence`` don't)."""
+        return self._live().claim
+
+    @property
+    def fence(self) -> int:
+        """The claim's fence token: pass it to what the block writes, to refuse stale writers."""
+        return self._live().claim.fence
+
+    @property
+    def renewals(self) -> int:
+        """How many renewals have succeeded so far."""
+        return self._live().renewals
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold is known lost, or may have expired because renewal is overdue."""
+        hold = self._hold
+        return hold is not None and hold.overdue()
+
+    @property
+    def error(self) -> HoldLost | None:
+        """The :class:`~dibs.HoldLost` that ended the lease, or None while it holds."""
+        hold = self._hold
+        return None if hold is None or not hold.overdue() else hold.error
+
+    def check(self) -> None:
+        """Raise :class:`~dibs.HoldLost` if the hold is lost, or may have expired unrenewed."""
+        hold = self._live()
+        if hold.overdue():
+            assert hold.error is not None
+            raise hold.error
+
+    def __repr__(self) -> str:
+        hold = self._hold
+        state = (
+            "unclaimed" if hold is None else "lost" if hold.error else f"fence={hold.claim.fence}"
+        )
+        return f"<{type(self).__name__} {_describe(self._terms.targets)} {self.holder!r} {state}>"
+
+
+def _note(exc: BaseException, lost: HoldLost) -> None:
+    if exc is not lost:
+        exc.add_note(f"dibs: and the lease's hold was lost meanwhile: {lost}")
+
+
+class Lease(_LeaseFace):
+    """``with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
+
+    Entering claims the targets (raises :class:`~dibs.ResourceBusy` when they
+    stay taken past ``wait``, :class:`~dibs.StoreUnavailable` when the store
+    stays unreachable); a thread renews the hold while the block runs; exiting
+    stops it and releases the hold. Python cannot safely interrupt the block's
+    thread, so a loss shows through :meth:`check` and :attr:`lost` at once, and
+    the ``with`` statement raises :class:`~dibs.HoldLost` when the block ends.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> None:
+        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        self._store = store
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._feed: ChangeFeed | None = None
+        self._token: object = None
+
+    def __enter__(self) -> Self:
+        self._enter()
+        attempt = _Attempt()
+        try:
+            claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+        finally:
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+        self._renewer = threading.Thread(
+            target=self._renew, args=(hold,), name=f"dibs-lease-{claim.id}", daemon=True
+        )
+        self._renewer.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self._live()
+        self._stop.set()
+        assert self._renewer is not None
+        self._renewer.join()
+        hold.overdue()
+        at_release = _drive(_release_policy(hold), self._perform)
+        lost = hold.error or at_release
+        if lost is None:
+            return
+        hold.lose(lost)
+        if exc is None:
+            raise lost
+        _note(exc, lost)
+
+    def _renew(self, hold: _Hold) -> None:
+        try:
+            lost = _drive(_renewal_policy(hold), self._perform)
+        except _Stopped:
+            return
+        except BaseException as exc:  # any failure ends the renewal: a lost hold
+            lost = _unexpected(hold.claim.id, exc)
+        hold.lose(lost)
+
+    def _perform(self, step: _Step) -> Any:
+        store, terms = self._store, self._terms
+        match step:
+            case _ClaimStep(request_id):
+                if self._feed is not None:
+                    self._token = self._feed.read()
+                return store.claim(
+                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+                )
+            case _ExtendStep(claim):
+                return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
+            case _ReleaseStep(claim):
+                return store.release(claim.id, holder=terms.holder, fence=claim.fence)
+            case _GetStep(claim_id):
+                return store.get(claim_id)
+            case _HoldersStep(targets):
+                return {target: store.holder_of(_one(target)) for target in targets}
+            case _SleepStep(seconds, renewal):
+                if renewal and self._stop.wait(seconds):
+                    raise _Stopped
+                if not renewal:
+                    time.sleep(seconds)
+                return None
+            case _ChangeStep(seconds):
+                self._await_change(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
+
+    def _await_change(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking early when the store's change feed moves."""
+        end = time.monotonic() + seconds
+        if self._feed is None:
+            self._feed = self._store.change_feed()
+            if self._feed is None:
+                time.sleep(seconds)
+                return
+            self._token = self._feed.read()  # the first wait: changes since the claim go unseen
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(_FEED_POLL, left))
+            if self._feed.read() != self._token:
+                return
+
+
+class _Stopped(Exception):
+    """The lease's block ended: its renewal stops (sync face)."""
+
+
+def _one(target: Target) -> Unit | Span:
+    assert isinstance(target, Unit | Span)
+    return target
+
+
+_background: set[asyncio.Task[Any]] = set()
+"""Clean-ups that outlive the task that started them, kept here so they are not collected."""
+
+
+def _keep(task: asyncio.Task[Any]) -> None:
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+class AsyncLease(_LeaseFace):
+    """``async with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
+
+    Entering claims the targets (raises :class:`~dibs.ResourceBusy` when they
+    stay taken past ``wait``); a task renews the hold while the block runs;
+    exiting stops it and releases the hold. When renewal fails, the block's
+    task is cancelled at once and the ``async with`` statement raises
+    :class:`~dibs.HoldLost` in place of that cancellation. A cancellation from
+    outside propagates as :class:`asyncio.CancelledError`, as always.
+    Cancelling the entry itself leaves no hold behind: a claim whose answer
+    was cut off is replayed with its request ID and released in the background.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> None:
+        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        self._store = store
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._cancelled = False  # whether the renewal cancelled the block's task
+        self._exiting = False
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._enter()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("async with store.lease() must run in an asyncio task")
+        attempt = _Attempt()
+        try:
+            claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
+        except asyncio.CancelledError:
+            if attempt.unanswered is not None:
+                _keep(asyncio.ensure_future(self._abandon(attempt.unanswered)))
+            raise
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._renewer = asyncio.create_task(self._renew(hold), name=f"dibs-lease-{claim.id}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self._live()
+        self._exiting = True
+        outside = False
+        if self._cancelled:
+            assert self._task is not None
+            # Take back our cancellation; any count left is someone else's.
+            outside = self._task.uncancel() > self._cancelling
+        finish = asyncio.ensure_future(self._finish(hold))
+        try:
+            at_release = await asyncio.shield(finish)
+        except asyncio.CancelledError:
+            _keep(finish)  # cancelled from outside while releasing: the release goes on
+            raise
+        lost = hold.error or at_release
+        if lost is None:
+            return
+        hold.lose(lost)
+        if exc is None:
+            raise lost
+        if isinstance(exc, asyncio.CancelledError) and self._cancelled and not outside:
+            raise lost  # the cancellation was ours: the block's task hears why
+        _note(exc, lost)
+
+    async def _finish(self, hold: _Hold) -> HoldLost | None:
+        assert self._renewer is not None
+        self._renewer.cancel()
+        await asyncio.wait([self._renewer])
+        hold.overdue()
+        return await _adrive(_release_policy(hold), self._perform)
+
+    async def _renew(self, hold: _Hold) -> None:
+        try:
+            lost = await _adrive(_renewal_policy(hold), self._perform)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # any failure ends the renewal: a lost hold
+            lost = _unexpected(hold.claim.id, exc)
+        hold.lose(lost)
+        if not self._exiting:
+            assert self._task is not None
+            self._cancelled = True
+            self._task.cancel(f"dibs: lease {hold.claim.id!r} lost")
+
+    async def _abandon(self, request_id: str) -> None:
+        """Learn the outcome of a claim whose answer was cut off, and release it if granted."""
+        store, terms = self._store, self._terms
+        try:
+            result = await store.claim(
+                terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+            )
+            claim = result.claim
+            if result and claim is not None and claim.request_id == request_id:
+                await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+        except DibsError as exc:
+            _logger.warning(
+                "lease request %s: cancelled claim left to expire (%s)", request_id, exc
+            )
+
+    async def _perform(self, step: _Step) -> Any:
+        store, terms = self._store, self._terms
+        match step:
+            case _ClaimStep(request_id):
+                return await store.claim(
+                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+                )
+            case _ExtendStep(claim, deadline):
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        return await store.extend(
+                            claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl
+                        )
+                except TimeoutError:
+                    raise StoreUnavailable(
+                        f"renewing lease {claim.id!r} got no answer in time"
+                    ) from None
+            case _ReleaseStep(claim):
+                return await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+            case _GetStep(claim_id):
+                return await store.get(claim_id)
+            case _HoldersStep(targets):
+                return {target: await store.holder_of(_one(target)) for target in targets}
+            case _SleepStep(seconds) | _ChangeStep(seconds):  # the renewal's: a cancel cuts it
+                await asyncio.sleep(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
