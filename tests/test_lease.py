@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -126,11 +127,13 @@ def test_a_hold_taken_over_between_renewals_raises_at_exit(store: Store, clock: 
 
 
 def test_a_loss_does_not_mask_the_blocks_own_exception(store: Store) -> None:
-    with pytest.raises(ZeroDivisionError) as raised:  # noqa: PT012 (the with block is the test)
-        with store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease:
-            store.release(lease.claim.id, holder="w1", fence=lease.fence)
-            until(lambda: lease.lost)
-            _ = 1 / 0
+    with (
+        pytest.raises(ZeroDivisionError) as raised,
+        store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease,
+    ):
+        store.release(lease.claim.id, holder="w1", fence=lease.fence)
+        until(lambda: lease.lost)
+        _ = 1 / 0
     assert any("lost" in note for note in raised.value.__notes__)
 
 
@@ -224,15 +227,17 @@ def test_bad_arguments_raise_invalid_input_naming_them(
 
 
 class Flaky:
-    """A store whose answers get lost on demand: the call may have happened, the caller can't tell."""
+    """A store whose answers get lost on demand: the call may have happened, or not."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lose_claim_replies = 0
         self.failing_extends = 0
+        self.request_ids: list[str | None] = []
         self.lock = threading.Lock()
 
     def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.request_ids.append(kwargs.get("request_id"))
         result = self.store.claim(*args, **kwargs)
         with self.lock:
             if self.lose_claim_replies:
@@ -256,6 +261,8 @@ def test_a_claim_whose_reply_was_lost_is_retried_without_a_second_hold(store: St
     flaky.lose_claim_replies = 3
     with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0) as lease:  # type: ignore[arg-type]
         assert [claim.id for claim in store.claims_of("w1")] == [lease.claim.id]
+        # Every retry asked with the first attempt's request ID, so the store answered its outcome.
+        assert len(flaky.request_ids) == 4 and len(set(flaky.request_ids)) == 1
     assert store.claims_of("w1") == []
 
 
@@ -288,9 +295,7 @@ def test_a_lease_is_entered_once(store: Store) -> None:
 
 
 @pytest.mark.parametrize("holders", ["one holder", "a holder each"])
-def test_contending_threads_never_overlap(
-    store: Store, holders: str, fine_switching: None
-) -> None:
+def test_contending_threads_never_overlap(store: Store, holders: str, fine_switching: None) -> None:
     threads, rounds = 6, 8
     active = 0
     fences: list[int] = []
@@ -395,18 +400,21 @@ def test_async_outside_cancellation_propagates_and_releases(astore: AsyncStore) 
 
 def test_async_outside_cancellation_wins_over_a_loss(astore: AsyncStore) -> None:
     async def main(store: AsyncStore) -> None:
+        leases: list[dibs.lease.AsyncLease] = []
+
         async def hold() -> None:
             async with store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease:
+                leases.append(lease)
                 await store.release(lease.claim.id, holder="w1", fence=lease.fence)
-                try:
-                    await asyncio.sleep(3600)
-                finally:  # the lease's cancellation arrived; now someone else cancels too
-                    task = asyncio.current_task()
-                    assert task is not None
-                    task.cancel()
+                await asyncio.sleep(3600)
 
+        task = asyncio.create_task(hold())
+        # Cancel the moment the lease is lost: the lease's cancellation and ours arrive together.
+        while not (leases and leases[0].lost):
+            await asyncio.sleep(0)
+        task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.create_task(hold())
+            await task
 
     arun(astore, main)
 
@@ -418,10 +426,8 @@ def test_async_a_block_that_swallows_the_cancellation_still_gets_hold_lost(
         with pytest.raises(HoldLost):
             async with store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease:
                 await store.release(lease.claim.id, holder="w1", fence=lease.fence)
-                try:
+                with contextlib.suppress(asyncio.CancelledError):  # a careless block
                     await asyncio.sleep(3600)
-                except asyncio.CancelledError:
-                    pass
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0
 
