@@ -281,7 +281,8 @@ class _Hold:
             if self.error is not None:
                 return False
             self.error = error
-        _logger.warning("lease %s of %r lost: %s", self.claim.id, self.terms.holder, error)
+        # INFO: the block hears of it too (HoldLost), so this is a trace, not an alarm.
+        _logger.info("lease %s of %r lost: %s", self.claim.id, self.terms.holder, error)
         return True
 
     def overdue(self) -> bool:
