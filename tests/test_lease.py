@@ -288,6 +288,18 @@ def test_an_outage_until_the_hold_could_expire_loses_the_lease(store: Store) -> 
     assert isinstance(lost.value.__cause__, StoreUnavailable)
 
 
+def test_a_store_closed_under_the_lease_loses_it_without_masking(store: Store) -> None:
+    with (
+        pytest.raises(HoldLost) as lost,
+        store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease,
+    ):
+        store.close()
+        until(lambda: lease.lost)
+    assert isinstance(lost.value.__cause__, dibs.StoreClosed)
+    with pytest.raises(dibs.StoreClosed):
+        store.lease(UNIT, holder="w1", ttl=30.0)
+
+
 def test_a_lease_is_entered_once(store: Store) -> None:
     lease = store.lease(UNIT, holder="w1", ttl=10.0)
     with lease, pytest.raises(RuntimeError), lease:

@@ -52,8 +52,16 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit
 from dibs.booking import ResourceBusy
-from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput, StoreUnavailable
+from dibs.exceptions import (
+    DibsError,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    StoreClosed,
+    StoreUnavailable,
+)
 from dibs.stores.base import check_seconds, claim_args
+from dibs.stores.capabilities import UnchangingFeed
 
 if TYPE_CHECKING:
     from dibs.aio import AsyncStore
@@ -333,6 +341,9 @@ def _release_policy(hold: _Hold) -> _Policy[HoldLost | None]:
             released = yield _ReleaseStep(claim)
         except HoldLost as exc:
             return exc  # a fence that is not ours any more
+        except StoreClosed as exc:
+            _logger.warning("lease %s: could not release (%s); it expires by itself", claim.id, exc)
+            return None
         except StoreUnavailable as exc:
             if not tries_left:
                 _logger.warning(
@@ -364,6 +375,10 @@ def _unexpected(claim_id: str, exc: BaseException) -> HoldLost:
     return lost
 
 
+_DECIDED = (StoreUnavailable, HoldLost, StoreClosed)
+"""The errors a step answers that go back into its policy; any other propagates."""
+
+
 def _drive(policy: _Policy[_T], perform: Callable[[_Step], Any]) -> _T:
     """Run a policy with blocking calls: its steps' answers and errors go back into it."""
     answer: Any = None
@@ -376,7 +391,7 @@ def _drive(policy: _Policy[_T], perform: Callable[[_Step], Any]) -> _T:
                 return stop.value  # type: ignore[no-any-return]
             try:
                 answer, error = perform(step), None
-            except (StoreUnavailable, HoldLost) as exc:  # the errors the policy decides on
+            except _DECIDED as exc:  # the errors the policy decides on
                 answer, error = None, exc
     finally:
         policy.close()
@@ -394,7 +409,7 @@ async def _adrive(policy: _Policy[_T], perform: Callable[[_Step], Coroutine[Any,
                 return stop.value  # type: ignore[no-any-return]
             try:
                 answer, error = await perform(step), None
-            except (StoreUnavailable, HoldLost) as exc:
+            except _DECIDED as exc:
                 answer, error = None, exc
     finally:
         policy.close()
@@ -595,16 +610,21 @@ class Lease(_LeaseFace):
     def _await_change(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early when the store's change feed moves."""
         end = time.monotonic() + seconds
-        if self._feed is None:
-            self._feed = self._store.change_feed()
+        try:
             if self._feed is None:
-                time.sleep(seconds)
-                return
-            self._token = self._feed.read()  # the first wait: changes since the claim go unseen
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(_FEED_POLL, left))
-            if self._feed.read() != self._token:
-                return
+                self._feed = self._store.change_feed()
+                if self._feed is None:
+                    time.sleep(seconds)
+                    return
+                self._token = self._feed.read()  # the first wait: changes since the claim go unseen
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(min(_FEED_POLL, left))
+                if self._feed.read() != self._token:
+                    return
+        except Exception:  # the feed only hurries a retry; polling does without it
+            _logger.debug("lease: change feed failed; polling instead", exc_info=True)
+            self._feed = UnchangingFeed()
+            time.sleep(max(0.0, end - time.monotonic()))
 
 
 class _Stopped(Exception):
