@@ -69,6 +69,8 @@ def test_renewal_keeps_the_hold_alive_well_past_its_ttl(store: Store, clock: Fak
     with store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease:
         first = lease.claim
         assert first.state is ClaimState.HELD
+        assert (lease.id, lease.fence, lease.holder) == (first.id, first.fence, "w1")
+        assert lease.targets == (UNIT,) and lease.state is ClaimState.HELD
         for _ in range(8):  # 160 s on the store's clock under a 30 s TTL
             seen = lease.renewals
             clock.advance(20.0)
@@ -191,7 +193,7 @@ def test_wait_gets_the_targets_once_their_hold_expires(store: Store, clock: Fake
 
 BAD_ARGUMENTS = [
     ({"ttl": None}, "ttl"),
-    ({"ttl": 0.5}, "ttl"),
+    ({"ttl": 0.05}, "ttl"),
     ({"ttl": -1.0}, "ttl"),
     ({"ttl": math.nan}, "ttl"),
     ({"ttl": True}, "ttl"),

@@ -47,6 +47,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -72,8 +73,10 @@ __all__ = ["LEASE_TTL_MIN", "AsyncLease", "Lease"]
 
 _T = TypeVar("_T")
 
-LEASE_TTL_MIN = 1.0
-"""The shortest TTL a lease takes, in seconds: renewal needs a few round trips per TTL."""
+LEASE_TTL_MIN = 0.1
+"""The shortest TTL a lease takes, in seconds: it renews three times per TTL, and each
+renewal is a round trip to the store plus a thread or task switch. Production TTLs
+should be seconds at least (see docs/leases.md)."""
 
 UNAVAILABLE_RETRY = 10.0
 """Seconds a claim meeting :class:`~dibs.StoreUnavailable` is retried (``wait`` if longer)."""
@@ -276,12 +279,14 @@ class _Hold:
         self.alive_until = sent + terms.ttl
         self.renewals = 0
         self.error: HoldLost | None = None
+        self.failure: BaseException | None = None  # the last renewal's error, if it failed
         self._lock = threading.Lock()  # guards error: the renewal and the block both latch it
 
     def renewed(self, claim: Claim, sent: float) -> None:
         self.claim = claim
         self.alive_until = sent + self.terms.ttl
         self.renewals += 1
+        self.failure = None
 
     def lose(self, error: HoldLost) -> bool:
         """Record the loss; True if this is the first news of it."""
@@ -296,7 +301,9 @@ class _Hold:
     def overdue(self) -> bool:
         """Whether the hold may have expired unrenewed (the renewal is stuck); latches a loss."""
         if self.error is None and time.monotonic() >= self.alive_until - self.terms.margin:
-            self.lose(_lost(self.claim.id, "was not renewed in time and may have expired"))
+            lost = _lost(self.claim.id, "was not renewed in time and may have expired")
+            lost.__cause__ = self.failure
+            self.lose(lost)
         return self.error is not None
 
 
@@ -319,6 +326,7 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
         except HoldLost as exc:
             return exc
         except StoreUnavailable as exc:
+            hold.failure = exc
             left = hold.alive_until - terms.margin - time.monotonic()
             if left <= 0:
                 lost = _lost(hold.claim.id, f"could not be renewed before it could expire: {exc}")
@@ -463,6 +471,21 @@ class _LeaseFace:
     def claim(self) -> Claim:
         """The hold, as of its latest renewal (``expires_at`` moves; ``id`` and ``fence`` don't)."""
         return self._live().claim
+
+    @property
+    def id(self) -> str:
+        """The claim's ID (``lease.claim.id``)."""
+        return self._live().claim.id
+
+    @property
+    def state(self) -> ClaimState:
+        """The claim's state as of its latest renewal (``lease.claim.state``)."""
+        return self._live().claim.state
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the hold expires on the store's clock, as of its latest renewal."""
+        return self._live().claim.expires_at
 
     @property
     def fence(self) -> int:
