@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import dibs
 import dibs.aio
@@ -27,6 +28,7 @@ from dibs import (
     Unit,
 )
 from dibs.aio import AsyncStore
+from dibs.testing import strategies
 
 UNIT = Unit("report", "2026-11-30")
 
@@ -226,6 +228,28 @@ def test_bad_arguments_raise_invalid_input_naming_them(
             store.claim(targets, holder=args["holder"], ttl=10.0)
         assert str(claimed.value) == str(raised.value)
     assert store.claims_of("w1") == []
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    targets=strategies.target_lists(),
+    holder=strategies.names(),
+    ttl=strategies.ttls(allow_none=False),
+)
+def test_any_input_in_the_domain_leases_and_releases(
+    store: Store, targets: list[Any], holder: str, ttl: float
+) -> None:
+    if ttl < dibs.lease.LEASE_TTL_MIN:
+        with pytest.raises(InvalidInput) as raised:
+            store.lease(targets, holder=holder, ttl=ttl)
+        assert raised.value.field == "ttl"
+        return
+    with store.lease(targets, holder=holder, ttl=ttl) as lease:
+        assert set(lease.targets) == set(targets)
+        assert [claim.id for claim in store.claims_of(holder)] == [lease.id]
+    assert store.claims_of(holder) == []
 
 
 class Flaky:
