@@ -188,7 +188,7 @@ class _Attempt:
     unanswered: str | None = None
     """The request ID of a claim sent whose outcome is not known yet."""
     sent: float = 0.0
-    """``time.monotonic()`` just before the last claim attempt was sent."""
+    """``time.monotonic()`` just before the current request ID was first sent."""
 
 
 def _jitter(delay: float) -> float:
@@ -231,8 +231,9 @@ def _claim_once(request_id: str, attempt: _Attempt, give_up: float | None) -> _P
     """One claim, retried with the same request ID while the store is unavailable."""
     delay = _FIRST_PAUSE
     attempt.unanswered = request_id
+    # Whichever try makes the hold, it expires no sooner than ttl after the first was sent.
+    attempt.sent = time.monotonic()
     while True:
-        attempt.sent = time.monotonic()
         try:
             result: ClaimResult = yield _ClaimStep(request_id)
         except StoreUnavailable:
