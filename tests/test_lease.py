@@ -314,6 +314,28 @@ def test_an_outage_until_the_hold_could_expire_loses_the_lease(store: Store) -> 
     assert isinstance(lost.value.__cause__, StoreUnavailable)
 
 
+class BrokenFeed:
+    def read(self) -> object:
+        raise OSError("the feed's connection broke")
+
+    def close(self) -> None:
+        raise OSError("and so did closing it")
+
+
+def test_a_broken_change_feed_falls_back_to_polling(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.change_feed = BrokenFeed  # type: ignore[method-assign]
+    other = store.claim(UNIT, holder="alice", ttl=30.0)
+    assert other.claim is not None
+    release = threading.Timer(
+        0.1, store.release, (other.claim.id,), {"holder": "alice", "fence": other.claim.fence}
+    )
+    release.start()
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0, wait=None) as lease:  # type: ignore[arg-type]
+        assert lease.fence > other.claim.fence
+    release.join()
+
+
 def test_a_store_closed_under_the_lease_loses_it_without_masking(store: Store) -> None:
     with (
         pytest.raises(HoldLost) as lost,

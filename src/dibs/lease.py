@@ -608,7 +608,7 @@ class Lease(_LeaseFace):
         match step:
             case _ClaimStep(request_id):
                 if self._feed is not None:
-                    self._token = self._feed.read()
+                    self._token = self._read_feed()
                 return store.claim(
                     terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
                 )
@@ -634,21 +634,33 @@ class Lease(_LeaseFace):
     def _await_change(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early when the store's change feed moves."""
         end = time.monotonic() + seconds
-        try:
-            if self._feed is None:
+        if self._feed is None:
+            try:
                 self._feed = self._store.change_feed()
-                if self._feed is None:
-                    time.sleep(seconds)
-                    return
-                self._token = self._feed.read()  # the first wait: changes since the claim go unseen
-            while (left := end - time.monotonic()) > 0:
-                time.sleep(min(_FEED_POLL, left))
-                if self._feed.read() != self._token:
-                    return
+            except Exception:  # the feed only hurries a retry; polling does without it
+                _logger.debug("lease: no change feed; polling", exc_info=True)
+                self._feed = UnchangingFeed()
+            if self._feed is None:
+                self._feed = UnchangingFeed()
+            self._token = self._read_feed()  # the first wait: changes since the claim go unseen
+        if isinstance(self._feed, UnchangingFeed):  # memory://, or no feed: nothing to watch
+            time.sleep(seconds)
+            return
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(_FEED_POLL, left))
+            if self._read_feed() != self._token:
+                return
+
+    def _read_feed(self) -> object:
+        assert self._feed is not None
+        try:
+            return self._feed.read()
         except Exception:  # the feed only hurries a retry; polling does without it
             _logger.debug("lease: change feed failed; polling instead", exc_info=True)
+            with contextlib.suppress(Exception):
+                self._feed.close()
             self._feed = UnchangingFeed()
-            time.sleep(max(0.0, end - time.monotonic()))
+            return self._feed.read()
 
 
 class _Stopped(Exception):
