@@ -191,9 +191,12 @@ class _Attempt:
     """``time.monotonic()`` just before the current request ID was first sent."""
 
 
+_random = random.Random()  # our own, so that a lease never moves the global random state
+
+
 def _jitter(delay: float) -> float:
     # Full jitter: waiters spread out instead of retrying in lockstep.
-    return random.uniform(0, delay)
+    return _random.uniform(0, delay)
 
 
 def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
@@ -281,6 +284,7 @@ class _Hold:
         self.renewals = 0
         self.error: HoldLost | None = None
         self.failure: BaseException | None = None  # the last renewal's error, if it failed
+        self.ended = False  # released: time passing no longer makes it overdue
         self._lock = threading.Lock()  # guards error: the renewal and the block both latch it
 
     def renewed(self, claim: Claim, sent: float) -> None:
@@ -301,7 +305,11 @@ class _Hold:
 
     def overdue(self) -> bool:
         """Whether the hold may have expired unrenewed (the renewal is stuck); latches a loss."""
-        if self.error is None and time.monotonic() >= self.alive_until - self.terms.margin:
+        if (
+            self.error is None
+            and not self.ended
+            and time.monotonic() >= self.alive_until - self.terms.margin
+        ):
             lost = _lost(self.claim.id, "was not renewed in time and may have expired")
             lost.__cause__ = self.failure
             self.lose(lost)
@@ -586,6 +594,7 @@ class Lease(_LeaseFace):
         self._renewer.join()
         hold.overdue()
         at_release = _drive(_release_policy(hold), self._perform)
+        hold.ended = True
         lost = hold.error or at_release
         if lost is None:
             return
@@ -749,6 +758,7 @@ class AsyncLease(_LeaseFace):
         except asyncio.CancelledError:
             _keep(finish)  # cancelled from outside while releasing: the release goes on
             raise
+        hold.ended = True
         lost = hold.error or at_release
         if lost is None:
             return
