@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -152,6 +153,8 @@ def test_taken_targets_raise_resource_busy_naming_the_holder(store: Store) -> No
     assert busy.value.holders == {UNIT: "alice"}
     assert busy.value.resource == "report"
     assert "alice" in str(busy.value)
+    copy = pickle.loads(pickle.dumps(busy.value))  # errors cross processes unchanged
+    assert (copy.taken, copy.holders, copy.waited) == ((UNIT,), {UNIT: "alice"}, busy.value.waited)
     assert store.claims_of("w1") == []  # all or nothing
     assert other.claim is not None and store.holder_of(UNIT) == "alice"
 
