@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -353,6 +356,36 @@ def test_a_store_closed_under_the_lease_loses_it_without_masking(store: Store) -
     assert isinstance(lost.value.__cause__, dibs.StoreClosed)
     with pytest.raises(dibs.StoreClosed):
         store.lease(UNIT, holder="w1", ttl=30.0)
+
+
+_CRASHING_WORKER = """
+import sys, time, dibs
+store = dibs.open(sys.argv[1])
+with store.lease(dibs.Unit("report", "2026-11-30"), holder="doomed", ttl=1.0) as lease:
+    print(lease.fence, flush=True)
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])  # stores other processes share
+def test_a_killed_workers_lease_expires_and_a_waiter_gets_it(make_store: Any) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_WORKER, make_store.url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert worker.stdout is not None
+        doomed_fence = int(worker.stdout.readline())
+    finally:
+        worker.kill()  # SIGKILL: no exit handler releases anything
+        worker.communicate()
+    store = make_store()  # the real clock: the hold expires a second after its last renewal
+    with store.lease(UNIT, holder="w1", ttl=30.0, wait=None) as lease:
+        assert lease.fence > doomed_fence
+        assert lease.claim.holder == "w1"
 
 
 def test_a_lease_is_entered_once(store: Store) -> None:
