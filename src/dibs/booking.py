@@ -41,7 +41,12 @@ _DAY = timedelta(days=1)
 
 
 class ResourceBusy(DibsError, TimeoutError):
-    """Raised by :func:`exclusive` when ``resource`` stayed taken for ``waited`` seconds."""
+    """Raised by :func:`exclusive` when ``resource`` stayed taken for ``waited`` seconds.
+
+    :meth:`dibs.Store.lease` raises it too, with ``taken`` (the targets that
+    blocked it), ``holders`` (who held them, a snapshot) and ``targets``;
+    ``resource`` is then the first taken target's.
+    """
 
     resource: str
     waited: float
