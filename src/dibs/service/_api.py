@@ -348,10 +348,10 @@ class Api:
         fresh = not (replayed or natural)
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
         if not fresh:
-            self.metrics.claims.labels("replayed").inc()
+            self.metrics.claimed("replayed")
         if not result:
             if fresh:
-                self.metrics.claims.labels("taken").inc()
+                self.metrics.claimed("taken")
             return JSONResponse(
                 {
                     "error": "taken",
@@ -363,7 +363,7 @@ class Api:
             )
         assert result.claim is not None
         if fresh:
-            self.metrics.claims.labels("granted").inc()
+            self.metrics.claimed("granted")
             self._on_change(result.claim.targets)
         wire = self.claim_to_wire(result.claim)
         headers["Location"] = f"/v1/claims/{wire['id']}"

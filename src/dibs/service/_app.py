@@ -283,18 +283,19 @@ def create_app(
             if own_store:
                 the_store.close()
 
+    # The router tries routes in order: the claim path's first.
     routes = [
+        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
+        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
+        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
+        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
+        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
         Route("/", service.page, methods=["GET"]),
         Route("/healthz", service.health, methods=["GET"]),
         Route("/readyz", service.readiness, methods=["GET"]),
         Route("/metrics", service.metrics_page, methods=["GET"]),
         Route("/openapi.json", service.openapi, methods=["GET"]),
         Route("/docs", service.docs, methods=["GET"]),
-        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
-        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
-        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
-        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
-        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
         Route("/v1/lots", service.patterns.list_lots, methods=["GET"]),
         Route("/v1/lots/{lot}", service.patterns.lot, methods=["GET"]),
         Route("/v1/lots/{lot}/vehicles", service.patterns.park, methods=["POST"]),
@@ -370,8 +371,7 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        raw = headers.get(b"x-request-id")
+        raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
         request_id = new_request_id(None if raw is None else raw.decode("latin-1"))
         scope["dibs.request_id"] = request_id
         started = time.perf_counter()
@@ -410,17 +410,17 @@ class AccessLog:
             seconds = time.perf_counter() - started
             route = self._route(scope)
             metrics = self.service.metrics
-            metrics.http_requests.labels(route, str(status)).inc()
-            metrics.http_latency.labels(route).observe(seconds)
-            access_log.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "route": route,
-                    "status": status,
-                    "ms": round(seconds * 1000, 3),
-                    "holder": scope.get("dibs.holder"),
-                },
-            )
+            metrics.observe_http(route, status, seconds)
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "request",
+                    extra={
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "route": route,
+                        "status": status,
+                        "ms": round(seconds * 1000, 3),
+                        "holder": scope.get("dibs.holder"),
+                    },
+                )

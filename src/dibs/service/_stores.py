@@ -82,9 +82,12 @@ class SharedFace(AsyncStore):
             raise StoreClosed(f"this {type(self.sync).__name__} is closed")
         if self._inline:
             return fn(*args)
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        executor = self._executor
+        if executor is None:
+            raise StoreClosed(f"this {type(self).__name__} is closed")
+        # A cancelled await cancels a call still queued (it never runs); one a worker
+        # started runs to its end, so its claim is recorded for a retry to learn.
+        return await asyncio.wrap_future(executor.submit(fn, *args))
 
     async def _open(self) -> None:
         if not self._inline:
@@ -122,6 +125,9 @@ class SharedFace(AsyncStore):
         return await self._run(self.sync._now)
 
     async def _close(self) -> None:
-        if self._executor is not None:
-            # Calls still running finish on their threads (their outcome is the store's).
-            self._executor.shutdown(wait=False)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # Calls already on a worker finish there (a sync call cannot be cut off);
+            # wait for them off the loop, so the owner closes the store after them.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, functools.partial(executor.shutdown, wait=True))
