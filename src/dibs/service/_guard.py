@@ -64,7 +64,11 @@ def parse_idempotency_key(header: str | None) -> str | None:
     text = header.strip()
     key = ""
     if len(text) <= MAX_KEY and _KEY.match(text):
-        key = re.sub(r"\\(.)", r"\1", text[1:-1]) if text.startswith('"') else text
+        key = text
+        if text.startswith('"'):
+            key = text[1:-1]
+            if "\\" in key:
+                key = re.sub(r"\\(.)", r"\1", key)
     if not key:
         raise ApiError(
             400,
