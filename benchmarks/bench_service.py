@@ -13,8 +13,8 @@ round then runs, one after the other, N claims per side:
 - ``HTTP old``: the same against the old revision's server.
 
 Prints, per side, the median claims/s and its range over the rounds, p50/p99
-latency over all rounds, and for the servers their CPU per claim (from
-/proc); then the ratio of each HTTP side to in-process claims/s, per round
+latency over all rounds, the CPU per claim of this (the client's) process and
+of the server's (from /proc); then the ratio of each HTTP side to in-process claims/s, per round
 (median and range). The clients share the machine's cores with the server, as
 a sidecar's caller would.
 
@@ -301,9 +301,12 @@ def main() -> None:
         lats: dict[str, list[float]] = {name: [] for name in sides}
         for side in sides.values():  # warm: imports, connections, caches
             side.run("warm", args.clients, 20)
+        own_cpu: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(args.rounds):
             for name, side in sides.items():
+                cpu0 = time.process_time()
                 rate, latencies = side.run(f"r{r}", args.clients, per_client)
+                own_cpu[name].append((time.process_time() - cpu0) / (args.clients * per_client))
                 rates[name].append(rate)
                 lats[name].extend(latencies)
     total = per_client * args.clients
@@ -311,17 +314,21 @@ def main() -> None:
         f"store={args.store} clients={args.clients} claims/side/round={total} "
         f"rounds={args.rounds} cpus={os.cpu_count()}"
     )
-    print(f"{'':18} {'claims/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} {'CPU/claim':>10}")
+    print(
+        f"{'':18} {'claims/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'client CPU':>10} {'server CPU':>10}"
+    )
     for name, side in sides.items():
-        cpu = (
+        server = (
             f"{median(side.cpu_per_claim) * 1e6:7.0f} us"
             if isinstance(side, OverHttp) and side.cpu_per_claim
             else ""
         )
+        client = f"{median(own_cpu[name]) * 1e6:7.0f} us"
         rs = rates[name]
         print(
             f"{name:18} {median(rs):9.0f} {min(rs):6.0f}-{max(rs):<6.0f} "
-            f"{_pct(lats[name], 50):7.2f} {_pct(lats[name], 99):7.2f} {cpu:>10}"
+            f"{_pct(lats[name], 50):7.2f} {_pct(lats[name], 99):7.2f} {client:>10} {server:>10}"
         )
     base = rates["in-process"]
     for name in sides:

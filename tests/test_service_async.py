@@ -20,7 +20,7 @@ import pytest
 import dibs
 from dibs import Unit
 from dibs.aio import ThreadedStore
-from dibs.service import ServiceConfig
+from dibs.service import ServiceConfig, create_app
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
 from test_service_support import GatedStore, serve_in_thread
@@ -176,3 +176,20 @@ def test_concurrent_requests_on_sqlite_share_the_faces_threads(tmp_path: Path) -
     assert statuses == [201] * 80
     with dibs.open(url) as store:
         assert len(store.claims_of("alice")) == 80
+
+
+def test_an_async_store_needs_its_sync_store_alongside() -> None:
+    with pytest.raises(TypeError, match="store="):
+        create_app(ServiceConfig(store_url="memory://", keys_file=None), async_store=GatedStore())
+
+
+def test_the_app_closes_the_face_it_made_and_leaves_a_given_store_open(tmp_path: Path) -> None:
+    store = dibs.open(f"sqlite:///{tmp_path / 'dibs.db'}")
+    config = ServiceConfig(store_url="memory://", keys_file=None)
+    with serve_in_thread(config, store=store) as s, s.client("alice") as c:
+        assert c.post("/v1/claims", json={"targets": [seat("given-1")]}).status_code == 201
+        assert s.service is not None
+        face = s.service.aio
+    assert face.closed and not store.closed
+    assert store.holder_of(Unit("given-1", SHOW)) == "alice"
+    store.close()
