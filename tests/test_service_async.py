@@ -20,7 +20,7 @@ import pytest
 import dibs
 from dibs import Unit
 from dibs.aio import ThreadedStore
-from dibs.service import ServiceConfig, create_app
+from dibs.service import KeyRing, ServiceConfig, create_app
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
 from test_service_support import GatedStore, serve_in_thread
@@ -193,3 +193,66 @@ def test_the_app_closes_the_face_it_made_and_leaves_a_given_store_open(tmp_path:
     assert face.closed and not store.closed
     assert store.holder_of(Unit("given-1", SHOW)) == "alice"
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_claims_cut_short_at_any_point_never_make_two_claims_for_one_key(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A request timeout far below a claim's time cuts claims short all along their way.
+
+    Every key is then retried through a second instance with time to answer:
+    each retry answers 201 and, per key, the store holds exactly one claim,
+    the one the retry names.
+    """
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema_url")
+    secret = b"one secret for both instances"
+    hurried = ServiceConfig(
+        store_url=url,
+        keys_file=None,
+        request_timeout=0.0005,
+        id_secret=secret,
+        threads=4,
+        rate=1e6,
+        burst=10**6,
+    )
+    patient = ServiceConfig(store_url=url, keys_file=None, id_secret=secret, rate=1e6, burst=10**6)
+    keys = KeyRing(tmp_path / "keys.json")
+    clients, per_client = 8, 25
+    statuses: list[int] = []
+    with serve_in_thread(hurried, keys=keys) as fast:
+        token = fast.token("alice")
+
+        def client(n: int) -> None:
+            with httpx.Client(base_url=fast.url, headers={"Authorization": f"Bearer {token}"}) as c:
+                for i in range(per_client):
+                    r = c.post(
+                        "/v1/claims",
+                        json={"targets": [seat(f"cut-{n}-{i}")], "ttl": 600},
+                        headers={"Idempotency-Key": f'"cut-{n}-{i}"'},
+                    )
+                    statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert set(statuses) <= {201, 503}
+    with serve_in_thread(patient, keys=keys) as slow, slow.client("alice") as c:
+        retried = {}
+        for n in range(clients):
+            for i in range(per_client):
+                r = c.post(
+                    "/v1/claims",
+                    json={"targets": [seat(f"cut-{n}-{i}")], "ttl": 600},
+                    headers={"Idempotency-Key": f'"cut-{n}-{i}"'},
+                )
+                assert r.status_code == 201, r.text
+                retried[f"cut-{n}-{i}"] = r.json()["id"]
+        listed = c.get("/v1/claims").json()["claims"]
+    assert sorted(x["id"] for x in listed) == sorted(retried.values())
+    assert len(listed) == clients * per_client
