@@ -19,6 +19,7 @@ multiple of 12 bytes. Wire IDs are unpadded URL-safe base64.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -27,6 +28,7 @@ __all__ = ["WIRE_ID_PATTERN", "ClaimIds"]
 
 _MAGIC = b"\x00\x00\x00"
 _ROUNDS = 4
+_CACHED = 4096  # wire IDs remembered each way per instance
 _MAX_STORE_ID = 255  # bytes; store IDs are far shorter (the library allows 1024)
 WIRE_ID_MAX = 4 * (4 + _MAX_STORE_ID + 12) // 3
 WIRE_ID_PATTERN = f"^[A-Za-z0-9_-]{{16,{WIRE_ID_MAX}}}$"
@@ -45,6 +47,10 @@ class ClaimIds:
         )
         # One keyed HMAC state per round, copied per use: cheaper than keying anew.
         self._macs = tuple(hmac.new(key, digestmod=hashlib.sha256) for key in keys)
+        # A claim's ID crosses the wire again on each confirm, extend, get and
+        # release: remember recent ones both ways (bounded; thread-safe).
+        self.to_wire = functools.lru_cache(maxsize=_CACHED)(self.to_wire)  # type: ignore[method-assign]
+        self.from_wire = functools.lru_cache(maxsize=_CACHED)(self.from_wire)  # type: ignore[method-assign]
 
     def to_wire(self, claim_id: str) -> str:
         """The wire ID of a store claim ID."""
