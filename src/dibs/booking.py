@@ -29,6 +29,7 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from dibs._model import Claim, ClaimState, Unit
+from dibs._steps import Pause, Steps, run
 from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput
 from dibs.stores.base import Store
 
@@ -152,7 +153,20 @@ def exclusive(
     Raises :class:`ResourceBusy` when the wait runs out, and
     :class:`~dibs.HoldLost` on exit if the hold expired or was taken over
     while the block ran (its work may have overlapped another writer's).
+    :func:`dibs.aio.booking.exclusive` is the same, as ``async with``.
     """
+    claim, me = run(store, _enter(resource, ttl, wait, holder), time.sleep)
+    try:
+        yield claim
+    except BaseException:
+        # The block's own failure is the news; give the resource back quietly.
+        store.release(claim.id, holder=me, fence=claim.fence)
+        raise
+    run(store, _leave(resource, claim, me))
+
+
+def _enter(resource: str, ttl: float, wait: float | None, holder: str) -> Steps[tuple[Claim, str]]:
+    """The steps of entering :func:`exclusive` (both faces): the claim and its holder."""
     if wait is not None and (isinstance(wait, bool) or not 0 <= wait < float("inf")):
         raise InvalidInput(
             f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
@@ -164,12 +178,11 @@ def exclusive(
     started = time.monotonic()
     delay = 0.001
     while True:
-        result = store.claim(unit, holder=me, ttl=ttl)
+        result = yield lambda store: store.claim(unit, holder=me, ttl=ttl)
         # Linearization point: the store's claim on the conflict unit.
         if result:
-            claim = result.claim
-            assert claim is not None
-            break
+            claim: Claim = result.claim
+            return claim, me
         waited = time.monotonic() - started
         if wait is not None and waited >= wait:
             raise ResourceBusy(
@@ -179,28 +192,27 @@ def exclusive(
         pause = random.uniform(0, delay)
         if wait is not None:
             pause = min(pause, max(0.0, wait - waited))
-        time.sleep(pause)
+        yield Pause(pause)
         delay = min(delay * 2, 0.1)
-    try:
-        yield claim
-    except BaseException:
-        # The block's own failure is the news; give the resource back quietly.
-        store.release(claim.id, holder=me, fence=claim.fence)
-        raise
-    if not store.release(claim.id, holder=me, fence=claim.fence):
-        ended = store.get(claim.id)
-        if ended is not None and ended.state is ClaimState.RELEASED:
-            return  # the block released it itself
-        reason = (
-            HoldLostReason.TAKEN_OVER
-            if ended is not None and ended.taken_over
-            else HoldLostReason.EXPIRED
-        )
-        raise HoldLost(
-            f"exclusive hold on {resource!r} was lost before the block ended ({reason})",
-            claim_id=claim.id,
-            reason=reason,
-        )
+
+
+def _leave(resource: str, claim: Claim, me: str) -> Steps[None]:
+    """The steps of leaving :func:`exclusive` after the block ran: release, or say it was lost."""
+    if (yield lambda store: store.release(claim.id, holder=me, fence=claim.fence)):
+        return
+    ended: Claim | None = yield lambda store: store.get(claim.id)
+    if ended is not None and ended.state is ClaimState.RELEASED:
+        return  # the block released it itself
+    reason = (
+        HoldLostReason.TAKEN_OVER
+        if ended is not None and ended.taken_over
+        else HoldLostReason.EXPIRED
+    )
+    raise HoldLost(
+        f"exclusive hold on {resource!r} was lost before the block ended ({reason})",
+        claim_id=claim.id,
+        reason=reason,
+    )
 
 
 def _zone(tz: str | tzinfo) -> tzinfo:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dibs._model import Claim, Unit
+from dibs._steps import Steps, run
 from dibs.exceptions import ClaimNotFound, DibsError, InvalidInput
 from dibs.stores.base import Store
 
@@ -98,26 +99,14 @@ class Occupancy:
         return "".join("." if v is None else "#" for v in self.slots)
 
 
-class Lot:
-    """A parking row of ``size`` slots named ``name`` on ``store``; the lot picks positions.
+class _Row:
+    """The lot's rules, once for both faces: validation, the search, and the steps of each call.
 
-    ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
-    start of the smallest run that fits, which leaves longer runs for longer
-    vehicles. Every process that opens a lot of one name must give it the
-    same size. ``resource`` names the resource of the lot's units (default
-    ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
-    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
+    :class:`Lot` runs the steps on a :class:`~dibs.Store`, :class:`dibs.aio.Lot`
+    awaits them on a :class:`dibs.aio.AsyncStore` (see :mod:`dibs._steps`).
     """
 
-    def __init__(
-        self,
-        store: Store,
-        name: str,
-        size: int,
-        *,
-        fit: Fit = "first",
-        resource: str | None = None,
-    ) -> None:
+    def __init__(self, name: str, size: int, fit: Fit, resource: str | None) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInput(
                 f"lot name must be a non-empty string, got {name!r}", field="name", value=name
@@ -130,7 +119,6 @@ class Lot:
             raise InvalidInput(
                 f"fit must be 'first' or 'best', got {fit!r}", field="fit", value=fit
             )
-        self.store = store
         self.name = name
         self.size = size
         self.fit: Fit = fit
@@ -145,7 +133,8 @@ class Lot:
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
         # candidates, so a stale entry costs one lost claim or one fresh
-        # snapshot. _hint_lock guards it and is never held across a store call.
+        # snapshot. _hint_lock guards it and is never held across a store call
+        # (nor, on the async face, across an await).
         self._hint = [False] * size
         # The claims of this instance's own parks, by vehicle, and which vehicle
         # it last parked in each slot: remove tries the remembered claim first
@@ -157,22 +146,14 @@ class Lot:
         self._hint_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"Lot({self.name!r}, size={self.size}, fit={self.fit!r})"
+        return f"{type(self).__name__}({self.name!r}, size={self.size}, fit={self.fit!r})"
 
-    # --- parking -------------------------------------------------------------------------------
+    # --- the steps of each call ----------------------------------------------------------------
 
-    def park(self, vehicle_id: str, length: int = 1) -> int | None:
-        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
+    # Each store call is a step, `lambda store: store.claim(...)`, that the driver
+    # runs before the generator resumes, so a loop variable it reads is current (B023).
 
-        Returns None when no run of ``length`` free slots was found (a refusal
-        is not remembered: the vehicle may try again later). Parking a vehicle
-        that is already parked here returns its position and takes nothing new.
-
-        Raises :class:`AlreadyParked` if it is parked with a different length,
-        :class:`VehicleBlocked` if a claim that is not its parking here holds
-        its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
-        length outside ``1..size``, and what the store raises.
-        """
+    def _park(self, vehicle_id: str, length: int) -> Steps[int | None]:
         if type(vehicle_id) is not str or not vehicle_id:
             self._check_vehicle(vehicle_id)
         if (type(length) is not int or not 1 <= length <= self.size) and (
@@ -192,16 +173,19 @@ class Lot:
             if start is None:
                 if not fresh:
                     # The hint may be stale: look at the row itself before refusing.
-                    occupied = [self.store.holder_of(slot) is not None for slot in self._slots]
+                    occupied = []
+                    for slot in self._slots:
+                        holder = yield lambda store: store.holder_of(slot)  # noqa: B023
+                        occupied.append(holder is not None)
                     self._learn(enumerate(occupied))
                     fresh = True
                     continue
-                existing = self._claim_of(vehicle_id)
+                existing = yield from self._claim_of(vehicle_id)
                 return (
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
             slots = self._slots[start : start + length]
-            result = self.store.claim([*slots, me], holder=vehicle_id)
+            result = yield lambda store: store.claim([*slots, me], holder=vehicle_id)  # noqa: B023
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -214,7 +198,7 @@ class Lot:
                 return start
             if me in result.taken:
                 # Parked already, or a concurrent park of it won: find where.
-                existing = self._claim_of(vehicle_id)
+                existing = yield from self._claim_of(vehicle_id)
                 if existing is not None:
                     return self._same_vehicle(existing, vehicle_id, length)
                 # No parking of this vehicle holds its unit, so some other claim
@@ -222,7 +206,7 @@ class Lot:
                 # unit freed meanwhile (a concurrent remove) is worth a retry, and
                 # a bounded number of them, so that park always ends.
                 races += 1
-                if races > _VEHICLE_RACES or self.store.holder_of(me) is not None:
+                if races > _VEHICLE_RACES or (yield lambda store: store.holder_of(me)) is not None:
                     raise VehicleBlocked(
                         f"vehicle {vehicle_id!r} cannot park in lot {self.name!r}: its "
                         "vehicle unit is held by a claim that is not its parking here",
@@ -238,13 +222,7 @@ class Lot:
                 occupied[i] = True
             self._learn((i, True) for i in taken)
 
-    def remove(self, vehicle_id: str) -> int:
-        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
-
-        Raises :class:`NotParked` if it holds no slots in this lot (never
-        parked, already removed, or removed by a concurrent call),
-        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
-        """
+    def _remove(self, vehicle_id: str) -> Steps[int]:
         if type(vehicle_id) is not str or not vehicle_id:
             self._check_vehicle(vehicle_id)
         # The release is conditional on the claim still being live: of two
@@ -255,14 +233,18 @@ class Lot:
         if parked is not None:
             mine, start, length = parked
             try:
-                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+                released = yield lambda store: store.release(
+                    mine.id, holder=vehicle_id, fence=mine.fence
+                )
             except ClaimNotFound:  # ended and purged since: ask the store
                 released = False
             if released:
                 self._forget(vehicle_id, start, length)
                 return start
-        claim = self._claim_of(vehicle_id)
-        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
+        claim = yield from self._claim_of(vehicle_id)
+        if claim is None or not (
+            yield lambda store: store.release(claim.id, holder=vehicle_id, fence=claim.fence)
+        ):
             raise NotParked(
                 f"vehicle {vehicle_id!r} is not parked in lot {self.name!r}",
                 lot=self.name,
@@ -272,22 +254,12 @@ class Lot:
         self._forget(vehicle_id, start, length)
         return start
 
-    # --- reads ---------------------------------------------------------------------------------
-
-    def position_of(self, vehicle_id: str) -> int | None:
-        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
+    def _position_of(self, vehicle_id: str) -> Steps[int | None]:
         self._check_vehicle(vehicle_id)
-        claim = self._claim_of(vehicle_id)
+        claim = yield from self._claim_of(vehicle_id)
         return None if claim is None else self._placement(claim)[0]
 
-    def is_free(self, position: int, length: int = 1) -> bool:
-        """Whether slots ``position .. position+length-1`` were all free a moment ago.
-
-        A snapshot for display only: it may be stale before it returns, so
-        never park on its word (:meth:`park` does not call it). Positions past
-        the end are not free. Raises :class:`~dibs.InvalidInput` for a
-        negative position or a length below 1.
-        """
+    def _is_free(self, position: int, length: int) -> Steps[bool]:
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise InvalidInput(
                 f"position must be an integer >= 0, got {position!r}",
@@ -300,15 +272,30 @@ class Lot:
             )
         if position + length > self.size:
             return False
-        return all(
-            self.store.holder_of(slot) is None for slot in self._slots[position : position + length]
-        )
+        for slot in self._slots[position : position + length]:
+            if (yield lambda store: store.holder_of(slot)) is not None:  # noqa: B023
+                return False
+        return True
 
-    def occupancy(self) -> Occupancy:
-        """Who is in each slot, and the free runs; a snapshot for display."""
-        return Occupancy(self.size, tuple(self.store.holder_of(slot) for slot in self._slots))
+    def _occupancy(self) -> Steps[Occupancy]:
+        holders = []
+        for slot in self._slots:
+            holders.append((yield lambda store: store.holder_of(slot)))  # noqa: B023
+        return Occupancy(self.size, tuple(holders))
 
-    # --- internals -----------------------------------------------------------------------------
+    def _claim_of(self, vehicle_id: str) -> Steps[Claim | None]:
+        """The vehicle's parking here: its claim on its vehicle unit and on slots of this lot."""
+        me = self._vehicle_unit(vehicle_id)
+        claims: list[Claim] = yield lambda store: store.claims_of(vehicle_id)
+        for claim in claims:
+            units = claim.units
+            if me in units and any(
+                u.resource == self._resource and u.slot.startswith("slot:") for u in units
+            ):
+                return claim
+        return None
+
+    # --- the search and the hint ---------------------------------------------------------------
 
     def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
         """Pick a start in the snapshot by the fit policy, or None if no run fits."""
@@ -360,17 +347,6 @@ class Lot:
     def _index(self, unit: Unit) -> int:
         return int(unit.slot.removeprefix("slot:"))
 
-    def _claim_of(self, vehicle_id: str) -> Claim | None:
-        """The vehicle's parking here: its claim on its vehicle unit and on slots of this lot."""
-        me = self._vehicle_unit(vehicle_id)
-        for claim in self.store.claims_of(vehicle_id):
-            units = claim.units
-            if me in units and any(
-                u.resource == self._resource and u.slot.startswith("slot:") for u in units
-            ):
-                return claim
-        return None
-
     def _placement(self, claim: Claim) -> tuple[int, int]:
         """(start, length) of a parking claim."""
         slots = [self._index(u) for u in claim.units if u.slot.startswith("slot:")]
@@ -397,6 +373,72 @@ class Lot:
                 field="vehicle_id",
                 value=vehicle_id,
             )
+
+
+class Lot(_Row):
+    """A parking row of ``size`` slots named ``name`` on ``store``; the lot picks positions.
+
+    ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
+    start of the smallest run that fits, which leaves longer runs for longer
+    vehicles. Every process that opens a lot of one name must give it the
+    same size. ``resource`` names the resource of the lot's units (default
+    ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
+    :class:`dibs.aio.Lot` is the same lot for asyncio code.
+    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        size: int,
+        *,
+        fit: Fit = "first",
+        resource: str | None = None,
+    ) -> None:
+        super().__init__(name, size, fit, resource)
+        self.store = store
+
+    def park(self, vehicle_id: str, length: int = 1) -> int | None:
+        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
+
+        Returns None when no run of ``length`` free slots was found (a refusal
+        is not remembered: the vehicle may try again later). Parking a vehicle
+        that is already parked here returns its position and takes nothing new.
+
+        Raises :class:`AlreadyParked` if it is parked with a different length,
+        :class:`VehicleBlocked` if a claim that is not its parking here holds
+        its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
+        length outside ``1..size``, and what the store raises.
+        """
+        return run(self.store, self._park(vehicle_id, length))
+
+    def remove(self, vehicle_id: str) -> int:
+        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
+
+        Raises :class:`NotParked` if it holds no slots in this lot (never
+        parked, already removed, or removed by a concurrent call),
+        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
+        """
+        return run(self.store, self._remove(vehicle_id))
+
+    def position_of(self, vehicle_id: str) -> int | None:
+        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
+        return run(self.store, self._position_of(vehicle_id))
+
+    def is_free(self, position: int, length: int = 1) -> bool:
+        """Whether slots ``position .. position+length-1`` were all free a moment ago.
+
+        A snapshot for display only: it may be stale before it returns, so
+        never park on its word (:meth:`park` does not call it). Positions past
+        the end are not free. Raises :class:`~dibs.InvalidInput` for a
+        negative position or a length below 1.
+        """
+        return run(self.store, self._is_free(position, length))
+
+    def occupancy(self) -> Occupancy:
+        """Who is in each slot, and the free runs; a snapshot for display."""
+        return run(self.store, self._occupancy())
 
 
 def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dibs._model import Claim, Unit, check_request_id
+from dibs._steps import Ask, Pause, Steps, run
 from dibs.exceptions import InvalidInput, RequestConflict
 from dibs.stores.base import Store
 
@@ -86,6 +87,25 @@ def match(
     candidates in a round, which then counts as a round with all taken), and
     what the store raises.
     """
+    return run(
+        store,
+        _match(candidates, holder, request_id, ttl, attempts, backoff, max_backoff, jitter, rng),
+        sleep,
+    )
+
+
+def _match(
+    candidates: Candidates,
+    holder: str,
+    request_id: str,
+    ttl: float | None,
+    attempts: int,
+    backoff: float,
+    max_backoff: float,
+    jitter: bool,
+    rng: random.Random | None,
+) -> Steps[Match]:
+    """The steps of :func:`match`, for both faces (:mod:`dibs._steps`)."""
     if check_request_id(request_id) is None:
         raise InvalidInput("match() needs a request_id", field="request_id", value=request_id)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
@@ -114,7 +134,7 @@ def match(
             "match() needs at least one candidate, got none", field="candidates", value=candidates
         )
 
-    earlier = _assignment(store, holder, dispatch)
+    earlier = yield from _assignment(holder, dispatch)
     if earlier is not None:
         return Match(_candidate(earlier, dispatch), earlier, replayed=True)
 
@@ -122,12 +142,14 @@ def match(
     for round_ in range(1, attempts + 1):
         if round_ > 1:
             cap = min(max_backoff, backoff * 2 ** (round_ - 2))
-            sleep(pick.uniform(0, cap) if jitter else cap)
-        units = fixed if fixed is not None else _units(candidates())  # type: ignore[operator]
+            yield Pause(pick.uniform(0, cap) if jitter else cap)
+        units = fixed if fixed is not None else _units((yield Ask(candidates)))  # type: ignore[arg-type]
         for unit in units:
             while True:
                 tried += 1
-                result = store.claim([unit, dispatch], holder=holder, ttl=ttl)
+                # The driver runs each step before the loop moves on, so the late
+                # binding of `unit` in these lambdas is harmless (B023).
+                result = yield lambda store: store.claim([unit, dispatch], holder=holder, ttl=ttl)  # noqa: B023
                 # Linearization point: the store's group claim on the candidate and
                 # the dispatch unit. Granted means both are this dispatch's.
                 if result:
@@ -136,10 +158,10 @@ def match(
                 if dispatch not in result.taken:
                     break  # the candidate is taken: try the next one
                 # Another try of this dispatch holds a candidate: answer with it.
-                earlier = _assignment(store, holder, dispatch)
+                earlier = yield from _assignment(holder, dispatch)
                 if earlier is not None:
                     return Match(_candidate(earlier, dispatch), earlier, True, tried, round_)
-                other = store.holder_of(dispatch)
+                other = yield lambda store: store.holder_of(dispatch)
                 if other is not None and other != holder:
                     raise RequestConflict(
                         f"request ID {request_id!r} is dispatched by another holder",
@@ -178,9 +200,10 @@ def _units(items: Iterable[Unit | str]) -> list[Unit]:
     return list(units)
 
 
-def _assignment(store: Store, holder: str, dispatch: Unit) -> Claim | None:
+def _assignment(holder: str, dispatch: Unit) -> Steps[Claim | None]:
     """The holder's live claim under this dispatch, if any."""
-    for claim in store.claims_of(holder):
+    claims: list[Claim] = yield lambda store: store.claims_of(holder)
+    for claim in claims:
         if dispatch in claim.units:
             return claim
     return None
