@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dibs._steps import arun
 from dibs.aio._store import AsyncStore
-from dibs.lot import AlreadyParked, Fit, NotParked, Occupancy, VehicleBlocked, _Row
+from dibs.lot import Fit, Occupancy, _Row
 
-__all__ = ["AlreadyParked", "Lot", "NotParked", "Occupancy", "VehicleBlocked"]
+__all__ = ["Lot"]
 
 
 class Lot(_Row):

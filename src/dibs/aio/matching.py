@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dibs._model import Unit
 from dibs._steps import arun
 from dibs.aio._store import AsyncStore
-from dibs.matching import REQUEST_RESOURCE, Match, _match
+from dibs.matching import Match, _match
 
-__all__ = ["REQUEST_RESOURCE", "Match", "match"]
+__all__ = ["match"]
 
 Candidates = (
     Iterable[Unit | str]
