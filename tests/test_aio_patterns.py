@@ -14,6 +14,8 @@ import asyncio
 import inspect
 import itertools
 import secrets
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -547,3 +549,14 @@ def test_single_flight_coalesces_identical_store_calls(faces: Faces, loop: async
             assert again.replayed and again.claim and again.claim.id == booked[0].claim.id  # type: ignore[union-attr]
 
     loop.run(run())
+
+
+def test_the_sync_lot_is_generated_from_the_async_one() -> None:
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
