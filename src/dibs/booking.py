@@ -29,7 +29,6 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from dibs._model import Claim, ClaimState, Unit
-from dibs._steps import Pause, Steps, run
 from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput
 from dibs.stores.base import Store
 
@@ -155,54 +154,59 @@ def exclusive(
     while the block ran (its work may have overlapped another writer's).
     :func:`dibs.aio.booking.exclusive` is the same, as ``async with``.
     """
-    claim, me = run(store, _enter(resource, ttl, wait, holder), time.sleep)
+    # --- generated from dibs/aio/booking.py (scripts/unasync.py): edit that, then run it ---
+    unit, me = _entry(resource, wait, holder)
+    started = time.monotonic()
+    delay = 0.001
+    while True:
+        result = store.claim(unit, holder=me, ttl=ttl)
+        # Linearization point: the store's claim on the conflict unit.
+        if result:
+            claim = result.claim
+            assert claim is not None
+            break
+        time.sleep(_pause(resource, started, wait, delay))
+        delay = min(delay * 2, 0.1)
     try:
         yield claim
     except BaseException:
         # The block's own failure is the news; give the resource back quietly.
         store.release(claim.id, holder=me, fence=claim.fence)
         raise
-    run(store, _leave(resource, claim, me))
+    if not store.release(claim.id, holder=me, fence=claim.fence):
+        _check_lost(resource, claim, store.get(claim.id))
+    # --- end of the generated part ---
 
 
-def _enter(resource: str, ttl: float, wait: float | None, holder: str) -> Steps[tuple[Claim, str]]:
-    """The steps of entering :func:`exclusive` (both faces): the claim and its holder."""
+def _entry(resource: str, wait: float | None, holder: str) -> tuple[Unit, str]:
+    """Check ``wait``; the conflict unit, and a holder unique to this entry."""
     if wait is not None and (isinstance(wait, bool) or not 0 <= wait < float("inf")):
         raise InvalidInput(
             f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
         )
-    unit = Unit(resource, EXCLUSIVE_SLOT)
     # A fresh holder per entry: the same holder re-claiming would be handed its
     # existing claim back (a natural-key replay), which would let two entries in.
-    me = f"{holder}:{uuid.uuid4().hex}"
-    started = time.monotonic()
-    delay = 0.001
-    while True:
-        result = yield lambda store: store.claim(unit, holder=me, ttl=ttl)
-        # Linearization point: the store's claim on the conflict unit.
-        if result:
-            claim: Claim = result.claim
-            return claim, me
-        waited = time.monotonic() - started
-        if wait is not None and waited >= wait:
-            raise ResourceBusy(
-                f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
-            )
-        # Full jitter: waiters spread out instead of retrying in lockstep.
-        pause = random.uniform(0, delay)
-        if wait is not None:
-            pause = min(pause, max(0.0, wait - waited))
-        yield Pause(pause)
-        delay = min(delay * 2, 0.1)
+    return Unit(resource, EXCLUSIVE_SLOT), f"{holder}:{uuid.uuid4().hex}"
 
 
-def _leave(resource: str, claim: Claim, me: str) -> Steps[None]:
-    """The steps of leaving :func:`exclusive` after the block ran: release, or say it was lost."""
-    if (yield lambda store: store.release(claim.id, holder=me, fence=claim.fence)):
-        return
-    ended: Claim | None = yield lambda store: store.get(claim.id)
+def _pause(resource: str, started: float, wait: float | None, delay: float) -> float:
+    """How long to sleep before the next try; raises ResourceBusy when the wait ran out."""
+    waited = time.monotonic() - started
+    if wait is not None and waited >= wait:
+        raise ResourceBusy(
+            f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
+        )
+    # Full jitter: waiters spread out instead of retrying in lockstep.
+    pause = random.uniform(0, delay)
+    if wait is not None:
+        pause = min(pause, max(0.0, wait - waited))
+    return pause
+
+
+def _check_lost(resource: str, claim: Claim, ended: Claim | None) -> None:
+    """After the release at exit failed: raise HoldLost unless the block released it itself."""
     if ended is not None and ended.state is ClaimState.RELEASED:
-        return  # the block released it itself
+        return
     reason = (
         HoldLostReason.TAKEN_OVER
         if ended is not None and ended.taken_over

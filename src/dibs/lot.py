@@ -147,8 +147,6 @@ class _Row:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, size={self.size}, fit={self.fit!r})"
 
-    # --- the steps of each call ----------------------------------------------------------------
-
     # --- rules both faces apply around their store calls ----------------------------------------
 
     def _check_length(self, length: object) -> None:
@@ -299,7 +297,7 @@ class Lot(_Row):
     Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
     """
 
-    # --- generated from src/dibs/aio/lot.py by scripts/unasync.py: edit that file, then run it ---
+    # --- generated from dibs/aio/lot.py (scripts/unasync.py): edit that, then run it ---
 
     def __init__(
         self,

@@ -1,24 +1,26 @@
 """:mod:`dibs.booking` for asyncio: the unit makers as they are, and an ``async with`` exclusive.
 
 :func:`nights`, :func:`night_of` and :func:`time_slots` make units without a
-store, so they are the sync module's own functions. :func:`exclusive` takes
-:func:`dibs.booking.exclusive`'s steps (:mod:`dibs._steps`) and awaits them.
+store, so they are the sync module's own functions. The body of
+:func:`exclusive` between the markers below is the one implementation of both
+faces: ``scripts/unasync.py`` makes :func:`dibs.booking.exclusive`'s from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dibs._model import Claim
-from dibs._steps import arun
 from dibs.aio._store import AsyncStore
 from dibs.booking import (
     EXCLUSIVE_SLOT,
     ResourceBusy,
-    _enter,
-    _leave,
+    _check_lost,
+    _entry,
+    _pause,
     night_of,
     nights,
     time_slots,
@@ -43,12 +45,25 @@ async def exclusive(
     Raises :class:`ResourceBusy` when the wait runs out, and
     :class:`~dibs.HoldLost` on exit if the hold was lost while the block ran.
     """
-    claim, me = await arun(store, _enter(resource, ttl, wait, holder), asyncio.sleep)
+    # --- shared with the sync face: scripts/unasync.py makes it from this part ---
+    unit, me = _entry(resource, wait, holder)
+    started = time.monotonic()
+    delay = 0.001
+    while True:
+        result = await store.claim(unit, holder=me, ttl=ttl)
+        # Linearization point: the store's claim on the conflict unit.
+        if result:
+            claim = result.claim
+            assert claim is not None
+            break
+        await asyncio.sleep(_pause(resource, started, wait, delay))
+        delay = min(delay * 2, 0.1)
     try:
         yield claim
     except BaseException:
-        # The block's own failure (or its cancellation) is the news: give the
-        # resource back quietly, shielded so a cancelled task still lets go.
+        # The block's own failure is the news; give the resource back quietly.
         await asyncio.shield(store.release(claim.id, holder=me, fence=claim.fence))
         raise
-    await arun(store, _leave(resource, claim, me))
+    if not await store.release(claim.id, holder=me, fence=claim.fence):
+        _check_lost(resource, claim, await store.get(claim.id))
+    # --- end of the shared part ---

@@ -28,7 +28,7 @@ class Lot(_Row):
     Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
     """
 
-    # --- shared with dibs.Lot: scripts/unasync.py makes it from this part ---
+    # --- shared with the sync face: scripts/unasync.py makes it from this part ---
 
     def __init__(
         self,
