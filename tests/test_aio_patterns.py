@@ -560,3 +560,51 @@ def test_the_sync_lot_is_generated_from_the_async_one() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+BAD_MATCHES: list[tuple[Any, dict[str, Any], str]] = [
+    ([], {}, "candidates"),
+    ("driver-1", {}, "candidates"),
+    ([Unit("dibs.match", "x")], {}, "candidates"),
+    ([7], {}, "candidates"),
+    (["d"], {"request_id": ""}, "request_id"),
+    (["d"], {"attempts": 0}, "attempts"),
+    (["d"], {"attempts": True}, "attempts"),
+    (["d"], {"backoff": -1}, "backoff"),
+    (["d"], {"max_backoff": float("inf")}, "max_backoff"),
+    (["d"], {"holder": ""}, "holder"),
+]
+
+
+@pytest.mark.parametrize(("candidates", "changes", "field"), BAD_MATCHES)
+def test_bad_arguments_raise_the_same_errors_on_both_faces(
+    pair: tuple[Store, AsyncStore],
+    loop: asyncio.Runner,
+    candidates: Any,
+    changes: dict[str, Any],
+    field: str,
+) -> None:
+    sync_store, async_store = pair
+    kwargs = {"holder": "h", "request_id": "r", **changes}
+    with pytest.raises(InvalidInput) as sync_error:
+        dibs.match(sync_store, candidates, **kwargs)
+    with pytest.raises(InvalidInput) as async_error:
+        loop.run(dibs.aio.match(async_store, candidates, **kwargs))
+    assert sync_error.value.field == async_error.value.field == field
+    assert str(sync_error.value) == str(async_error.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [(("", 4), {}), (("row", 0), {}), (("row", True), {}), (("row", 4), {"fit": "worst"}),
+     (("row", 4), {"resource": ""})],
+)  # fmt: skip
+def test_bad_lots_raise_the_same_errors_on_both_faces(
+    pair: tuple[Store, AsyncStore], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    sync_store, async_store = pair
+    with pytest.raises(InvalidInput) as sync_error:
+        dibs.Lot(sync_store, *args, **kwargs)
+    with pytest.raises(InvalidInput) as async_error:
+        dibs.aio.Lot(async_store, *args, **kwargs)
+    assert str(sync_error.value) == str(async_error.value)
