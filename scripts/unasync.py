@@ -54,7 +54,7 @@ def _part(text: str, begin: str, end: str, where: Path) -> tuple[int, int]:
 
 def _format(code: str) -> str:
     done = subprocess.run(
-        ["ruff", "format", "--stdin-filename", "generated.py", "-"],
+        [sys.executable, "-m", "ruff", "format", "--stdin-filename", "generated.py", "-"],
         input=code,
         capture_output=True,
         text=True,

@@ -551,7 +551,7 @@ def test_single_flight_coalesces_identical_store_calls(faces: Faces, loop: async
     loop.run(run())
 
 
-def test_the_sync_lot_is_generated_from_the_async_one() -> None:
+def test_the_sync_patterns_are_generated_from_the_async_ones() -> None:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, str(root / "scripts" / "unasync.py"), "--check"],
