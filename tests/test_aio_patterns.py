@@ -89,14 +89,22 @@ def loop() -> Iterator[asyncio.Runner]:
 
 
 @pytest.fixture
-def pair(faces: Faces, loop: asyncio.Runner) -> Iterator[tuple[Store, AsyncStore]]:
+def clocks() -> tuple[FakeClock, FakeClock]:
+    """The pair's clocks, sync and async: a test moves both alike."""
+    return FakeClock(), FakeClock()
+
+
+@pytest.fixture
+def pair(
+    faces: Faces, loop: asyncio.Runner, clocks: tuple[FakeClock, FakeClock]
+) -> Iterator[tuple[Store, AsyncStore]]:
     """A sync and an async store of one kind, fresh; the async one opened on ``loop``.
 
     A Hypothesis test gives both faces the same calls in the same order in every
     example, so their states stay equal and nothing needs to be fresh per example.
     """
-    sync_store = faces.sync()
-    async_store = loop.run(faces.aio().open())
+    sync_store = faces.sync(clocks[0])
+    async_store = loop.run(faces.aio(clocks[1]).open())
     yield sync_store, async_store
     loop.run(async_store.close())
 
@@ -192,7 +200,9 @@ def match_programs(draw: st.DrawFn) -> list[MatchCall]:
             st.sampled_from(holders),
             st.one_of(st.sampled_from(requests), st.just("")),
             st.integers(0, 3),
+            ds.ttls(),
         ),
+        st.tuples(st.just("advance"), st.floats(0, 120)),
         st.tuples(st.just("busy"), st.sampled_from(pool)),
         st.tuples(st.just("release"), st.sampled_from(holders)),
     )
@@ -200,8 +210,9 @@ def match_programs(draw: st.DrawFn) -> list[MatchCall]:
 
 
 def _match_view(m: dibs.Match) -> Any:
-    units = None if m.claim is None else sorted(m.claim.units, key=repr)
-    return (bool(m), m.candidate, m.replayed, m.attempts, m.rounds, units)
+    claim = m.claim
+    held = None if claim is None else (sorted(claim.units, key=repr), claim.state, claim.expires_at)
+    return (bool(m), m.candidate, m.replayed, m.attempts, m.rounds, held)
 
 
 @pool_uses_random
@@ -209,11 +220,16 @@ def _match_view(m: dibs.Match) -> Any:
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(program=match_programs())
 def test_match_outcomes_match_the_sync_match(
-    pair: tuple[Store, AsyncStore], loop: asyncio.Runner, program: list[MatchCall]
+    pair: tuple[Store, AsyncStore],
+    clocks: tuple[FakeClock, FakeClock],
+    loop: asyncio.Runner,
+    program: list[MatchCall],
 ) -> None:
     sync_store, async_store = pair
 
     def sync_call(call: MatchCall) -> Any:
+        if call[0] == "advance":
+            return clocks[0].advance(call[1])
         if call[0] == "busy":
             return sync_store.claim(call[1], holder="someone-else").granted
         if call[0] == "release":
@@ -221,10 +237,10 @@ def test_match_outcomes_match_the_sync_match(
                 sync_store.release(c.id, holder=c.holder, fence=c.fence)
                 for c in sync_store.claims_of(call[1])
             ]
-        _, candidates, holder, request_id, attempts = call
+        _, candidates, holder, request_id, attempts, ttl = call
         return _match_view(
             dibs.match(
-                sync_store, candidates, holder=holder, request_id=request_id,
+                sync_store, candidates, holder=holder, request_id=request_id, ttl=ttl,
                 attempts=attempts, jitter=False, backoff=0, sleep=lambda _: None,
             )
         )  # fmt: skip
@@ -233,6 +249,8 @@ def test_match_outcomes_match_the_sync_match(
         pass
 
     async def async_call(call: MatchCall) -> Any:
+        if call[0] == "advance":
+            return clocks[1].advance(call[1])
         if call[0] == "busy":
             return (await async_store.claim(call[1], holder="someone-else")).granted
         if call[0] == "release":
@@ -240,10 +258,10 @@ def test_match_outcomes_match_the_sync_match(
                 await async_store.release(c.id, holder=c.holder, fence=c.fence)
                 for c in await async_store.claims_of(call[1])
             ]
-        _, candidates, holder, request_id, attempts = call
+        _, candidates, holder, request_id, attempts, ttl = call
         return _match_view(
             await dibs.aio.match(
-                async_store, candidates, holder=holder, request_id=request_id,
+                async_store, candidates, holder=holder, request_id=request_id, ttl=ttl,
                 attempts=attempts, jitter=False, backoff=0, sleep=nap,
             )
         )  # fmt: skip
