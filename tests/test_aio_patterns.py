@@ -626,3 +626,27 @@ def test_bad_lots_raise_the_same_errors_on_both_faces(
     with pytest.raises(InvalidInput) as async_error:
         dibs.aio.Lot(async_store, *args, **kwargs)
     assert str(sync_error.value) == str(async_error.value)
+
+
+# Each memory:// store is a world of its own: only a file or a database is shared.
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+def test_sync_and_async_lots_share_one_row(faces: Faces, loop: asyncio.Runner) -> None:
+    url = faces.url()
+    with dibs.open(url) as sync_store:
+        lot = dibs.Lot(sync_store, "yard", 6)
+        assert lot.park("truck-1", 2) == 0
+
+        async def run() -> None:
+            async with dibs.aio.open(url) as store:
+                alot = dibs.aio.Lot(store, "yard", 6)
+                assert await alot.position_of("truck-1") == 0
+                assert await alot.park("truck-1", 2) == 0  # the same truck, seen async
+                assert await alot.park("car-1") == 2
+                with pytest.raises(dibs.AlreadyParked):
+                    await alot.park("truck-1", 3)
+                assert await alot.remove("truck-1") == 0
+
+        loop.run(run())
+        assert lot.position_of("truck-1") is None
+        assert str(lot.occupancy()) == "..#..."
+        assert lot.park("bus-1", 3) == 3
