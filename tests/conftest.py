@@ -30,6 +30,7 @@ STORE_KINDS = ["memory", "sqlite", "postgresql"]
 
 QUICK_MODULES = frozenset(
     {
+        "test_aio_patterns.py",
         "test_booking.py",
         "test_contract.py",
         "test_domain.py",
