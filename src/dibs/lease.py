@@ -72,10 +72,11 @@ from dibs._lease import (
     _unexpected,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
-from dibs.exceptions import DibsError, HoldLost, StoreUnavailable
+from dibs.exceptions import HoldLost, StoreUnavailable
 from dibs.stores.capabilities import UnchangingFeed
 
 if TYPE_CHECKING:
+    from dibs._lease import _Terms
     from dibs.aio import AsyncStore
     from dibs.stores.base import Store
     from dibs.stores.capabilities import ChangeFeed
@@ -186,6 +187,45 @@ def _note(exc: BaseException, lost: HoldLost) -> None:
         exc.add_note(f"dibs: and the lease's hold was lost meanwhile: {lost}")
 
 
+def _release_failed(
+    hold: _Hold, exc: BaseException | None, failure: Exception
+) -> HoldLost | Exception | None:
+    """What a release that failed unexpectedly makes of the exit: the error to raise, if any.
+
+    The block's own exception is never replaced: the failure becomes a note on it (and a
+    log record). After a block that succeeded, the failure is raised, as the
+    :class:`~dibs.HoldLost` already known if the hold was lost meanwhile.
+    """
+    _logger.error("lease %s: release failed", hold.claim.id, exc_info=failure)
+    if exc is not None:
+        exc.add_note(f"dibs: and releasing the lease's hold failed: {failure!r}")
+        if hold.error is not None:
+            _note(exc, hold.error)
+        return None
+    if hold.error is not None:
+        hold.error.add_note(f"dibs: and releasing the hold failed: {failure!r}")
+        return hold.error
+    return failure
+
+
+def _abandon_now(store: Store, terms: _Terms, request_id: str) -> None:
+    """Best effort: learn a cut-off claim's outcome by replaying it, and release it if granted.
+
+    A replay of a request the store never saw makes the hold (to release it at once):
+    the lease cannot tell the two apart, and a hold left behind blocks the targets
+    until it expires, which is worse.
+    """
+    try:
+        result = store.claim(
+            terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+        )
+        claim = result.claim
+        if result and claim is not None and claim.request_id == request_id:
+            store.release(claim.id, holder=terms.holder, fence=claim.fence)
+    except Exception as exc:  # best effort: the hold expires by itself
+        _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
 class Lease(_LeaseFace):
     """``with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
 
@@ -219,6 +259,10 @@ class Lease(_LeaseFace):
         attempt = _Attempt()
         try:
             claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+        except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
+            if attempt.unanswered is not None:
+                _abandon_now(self._store, self._terms, attempt.unanswered)
+            raise
         finally:
             if self._feed is not None:
                 self._feed.close()
@@ -239,9 +283,20 @@ class Lease(_LeaseFace):
         hold = self._live()
         self._stop.set()
         assert self._renewer is not None
-        self._renewer.join()
+        # A renewal stuck in an extend is waited for only while the hold can be alive:
+        # the release is fenced, so an extend landing after it is refused.
+        self._renewer.join(max(0.0, hold.alive_until - time.monotonic()))
         hold.overdue()
-        at_release = _drive(_release_policy(hold), self._perform)
+        try:
+            at_release = _drive(_release_policy(hold), self._perform)
+        except Exception as failure:
+            hold.ended = True
+            raised = _release_failed(hold, exc, failure)
+            if raised is None:
+                return
+            if raised is failure:
+                raise
+            raise raised from raised.__cause__  # the release's failure is in a note on it
         hold.ended = True
         lost = hold.error or at_release
         if lost is None:
@@ -256,19 +311,22 @@ class Lease(_LeaseFace):
             lost = _drive(_renewal_policy(hold), self._perform)
         except _Stopped:
             return
-        except BaseException as exc:  # any failure ends the renewal: a lost hold
+        except Exception as exc:  # any failure ends the renewal: a lost hold
             lost = _unexpected(hold.claim.id, exc)
+        if self._stop.is_set():
+            return  # the block ended (and its exit may have released): the release judges
         hold.lose(lost)
 
     def _perform(self, step: _Step) -> Any:
         store, terms = self._store, self._terms
         match step:
             case _ClaimStep(request_id):
-                if self._feed is not None:
-                    self._token = self._read_feed()
-                return store.claim(
+                result = store.claim(
                     terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
                 )
+                if self._feed is not None:  # after the claim: its own write is no news
+                    self._token = self._read_feed()
+                return result
             case _ExtendStep(claim):
                 return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
             case _ReleaseStep(claim):
@@ -283,13 +341,13 @@ class Lease(_LeaseFace):
                 if not renewal:
                     time.sleep(seconds)
                 return None
-            case _ChangeStep(seconds):
-                self._await_change(seconds)
+            case _ChangeStep(seconds, hurried):
+                self._await_change(seconds, hurried)
                 return None
         raise AssertionError(step)  # pragma: no cover
 
-    def _await_change(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, waking early when the store's change feed moves."""
+    def _await_change(self, seconds: float, hurried: float) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more when the store's change feed moves."""
         end = time.monotonic() + seconds
         if self._feed is None:
             try:
@@ -306,6 +364,7 @@ class Lease(_LeaseFace):
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(_FEED_POLL, left))
             if self._read_feed() != self._token:
+                time.sleep(max(0.0, min(end - time.monotonic(), hurried)))
                 return
 
     def _read_feed(self) -> object:
@@ -377,7 +436,7 @@ class AsyncLease(_LeaseFace):
         attempt = _Attempt()
         try:
             claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 _keep(asyncio.ensure_future(self._abandon(attempt.unanswered)))
             raise
@@ -395,8 +454,9 @@ class AsyncLease(_LeaseFace):
     ) -> None:
         hold = self._live()
         self._exiting = True
+        elsewhere = asyncio.current_task() is not self._task
         outside = False
-        if self._cancelled:
+        if self._cancelled and not elsewhere:
             assert self._task is not None
             # Take back our cancellation; any count left is someone else's.
             outside = self._task.uncancel() > self._cancelling
@@ -406,7 +466,20 @@ class AsyncLease(_LeaseFace):
         except asyncio.CancelledError:
             _keep(finish)  # cancelled from outside while releasing: the release goes on
             raise
+        except Exception as failure:
+            hold.ended = True
+            raised = _release_failed(hold, exc, failure)
+            if raised is None:
+                return
+            if raised is failure:
+                raise
+            raise raised from raised.__cause__  # the release's failure is in a note on it
         hold.ended = True
+        if elsewhere:  # released all the same; the loss cancelled the entering task, if any
+            raise RuntimeError(
+                "an async lease must be exited in the task that entered it"
+                " (its loss cancels that task)"
+            )
         lost = hold.error or at_release
         if lost is None:
             return
@@ -427,9 +500,7 @@ class AsyncLease(_LeaseFace):
     async def _renew(self, hold: _Hold) -> None:
         try:
             lost = await _adrive(_renewal_policy(hold), self._perform)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # any failure ends the renewal: a lost hold
+        except Exception as exc:  # any failure ends the renewal: a lost hold
             lost = _unexpected(hold.claim.id, exc)
         hold.lose(lost)
         if not self._exiting:
@@ -447,9 +518,9 @@ class AsyncLease(_LeaseFace):
             claim = result.claim
             if result and claim is not None and claim.request_id == request_id:
                 await store.release(claim.id, holder=terms.holder, fence=claim.fence)
-        except DibsError as exc:
+        except Exception as exc:  # best effort: the hold expires by itself
             _logger.warning(
-                "lease request %s: cancelled claim left to expire (%s)", request_id, exc
+                "lease request %s: abandoned claim left to expire (%s)", request_id, exc
             )
 
     async def _perform(self, step: _Step) -> Any:
@@ -475,7 +546,7 @@ class AsyncLease(_LeaseFace):
                 return await store.get(claim_id)
             case _HoldersStep(targets):
                 return {target: await store.holder_of(_one(target)) for target in targets}
-            case _SleepStep(seconds) | _ChangeStep(seconds):  # the renewal's: a cancel cuts it
+            case _SleepStep(seconds) | _ChangeStep(seconds):  # no change feed on this face
                 await asyncio.sleep(seconds)
                 return None
         raise AssertionError(step)  # pragma: no cover
