@@ -217,6 +217,9 @@ BAD_ARGUMENTS = [
     ({"wait": True}, "wait"),
     ({"renew_every": 0.0}, "renew_every"),
     ({"renew_every": 10.0}, "renew_every"),
+    ({"renew_every": 1e-9}, "renew_every"),  # a busy loop of extends
+    ({"renew_every": 0.009}, "renew_every"),
+    ({"renew_every": True}, "renew_every"),
 ]
 
 
@@ -230,6 +233,9 @@ def test_bad_arguments_raise_invalid_input_naming_them(
         store.lease(targets, **args)
     assert raised.value.field == field
     assert raised.value.value is bad[field] or raised.value.value == bad[field]
+    assert repr(bad[field]) in str(raised.value) or field in {"holder", "targets"}
+    if field == "ttl":  # the lease's own rule, not claim()'s (which takes None)
+        assert "None" not in str(raised.value).replace(repr(bad[field]), "")
     if field in {"holder", "targets"}:  # the very error claim() gives
         with pytest.raises(InvalidInput) as claimed:
             store.claim(targets, holder=args["holder"], ttl=10.0)
@@ -268,17 +274,31 @@ class Flaky:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lose_claim_replies = 0
+        self.lose_release_replies = 0
+        self.slow_replay = 0.0  # seconds the claim after a lost reply takes to answer
         self.failing_extends = 0
         self.request_ids: list[str | None] = []
+        self.claims: list[Any] = []
         self.lock = threading.Lock()
 
     def claim(self, *args: Any, **kwargs: Any) -> Any:
         self.request_ids.append(kwargs.get("request_id"))
         result = self.store.claim(*args, **kwargs)
+        self.claims.append(result.claim)
         with self.lock:
             if self.lose_claim_replies:
                 self.lose_claim_replies -= 1
                 raise StoreUnavailable("the claim's reply was lost")
+            slow, self.slow_replay = self.slow_replay, 0.0
+        time.sleep(slow)  # the replay's answer comes late, after the store came back
+        return result
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.store.release(*args, **kwargs)  # the write lands...
+        with self.lock:
+            if self.lose_release_replies:
+                self.lose_release_replies -= 1
+                raise StoreUnavailable("the release's reply was lost")  # ...its answer doesn't
         return result
 
     def extend(self, *args: Any, **kwargs: Any) -> Any:
@@ -322,6 +342,75 @@ def test_an_outage_until_the_hold_could_expire_loses_the_lease(store: Store) -> 
         until(lambda: lease.lost)
     assert lost.value.reason is HoldLostReason.EXPIRED
     assert isinstance(lost.value.__cause__, StoreUnavailable)
+
+
+def test_a_release_whose_reply_was_lost_is_no_loss(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_release_replies = 1  # the release lands; its retry finds the claim released
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0) as lease:  # type: ignore[arg-type]
+        pass
+    ended = store.get(lease.id)
+    assert ended is not None and ended.state is ClaimState.RELEASED
+    assert not lease.lost and lease.error is None
+
+
+def test_a_claim_answered_late_is_renewed_before_it_can_expire(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1
+    flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        assert lease.id == flaky.claims[0].id  # the replay answered the first claim
+        until(lambda: lease.renewals > 0 or lease.lost)
+        lease.check()
+
+
+def test_a_claim_answered_too_late_to_renew_is_dropped_and_claimed_again(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1
+    flaky.slow_replay = 1.9  # of a 2 s TTL: past the margin, the hold may expire any moment
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        first = flaky.claims[0]
+        assert lease.id != first.id and lease.fence > first.fence
+        lease.check()
+        assert [claim.id for claim in store.claims_of("w1")] == [lease.id]
+    dropped = store.get(first.id)
+    assert dropped is not None and dropped.state is ClaimState.RELEASED
+
+
+class Counting:
+    """A store that counts the claims it is asked."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.claims = 0
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return self.store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _claims_while_waiting(store: Store) -> int:
+    store.claim(UNIT, holder="alice", ttl=60.0)
+    counting = Counting(store)
+    with (
+        pytest.raises(ResourceBusy),
+        dibs.lease.Lease(counting, UNIT, holder="w1", ttl=30.0, wait=1.0),  # type: ignore[arg-type]
+    ):
+        pytest.fail("entered a lease on a taken unit")
+    return counting.claims
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])  # the stores with a change feed
+def test_a_waiters_own_claims_do_not_defeat_its_backoff(make_store: Any) -> None:
+    # Each failed claim writes (its request record), which moves the waiter's own change feed
+    # (and on PostgreSQL any write in the cluster does): a change may shorten a pause, never end
+    # it, so a waiter retries about as often as on memory://, which has no feed.
+    polled = _claims_while_waiting(dibs.open("memory://"))
+    fed = _claims_while_waiting(make_store())
+    assert fed <= 3 * polled + 5, (fed, polled)
 
 
 class BrokenFeed:
