@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import dibs
+import dibs._lease
 import dibs.aio
 import dibs.lease
 from dibs import (
@@ -411,6 +412,117 @@ def test_a_waiters_own_claims_do_not_defeat_its_backoff(make_store: Any) -> None
     polled = _claims_while_waiting(dibs.open("memory://"))
     fed = _claims_while_waiting(make_store())
     assert fed <= 3 * polled + 5, (fed, polled)
+
+
+def _expire_take_over_and_purge(store: Store, clock: FakeClock) -> None:
+    clock.advance(2.0)  # the worker paused: its 1 s hold expired unrenewed
+    assert store.claim(UNIT, holder="thief", ttl=60.0)
+    store.sweep()
+    clock.advance(5.0)
+    store.sweep()  # past the retention: the expired claim is gone from the store
+
+
+@pytest.mark.parametrize("block", ["raises", "succeeds"])
+def test_a_hold_purged_before_the_exit_is_a_loss_not_a_claim_not_found(
+    make_store: Any, clock: FakeClock, block: str
+) -> None:
+    store = make_store(clock, request_retention=1.0)
+    with (
+        pytest.raises(ValueError if block == "raises" else HoldLost) as raised,
+        store.lease(UNIT, holder="w1", ttl=1.0, renew_every=0.5) as lease,
+    ):
+        _expire_take_over_and_purge(store, clock)
+        assert store.get(lease.id) is None
+        if block == "raises":
+            raise ValueError("the block's own error")
+    if block == "raises":
+        assert any("lost" in note for note in raised.value.__notes__)
+    else:
+        assert isinstance(raised.value, HoldLost)
+        assert raised.value.reason is HoldLostReason.TAKEN_OVER
+    assert store.holder_of(UNIT) == "thief"
+
+
+class BreaksOnRelease:
+    """A store whose release fails in a way the lease does not expect."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the release broke")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_an_unexpected_release_error_never_masks_the_blocks_exception(store: Store) -> None:
+    broken = BreaksOnRelease(store)
+    with pytest.raises(KeyError) as raised, dibs.lease.Lease(broken, UNIT, holder="w1", ttl=30.0):  # type: ignore[arg-type]
+        raise KeyError("the block's own error")
+    assert any("the release broke" in note for note in raised.value.__notes__)
+    with (
+        pytest.raises(RuntimeError, match="the release broke"),  # after a clean block: raised
+        dibs.lease.Lease(broken, Unit("report", "2"), holder="w2", ttl=30.0),  # type: ignore[arg-type]
+    ):
+        pass
+
+
+def test_an_interrupted_entry_leaves_no_hold(store: Store) -> None:
+    class Interrupted(Flaky):
+        def claim(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().claim(*args, **kwargs)
+            if len(self.claims) == 1:
+                raise KeyboardInterrupt  # Ctrl-C while the claim's answer was on its way
+            return result
+
+    with pytest.raises(KeyboardInterrupt):
+        dibs.lease.Lease(Interrupted(store), UNIT, holder="w1", ttl=30.0).__enter__()  # type: ignore[arg-type]
+    assert store.claims_of("w1") == []
+    assert store.holder_of(UNIT) is None
+
+
+def test_an_entry_that_gives_up_on_the_store_leaves_no_hold(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dibs._lease, "UNAVAILABLE_RETRY", 0.0)  # give up at the first outage
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1  # the claim landed; the lease cannot know
+    with pytest.raises(StoreUnavailable):
+        dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0).__enter__()  # type: ignore[arg-type]
+    assert store.claims_of("w1") == []
+
+
+class Stuck:
+    """A store whose extends hang until let go (a connection that never answers)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.go = threading.Event()
+        self.stuck = threading.Event()
+
+    def extend(self, *args: Any, **kwargs: Any) -> Any:
+        self.stuck.set()
+        self.go.wait()
+        return self.store.extend(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_the_exit_does_not_wait_forever_for_a_stuck_renewal(store: Store) -> None:
+    stuck = Stuck(store)
+    try:
+        with (
+            pytest.raises(HoldLost) as lost,
+            dibs.lease.Lease(stuck, UNIT, holder="w1", ttl=1.0, renew_every=0.05) as lease,  # type: ignore[arg-type]
+        ):
+            stuck.stuck.wait()
+        assert lost.value.reason is HoldLostReason.EXPIRED  # not renewed: it may have expired
+        ended = store.get(lease.id)
+        assert ended is not None and ended.state is ClaimState.RELEASED  # released all the same
+    finally:
+        stuck.go.set()
 
 
 class BrokenFeed:
