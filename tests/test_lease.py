@@ -850,3 +850,137 @@ def test_async_contending_tasks_never_overlap(astore: AsyncStore, holders: str) 
         assert fences == sorted(set(fences))
 
     arun(astore, main)
+
+
+class AsyncFlaky:
+    """:class:`Flaky` for the async face."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self.store = store
+        self.lose_claim_replies = 0
+        self.lose_release_replies = 0
+        self.slow_replay = 0.0
+        self.claims: list[Any] = []
+        self.release_fails: Exception | None = None
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.store.claim(*args, **kwargs)
+        self.claims.append(result.claim)
+        if self.lose_claim_replies:
+            self.lose_claim_replies -= 1
+            raise StoreUnavailable("the claim's reply was lost")
+        slow, self.slow_replay = self.slow_replay, 0.0
+        await asyncio.sleep(slow)
+        return result
+
+    async def release(self, *args: Any, **kwargs: Any) -> Any:
+        if self.release_fails is not None:
+            raise self.release_fails
+        result = await self.store.release(*args, **kwargs)
+        if self.lose_release_replies:
+            self.lose_release_replies -= 1
+            raise StoreUnavailable("the release's reply was lost")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_async_a_release_whose_reply_was_lost_is_no_loss(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_release_replies = 1
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=30.0) as lease:  # type: ignore[arg-type]
+            pass
+        ended = await store.get(lease.id)
+        assert ended is not None and ended.state is ClaimState.RELEASED
+        assert not lease.lost
+
+    arun(astore, main)
+
+
+def test_async_a_claim_answered_late_is_renewed_before_it_can_expire(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_claim_replies = 1
+        flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+            assert lease.id == flaky.claims[0].id
+
+            async def renewed_or_lost() -> bool:
+                return lease.renewals > 0 or lease.lost
+
+            await auntil(renewed_or_lost)
+            lease.check()
+
+    arun(astore, main)
+
+
+def test_async_a_claim_answered_too_late_to_renew_is_claimed_again(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_claim_replies = 1
+        flaky.slow_replay = 1.9
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+            first = flaky.claims[0]
+            assert lease.id != first.id and lease.fence > first.fence
+            lease.check()
+        dropped = await store.get(first.id)
+        assert dropped is not None and dropped.state is ClaimState.RELEASED
+
+    arun(astore, main)
+
+
+@pytest.mark.parametrize("block", ["raises", "succeeds"])
+def test_async_a_hold_purged_before_the_exit_is_a_loss(
+    make_store: Any, clock: FakeClock, block: str
+) -> None:
+    url = "memory://" if make_store.kind == "memory" else make_store.url
+    astore = dibs.aio.open(url, clock=clock, request_retention=1.0)
+
+    async def main(store: AsyncStore) -> None:
+        with pytest.raises(ValueError if block == "raises" else HoldLost) as raised:
+            async with store.lease(UNIT, holder="w1", ttl=1.0, renew_every=0.5) as lease:
+                clock.advance(2.0)
+                assert await store.claim(UNIT, holder="thief", ttl=60.0)
+                await store.sweep()
+                clock.advance(5.0)
+                await store.sweep()
+                assert await store.get(lease.id) is None
+                if block == "raises":
+                    raise ValueError("the block's own error")
+        if block == "raises":
+            assert any("lost" in note for note in raised.value.__notes__)
+        else:
+            assert isinstance(raised.value, HoldLost)
+            assert raised.value.reason is HoldLostReason.TAKEN_OVER
+
+    arun(astore, main)
+
+
+def test_async_an_unexpected_release_error_never_masks_the_blocks_exception(
+    astore: AsyncStore,
+) -> None:
+    async def main(store: AsyncStore) -> None:
+        broken = AsyncFlaky(store)
+        broken.release_fails = RuntimeError("the release broke")
+        with pytest.raises(KeyError) as raised:
+            async with dibs.lease.AsyncLease(broken, UNIT, holder="w1", ttl=30.0):  # type: ignore[arg-type]
+                raise KeyError("the block's own error")
+        assert any("the release broke" in note for note in raised.value.__notes__)
+        with pytest.raises(RuntimeError, match="the release broke"):
+            async with dibs.lease.AsyncLease(broken, Unit("report", "2"), holder="w2", ttl=30.0):  # type: ignore[arg-type]
+                pass
+
+    arun(astore, main)
+
+
+def test_async_a_lease_exited_in_another_task_says_so_and_releases(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        lease = store.lease(UNIT, holder="w1", ttl=30.0)
+        await asyncio.create_task(lease.__aenter__())
+        with pytest.raises(RuntimeError, match="task that entered it"):
+            await lease.__aexit__(None, None, None)
+        assert await store.holder_of(UNIT) is None
+
+    arun(astore, main)
