@@ -14,19 +14,27 @@ renewal task. The policy:
 
 * **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
   with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
-  store answers the first attempt's outcome instead of making a second hold.
+  store answers the first attempt's outcome instead of making a second hold;
+  such retries stop ``UNAVAILABLE_RETRY`` seconds (or ``wait``) after entering.
+  A grant answered so late that the hold may already have expired is released
+  and claimed again.
   A grant the lease did not make (the same holder already holds exactly these
   targets: another lease, or a claim of its own) counts as taken: a lease
   never adopts a hold it did not claim.
 * **Taken.** With ``wait=0`` (the default) taken targets raise
   :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
   holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
-  the store's change feed where it has one) until then; ``wait=None`` waits
-  as long as it takes.
-* **Renewal.** An extend that fails with :class:`~dibs.StoreUnavailable` is
+  the store's change feed where it has one, which only shortens a pause) until
+  then; ``wait=None`` waits as long as it takes.
+* **Renewal.** Every ``renew_every`` seconds, or sooner when half the time the
+  hold has left is gone. An extend that fails with :class:`~dibs.StoreUnavailable` is
   retried while the hold can still be alive: until ``ttl`` after the last
   renewal was sent, less a margin of ``ttl / 10``. Past that, or on
   :class:`~dibs.HoldLost`, the lease is lost.
+* **Release.** Fenced; retried on :class:`~dibs.StoreUnavailable`, and a retry
+  that finds the claim released under its fence after an unanswered try counts
+  as the lease's own release. An unexpected error from it never replaces the
+  block's exception (it becomes a note).
 * **Loss.** The async face cancels the block's task and turns that
   cancellation into :class:`~dibs.HoldLost` when the block exits; an outside
   cancellation still propagates as :class:`asyncio.CancelledError`. The sync
@@ -50,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Self
 from dibs._lease import (
     _FEED_POLL,
     LEASE_TTL_MIN,
+    RENEW_EVERY_MIN,
     UNAVAILABLE_RETRY,
     _adrive,
     _Attempt,
@@ -81,7 +90,7 @@ if TYPE_CHECKING:
     from dibs.stores.base import Store
     from dibs.stores.capabilities import ChangeFeed
 
-__all__ = ["LEASE_TTL_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
+__all__ = ["LEASE_TTL_MIN", "RENEW_EVERY_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
 
 
 class _LeaseFace:
@@ -406,8 +415,10 @@ class AsyncLease(_LeaseFace):
     task is cancelled at once and the ``async with`` statement raises
     :class:`~dibs.HoldLost` in place of that cancellation. A cancellation from
     outside propagates as :class:`asyncio.CancelledError`, as always.
-    Cancelling the entry itself leaves no hold behind: a claim whose answer
-    was cut off is replayed with its request ID and released in the background.
+    Cancelling the entry releases, best effort, a hold its cut-off claim may
+    have made: the claim is replayed with its request ID and released in a
+    background task (which event loop shutdown may cancel; the hold then expires).
+    Enter and exit the lease in one task: its loss cancels the task that entered it.
     """
 
     def __init__(
