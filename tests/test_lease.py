@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import dibs
+import dibs._lease
 import dibs.aio
 import dibs.lease
 from dibs import (
@@ -217,6 +218,9 @@ BAD_ARGUMENTS = [
     ({"wait": True}, "wait"),
     ({"renew_every": 0.0}, "renew_every"),
     ({"renew_every": 10.0}, "renew_every"),
+    ({"renew_every": 1e-9}, "renew_every"),  # a busy loop of extends
+    ({"renew_every": 0.009}, "renew_every"),
+    ({"renew_every": True}, "renew_every"),
 ]
 
 
@@ -230,6 +234,9 @@ def test_bad_arguments_raise_invalid_input_naming_them(
         store.lease(targets, **args)
     assert raised.value.field == field
     assert raised.value.value is bad[field] or raised.value.value == bad[field]
+    assert repr(bad[field]) in str(raised.value) or field in {"holder", "targets"}
+    if field == "ttl":  # the lease's own rule, not claim()'s (which takes None)
+        assert "None" not in str(raised.value).replace(repr(bad[field]), "")
     if field in {"holder", "targets"}:  # the very error claim() gives
         with pytest.raises(InvalidInput) as claimed:
             store.claim(targets, holder=args["holder"], ttl=10.0)
@@ -268,17 +275,31 @@ class Flaky:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lose_claim_replies = 0
+        self.lose_release_replies = 0
+        self.slow_replay = 0.0  # seconds the claim after a lost reply takes to answer
         self.failing_extends = 0
         self.request_ids: list[str | None] = []
+        self.claims: list[Any] = []
         self.lock = threading.Lock()
 
     def claim(self, *args: Any, **kwargs: Any) -> Any:
         self.request_ids.append(kwargs.get("request_id"))
         result = self.store.claim(*args, **kwargs)
+        self.claims.append(result.claim)
         with self.lock:
             if self.lose_claim_replies:
                 self.lose_claim_replies -= 1
                 raise StoreUnavailable("the claim's reply was lost")
+            slow, self.slow_replay = self.slow_replay, 0.0
+        time.sleep(slow)  # the replay's answer comes late, after the store came back
+        return result
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.store.release(*args, **kwargs)  # the write lands...
+        with self.lock:
+            if self.lose_release_replies:
+                self.lose_release_replies -= 1
+                raise StoreUnavailable("the release's reply was lost")  # ...its answer doesn't
         return result
 
     def extend(self, *args: Any, **kwargs: Any) -> Any:
@@ -322,6 +343,186 @@ def test_an_outage_until_the_hold_could_expire_loses_the_lease(store: Store) -> 
         until(lambda: lease.lost)
     assert lost.value.reason is HoldLostReason.EXPIRED
     assert isinstance(lost.value.__cause__, StoreUnavailable)
+
+
+def test_a_release_whose_reply_was_lost_is_no_loss(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_release_replies = 1  # the release lands; its retry finds the claim released
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0) as lease:  # type: ignore[arg-type]
+        pass
+    ended = store.get(lease.id)
+    assert ended is not None and ended.state is ClaimState.RELEASED
+    assert not lease.lost and lease.error is None
+
+
+def test_a_claim_answered_late_is_renewed_before_it_can_expire(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1
+    flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        assert lease.id == flaky.claims[0].id  # the replay answered the first claim
+        until(lambda: lease.renewals > 0 or lease.lost)
+        lease.check()
+
+
+def test_a_claim_answered_too_late_to_renew_is_dropped_and_claimed_again(store: Store) -> None:
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1
+    flaky.slow_replay = 1.9  # of a 2 s TTL: past the margin, the hold may expire any moment
+    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        first = flaky.claims[0]
+        assert lease.id != first.id and lease.fence > first.fence
+        lease.check()
+        assert [claim.id for claim in store.claims_of("w1")] == [lease.id]
+    dropped = store.get(first.id)
+    assert dropped is not None and dropped.state is ClaimState.RELEASED
+
+
+class Counting:
+    """A store that counts the claims it is asked."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.claims = 0
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return self.store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _claims_while_waiting(store: Store) -> int:
+    store.claim(UNIT, holder="alice", ttl=60.0)
+    counting = Counting(store)
+    with (
+        pytest.raises(ResourceBusy),
+        dibs.lease.Lease(counting, UNIT, holder="w1", ttl=30.0, wait=1.0),  # type: ignore[arg-type]
+    ):
+        pytest.fail("entered a lease on a taken unit")
+    return counting.claims
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])  # the stores with a change feed
+def test_a_waiters_own_claims_do_not_defeat_its_backoff(make_store: Any) -> None:
+    # Each failed claim writes (its request record), which moves the waiter's own change feed
+    # (and on PostgreSQL any write in the cluster does): a change may shorten a pause, never end
+    # it, so a waiter retries about as often as on memory://, which has no feed.
+    polled = _claims_while_waiting(dibs.open("memory://"))
+    fed = _claims_while_waiting(make_store())
+    assert fed <= 3 * polled + 5, (fed, polled)
+
+
+def _expire_take_over_and_purge(store: Store, clock: FakeClock) -> None:
+    clock.advance(2.0)  # the worker paused: its 1 s hold expired unrenewed
+    assert store.claim(UNIT, holder="thief", ttl=60.0)
+    store.sweep()
+    clock.advance(5.0)
+    store.sweep()  # past the retention: the expired claim is gone from the store
+
+
+@pytest.mark.parametrize("block", ["raises", "succeeds"])
+def test_a_hold_purged_before_the_exit_is_a_loss_not_a_claim_not_found(
+    make_store: Any, clock: FakeClock, block: str
+) -> None:
+    store = make_store(clock, request_retention=1.0)
+    with (
+        pytest.raises(ValueError if block == "raises" else HoldLost) as raised,
+        store.lease(UNIT, holder="w1", ttl=1.0, renew_every=0.5) as lease,
+    ):
+        _expire_take_over_and_purge(store, clock)
+        assert store.get(lease.id) is None
+        if block == "raises":
+            raise ValueError("the block's own error")
+    if block == "raises":
+        assert any("lost" in note for note in raised.value.__notes__)
+    else:
+        assert isinstance(raised.value, HoldLost)
+        assert raised.value.reason is HoldLostReason.TAKEN_OVER
+    assert store.holder_of(UNIT) == "thief"
+
+
+class BreaksOnRelease:
+    """A store whose release fails in a way the lease does not expect."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the release broke")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_an_unexpected_release_error_never_masks_the_blocks_exception(store: Store) -> None:
+    broken = BreaksOnRelease(store)
+    with pytest.raises(KeyError) as raised, dibs.lease.Lease(broken, UNIT, holder="w1", ttl=30.0):  # type: ignore[arg-type]
+        raise KeyError("the block's own error")
+    assert any("the release broke" in note for note in raised.value.__notes__)
+    with (
+        pytest.raises(RuntimeError, match="the release broke"),  # after a clean block: raised
+        dibs.lease.Lease(broken, Unit("report", "2"), holder="w2", ttl=30.0),  # type: ignore[arg-type]
+    ):
+        pass
+
+
+def test_an_interrupted_entry_leaves_no_hold(store: Store) -> None:
+    class Interrupted(Flaky):
+        def claim(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().claim(*args, **kwargs)
+            if len(self.claims) == 1:
+                raise KeyboardInterrupt  # Ctrl-C while the claim's answer was on its way
+            return result
+
+    with pytest.raises(KeyboardInterrupt):
+        dibs.lease.Lease(Interrupted(store), UNIT, holder="w1", ttl=30.0).__enter__()  # type: ignore[arg-type]
+    assert store.claims_of("w1") == []
+    assert store.holder_of(UNIT) is None
+
+
+def test_an_entry_that_gives_up_on_the_store_leaves_no_hold(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dibs._lease, "UNAVAILABLE_RETRY", 0.0)  # give up at the first outage
+    flaky = Flaky(store)
+    flaky.lose_claim_replies = 1  # the claim landed; the lease cannot know
+    with pytest.raises(StoreUnavailable):
+        dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0).__enter__()  # type: ignore[arg-type]
+    assert store.claims_of("w1") == []
+
+
+class Stuck:
+    """A store whose extends hang until let go (a connection that never answers)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.go = threading.Event()
+        self.stuck = threading.Event()
+
+    def extend(self, *args: Any, **kwargs: Any) -> Any:
+        self.stuck.set()
+        self.go.wait()
+        return self.store.extend(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_the_exit_does_not_wait_forever_for_a_stuck_renewal(store: Store) -> None:
+    stuck = Stuck(store)
+    try:
+        with (
+            pytest.raises(HoldLost) as lost,
+            dibs.lease.Lease(stuck, UNIT, holder="w1", ttl=1.0, renew_every=0.05) as lease,  # type: ignore[arg-type]
+        ):
+            stuck.stuck.wait()
+        assert lost.value.reason is HoldLostReason.EXPIRED  # not renewed: it may have expired
+        ended = store.get(lease.id)
+        assert ended is not None and ended.state is ClaimState.RELEASED  # released all the same
+    finally:
+        stuck.go.set()
 
 
 class BrokenFeed:
@@ -647,5 +848,139 @@ def test_async_contending_tasks_never_overlap(astore: AsyncStore, holders: str) 
         assert overlaps == []
         assert len(fences) == tasks * rounds
         assert fences == sorted(set(fences))
+
+    arun(astore, main)
+
+
+class AsyncFlaky:
+    """:class:`Flaky` for the async face."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self.store = store
+        self.lose_claim_replies = 0
+        self.lose_release_replies = 0
+        self.slow_replay = 0.0
+        self.claims: list[Any] = []
+        self.release_fails: Exception | None = None
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.store.claim(*args, **kwargs)
+        self.claims.append(result.claim)
+        if self.lose_claim_replies:
+            self.lose_claim_replies -= 1
+            raise StoreUnavailable("the claim's reply was lost")
+        slow, self.slow_replay = self.slow_replay, 0.0
+        await asyncio.sleep(slow)
+        return result
+
+    async def release(self, *args: Any, **kwargs: Any) -> Any:
+        if self.release_fails is not None:
+            raise self.release_fails
+        result = await self.store.release(*args, **kwargs)
+        if self.lose_release_replies:
+            self.lose_release_replies -= 1
+            raise StoreUnavailable("the release's reply was lost")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_async_a_release_whose_reply_was_lost_is_no_loss(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_release_replies = 1
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=30.0) as lease:  # type: ignore[arg-type]
+            pass
+        ended = await store.get(lease.id)
+        assert ended is not None and ended.state is ClaimState.RELEASED
+        assert not lease.lost
+
+    arun(astore, main)
+
+
+def test_async_a_claim_answered_late_is_renewed_before_it_can_expire(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_claim_replies = 1
+        flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+            assert lease.id == flaky.claims[0].id
+
+            async def renewed_or_lost() -> bool:
+                return lease.renewals > 0 or lease.lost
+
+            await auntil(renewed_or_lost)
+            lease.check()
+
+    arun(astore, main)
+
+
+def test_async_a_claim_answered_too_late_to_renew_is_claimed_again(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        flaky = AsyncFlaky(store)
+        flaky.lose_claim_replies = 1
+        flaky.slow_replay = 1.9
+        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+            first = flaky.claims[0]
+            assert lease.id != first.id and lease.fence > first.fence
+            lease.check()
+        dropped = await store.get(first.id)
+        assert dropped is not None and dropped.state is ClaimState.RELEASED
+
+    arun(astore, main)
+
+
+@pytest.mark.parametrize("block", ["raises", "succeeds"])
+def test_async_a_hold_purged_before_the_exit_is_a_loss(
+    make_store: Any, clock: FakeClock, block: str
+) -> None:
+    url = "memory://" if make_store.kind == "memory" else make_store.url
+    astore = dibs.aio.open(url, clock=clock, request_retention=1.0)
+
+    async def main(store: AsyncStore) -> None:
+        with pytest.raises(ValueError if block == "raises" else HoldLost) as raised:
+            async with store.lease(UNIT, holder="w1", ttl=1.0, renew_every=0.5) as lease:
+                clock.advance(2.0)
+                assert await store.claim(UNIT, holder="thief", ttl=60.0)
+                await store.sweep()
+                clock.advance(5.0)
+                await store.sweep()
+                assert await store.get(lease.id) is None
+                if block == "raises":
+                    raise ValueError("the block's own error")
+        if block == "raises":
+            assert any("lost" in note for note in raised.value.__notes__)
+        else:
+            assert isinstance(raised.value, HoldLost)
+            assert raised.value.reason is HoldLostReason.TAKEN_OVER
+
+    arun(astore, main)
+
+
+def test_async_an_unexpected_release_error_never_masks_the_blocks_exception(
+    astore: AsyncStore,
+) -> None:
+    async def main(store: AsyncStore) -> None:
+        broken = AsyncFlaky(store)
+        broken.release_fails = RuntimeError("the release broke")
+        with pytest.raises(KeyError) as raised:
+            async with dibs.lease.AsyncLease(broken, UNIT, holder="w1", ttl=30.0):  # type: ignore[arg-type]
+                raise KeyError("the block's own error")
+        assert any("the release broke" in note for note in raised.value.__notes__)
+        with pytest.raises(RuntimeError, match="the release broke"):
+            async with dibs.lease.AsyncLease(broken, Unit("report", "2"), holder="w2", ttl=30.0):  # type: ignore[arg-type]
+                pass
+
+    arun(astore, main)
+
+
+def test_async_a_lease_exited_in_another_task_says_so_and_releases(astore: AsyncStore) -> None:
+    async def main(store: AsyncStore) -> None:
+        lease = store.lease(UNIT, holder="w1", ttl=30.0)
+        await asyncio.create_task(lease.__aenter__())
+        with pytest.raises(RuntimeError, match="task that entered it"):
+            await lease.__aexit__(None, None, None)
+        assert await store.holder_of(UNIT) is None
 
     arun(astore, main)

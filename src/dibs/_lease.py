@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from dibs._model import Claim, ClaimResult, ClaimState, Target
 from dibs.booking import ResourceBusy
 from dibs.exceptions import (
+    ClaimNotFound,
     DibsError,
     HoldLost,
     HoldLostReason,
@@ -29,7 +30,8 @@ from dibs.exceptions import (
     StoreClosed,
     StoreUnavailable,
 )
-from dibs.stores.base import check_seconds, claim_args
+from dibs.limits import TTL_MAX
+from dibs.stores.base import claim_args
 
 _T = TypeVar("_T")
 
@@ -38,8 +40,12 @@ LEASE_TTL_MIN = 0.1
 renewal is a round trip to the store plus a thread or task switch. Production TTLs
 should be seconds at least (see docs/leases.md)."""
 
+RENEW_EVERY_MIN = 0.01
+"""The shortest ``renew_every`` a lease takes, in seconds: shorter is a busy loop of extends."""
+
 UNAVAILABLE_RETRY = 10.0
-"""Seconds a claim meeting :class:`~dibs.StoreUnavailable` is retried (``wait`` if longer)."""
+"""Seconds from entering the lease during which a claim meeting :class:`~dibs.StoreUnavailable`
+is retried (``wait`` if longer; as long as it takes with ``wait=None``)."""
 
 _RELEASE_TRIES = 3
 _SHOWN_HOLDERS = 16  # ResourceBusy names the holders of at most this many taken targets
@@ -68,28 +74,37 @@ def _terms(
     targets: object, holder: object, ttl: object, wait: object, renew_every: object
 ) -> _Terms:
     """The lease's arguments, checked like ``claim()``'s; raises :class:`~dibs.InvalidInput`."""
-    checked, holder_name, _, seconds = claim_args(targets, holder, None, ttl)
-    if seconds is None:
-        raise InvalidInput("a lease needs a ttl in seconds, got None", field="ttl", value=ttl)
-    if seconds < LEASE_TTL_MIN:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not LEASE_TTL_MIN <= ttl <= TTL_MAX
+    ):
         raise InvalidInput(
-            f"a lease's ttl must be at least {LEASE_TTL_MIN} seconds to renew safely, got {ttl!r}",
+            f"a lease's ttl must be a number of seconds from {LEASE_TTL_MIN:g} to {TTL_MAX:g}"
+            f" (it is renewed while the block runs), got {ttl!r}",
             field="ttl",
             value=ttl,
         )
+    checked, holder_name, _, seconds = claim_args(targets, holder, None, float(ttl))
+    assert seconds is not None
     if wait is not None and (
         isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf")
     ):
         raise InvalidInput(
             f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
         )
-    every = seconds / 3 if renew_every is None else check_seconds("renew_every", renew_every)
-    if every > seconds / 2:
+    if renew_every is not None and (
+        isinstance(renew_every, bool)
+        or not isinstance(renew_every, int | float)
+        or not RENEW_EVERY_MIN <= renew_every <= seconds / 2
+    ):
         raise InvalidInput(
-            f"renew_every must be at most half the ttl ({seconds / 2:g}s), got {renew_every!r}",
+            f"renew_every must be seconds from {RENEW_EVERY_MIN:g} to half the ttl"
+            f" ({seconds / 2:g}s), got {renew_every!r}",
             field="renew_every",
             value=renew_every,
         )
+    every = seconds / 3 if renew_every is None else float(renew_every)
     return _Terms(checked, holder_name, seconds, None if wait is None else float(wait), every)
 
 
@@ -129,9 +144,15 @@ class _SleepStep:
 
 @dataclass(frozen=True, slots=True)
 class _ChangeStep:
-    """Sleep up to ``seconds``, or less if the store's change feed moves first."""
+    """Sleep ``seconds``, cut to at most ``hurried`` more once the store's change feed moves.
+
+    A change only shortens the pause, never ends it: the waiter's own failed claims write
+    (request records), and on PostgreSQL any write in the cluster moves the feed, so a
+    waiter that woke on every change would retry as fast as it polls.
+    """
 
     seconds: float
+    hurried: float
 
 
 _Step = _ClaimStep | _ExtendStep | _ReleaseStep | _GetStep | _HoldersStep | _SleepStep | _ChangeStep
@@ -167,8 +188,12 @@ def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
         result = yield from _claim_once(request_id, attempt, give_up)
         claim = result.claim
         if result and claim is not None and claim.request_id == request_id:
-            if claim.state is ClaimState.HELD:
+            if claim.state is ClaimState.HELD and not _dead_on_arrival(terms, attempt):
                 return claim
+            if claim.state is ClaimState.HELD:
+                # Granted so long ago (the answer was lost, the retries met an outage) that
+                # it may expire before its first renewal: never hand the block such a hold.
+                yield from _drop(terms, claim)
             taken: tuple[Target, ...] = ()  # our replayed hold died meanwhile: claim again
         elif result:
             taken = terms.targets  # held by this holder under a claim the lease did not make
@@ -183,8 +208,21 @@ def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
         pause = _jitter(delay)
         if deadline is not None:
             pause = min(pause, max(0.0, deadline - now))
-        yield _ChangeStep(pause)
+        yield _ChangeStep(pause, _jitter(delay) / 4)
         delay = min(delay * 2, _MAX_PAUSE)
+
+
+def _dead_on_arrival(terms: _Terms, attempt: _Attempt) -> bool:
+    """Whether a hold granted to ``attempt`` already counts as overdue (see ``_Hold.overdue``)."""
+    return time.monotonic() >= attempt.sent + terms.ttl - terms.margin
+
+
+def _drop(terms: _Terms, claim: Claim) -> _Policy[None]:
+    """Release, fenced and best effort, a hold the lease will not use."""
+    try:
+        yield _ReleaseStep(claim)
+    except (StoreUnavailable, HoldLost, ClaimNotFound) as exc:  # it expires by itself
+        _logger.info("lease %s of %r: dropped hold not released (%s)", claim.id, terms.holder, exc)
 
 
 def _claim_once(request_id: str, attempt: _Attempt, give_up: float | None) -> _Policy[ClaimResult]:
@@ -278,10 +316,15 @@ def _lost(claim_id: str, why: str, reason: HoldLostReason = HoldLostReason.EXPIR
 
 
 def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
-    """Extend the hold every ``renew_every`` seconds until it is lost; the loss."""
+    """Extend the hold every ``renew_every`` seconds until it is lost; the loss.
+
+    Each pause is also timed against the hold's deadline (``alive_until`` less the
+    margin): a hold whose claim was granted late, or whose last renewal took long,
+    is renewed when half the time it has left is gone, not ``renew_every`` later.
+    """
     terms = hold.terms
-    pause = terms.renew_every
     delay = _FIRST_PAUSE
+    pause = _renewal_pause(hold)
     while True:
         yield _SleepStep(pause, renewal=True)
         if hold.error is not None:
@@ -291,6 +334,10 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
             claim = yield _ExtendStep(hold.claim, hold.alive_until - terms.margin)
         except HoldLost as exc:
             return exc
+        except ClaimNotFound as exc:  # expired, and swept from the store since
+            lost = _lost(hold.claim.id, "expired and is gone from the store")
+            lost.__cause__ = exc
+            return lost
         except StoreUnavailable as exc:
             hold.failure = exc
             left = hold.alive_until - terms.margin - time.monotonic()
@@ -302,19 +349,30 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
             delay = min(delay * 2, terms.renew_every)
             continue
         hold.renewed(claim, sent)
-        pause = terms.renew_every
+        pause = _renewal_pause(hold)
         delay = _FIRST_PAUSE
+
+
+def _renewal_pause(hold: _Hold) -> float:
+    """Seconds to the next renewal: ``renew_every``, or half the time the hold has left."""
+    left = hold.alive_until - hold.terms.margin - time.monotonic()
+    return min(hold.terms.renew_every, max(0.0, left / 2))
 
 
 def _release_policy(hold: _Hold) -> _Policy[HoldLost | None]:
     """Release the hold, fenced; the loss it reveals (the hold ended before the block), if any."""
     claim = hold.claim
     released = False
+    unanswered = False  # whether an earlier try may have released it, its answer lost
+    gone = False
     for tries_left in reversed(range(_RELEASE_TRIES)):
         try:
             released = yield _ReleaseStep(claim)
         except HoldLost as exc:
             return exc  # a fence that is not ours any more
+        except ClaimNotFound:
+            gone = True  # it expired and the store has swept it since
+            break
         except StoreClosed as exc:
             _logger.warning("lease %s: could not release (%s); it expires by itself", claim.id, exc)
             return None
@@ -324,20 +382,40 @@ def _release_policy(hold: _Hold) -> _Policy[HoldLost | None]:
                     "lease %s: could not release (%s); it expires by itself", claim.id, exc
                 )
                 return None
+            unanswered = True
             yield _SleepStep(_jitter(0.05))
             continue
         break
     if released:
         return None
+    if gone:
+        return (yield from _gone(hold))
     try:
         ended: Claim | None = yield _GetStep(claim.id)
     except StoreUnavailable:
-        ended = None
+        return _lost(claim.id, "expired before the block ended")
+    if ended is None:
+        return (yield from _gone(hold))
     if ended is not None and ended.state is ClaimState.RELEASED:
+        if unanswered and ended.fence == claim.fence:
+            return None  # our own earlier try released it; only its answer was lost
         return _lost(claim.id, "was released by someone else", HoldLostReason.RELEASED)
     if ended is not None and ended.taken_over:
         return _lost(claim.id, "expired and was taken over", HoldLostReason.TAKEN_OVER)
     return _lost(claim.id, "expired before the block ended")
+
+
+def _gone(hold: _Hold) -> _Policy[HoldLost]:
+    """The loss of a hold the store no longer knows: expired, then swept (and maybe taken)."""
+    claim = hold.claim
+    holders: dict[Target, str | None] = {}
+    with contextlib.suppress(StoreUnavailable):  # who holds them now only sharpens the reason
+        holders = yield _HoldersStep(hold.terms.targets[:_SHOWN_HOLDERS])
+    if any(h is not None for h in holders.values()):
+        return _lost(
+            claim.id, "expired and was taken over (swept since)", HoldLostReason.TAKEN_OVER
+        )
+    return _lost(claim.id, "expired before the block ended (swept since)")
 
 
 def _unexpected(claim_id: str, exc: BaseException) -> HoldLost:
@@ -349,7 +427,7 @@ def _unexpected(claim_id: str, exc: BaseException) -> HoldLost:
     return lost
 
 
-_DECIDED = (StoreUnavailable, HoldLost, StoreClosed)
+_DECIDED = (StoreUnavailable, HoldLost, StoreClosed, ClaimNotFound)
 """The errors a step answers that go back into its policy; any other propagates."""
 
 

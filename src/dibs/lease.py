@@ -14,19 +14,27 @@ renewal task. The policy:
 
 * **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
   with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
-  store answers the first attempt's outcome instead of making a second hold.
+  store answers the first attempt's outcome instead of making a second hold;
+  such retries stop ``UNAVAILABLE_RETRY`` seconds (or ``wait``) after entering.
+  A grant answered so late that the hold may already have expired is released
+  and claimed again.
   A grant the lease did not make (the same holder already holds exactly these
   targets: another lease, or a claim of its own) counts as taken: a lease
   never adopts a hold it did not claim.
 * **Taken.** With ``wait=0`` (the default) taken targets raise
   :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
   holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
-  the store's change feed where it has one) until then; ``wait=None`` waits
-  as long as it takes.
-* **Renewal.** An extend that fails with :class:`~dibs.StoreUnavailable` is
+  the store's change feed where it has one, which only shortens a pause) until
+  then; ``wait=None`` waits as long as it takes.
+* **Renewal.** Every ``renew_every`` seconds, or sooner when half the time the
+  hold has left is gone. An extend that fails with :class:`~dibs.StoreUnavailable` is
   retried while the hold can still be alive: until ``ttl`` after the last
   renewal was sent, less a margin of ``ttl / 10``. Past that, or on
   :class:`~dibs.HoldLost`, the lease is lost.
+* **Release.** Fenced; retried on :class:`~dibs.StoreUnavailable`, and a retry
+  that finds the claim released under its fence after an unanswered try counts
+  as the lease's own release. An unexpected error from it never replaces the
+  block's exception (it becomes a note).
 * **Loss.** The async face cancels the block's task and turns that
   cancellation into :class:`~dibs.HoldLost` when the block exits; an outside
   cancellation still propagates as :class:`asyncio.CancelledError`. The sync
@@ -50,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Self
 from dibs._lease import (
     _FEED_POLL,
     LEASE_TTL_MIN,
+    RENEW_EVERY_MIN,
     UNAVAILABLE_RETRY,
     _adrive,
     _Attempt,
@@ -72,15 +81,16 @@ from dibs._lease import (
     _unexpected,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
-from dibs.exceptions import DibsError, HoldLost, StoreUnavailable
+from dibs.exceptions import HoldLost, StoreUnavailable
 from dibs.stores.capabilities import UnchangingFeed
 
 if TYPE_CHECKING:
+    from dibs._lease import _Terms
     from dibs.aio import AsyncStore
     from dibs.stores.base import Store
     from dibs.stores.capabilities import ChangeFeed
 
-__all__ = ["LEASE_TTL_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
+__all__ = ["LEASE_TTL_MIN", "RENEW_EVERY_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
 
 
 class _LeaseFace:
@@ -186,6 +196,45 @@ def _note(exc: BaseException, lost: HoldLost) -> None:
         exc.add_note(f"dibs: and the lease's hold was lost meanwhile: {lost}")
 
 
+def _release_failed(
+    hold: _Hold, exc: BaseException | None, failure: Exception
+) -> HoldLost | Exception | None:
+    """What a release that failed unexpectedly makes of the exit: the error to raise, if any.
+
+    The block's own exception is never replaced: the failure becomes a note on it (and a
+    log record). After a block that succeeded, the failure is raised, as the
+    :class:`~dibs.HoldLost` already known if the hold was lost meanwhile.
+    """
+    _logger.error("lease %s: release failed", hold.claim.id, exc_info=failure)
+    if exc is not None:
+        exc.add_note(f"dibs: and releasing the lease's hold failed: {failure!r}")
+        if hold.error is not None:
+            _note(exc, hold.error)
+        return None
+    if hold.error is not None:
+        hold.error.add_note(f"dibs: and releasing the hold failed: {failure!r}")
+        return hold.error
+    return failure
+
+
+def _abandon_now(store: Store, terms: _Terms, request_id: str) -> None:
+    """Best effort: learn a cut-off claim's outcome by replaying it, and release it if granted.
+
+    A replay of a request the store never saw makes the hold (to release it at once):
+    the lease cannot tell the two apart, and a hold left behind blocks the targets
+    until it expires, which is worse.
+    """
+    try:
+        result = store.claim(
+            terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+        )
+        claim = result.claim
+        if result and claim is not None and claim.request_id == request_id:
+            store.release(claim.id, holder=terms.holder, fence=claim.fence)
+    except Exception as exc:  # best effort: the hold expires by itself
+        _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
 class Lease(_LeaseFace):
     """``with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
 
@@ -219,6 +268,10 @@ class Lease(_LeaseFace):
         attempt = _Attempt()
         try:
             claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+        except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
+            if attempt.unanswered is not None:
+                _abandon_now(self._store, self._terms, attempt.unanswered)
+            raise
         finally:
             if self._feed is not None:
                 self._feed.close()
@@ -239,9 +292,20 @@ class Lease(_LeaseFace):
         hold = self._live()
         self._stop.set()
         assert self._renewer is not None
-        self._renewer.join()
+        # A renewal stuck in an extend is waited for only while the hold can be alive:
+        # the release is fenced, so an extend landing after it is refused.
+        self._renewer.join(max(0.0, hold.alive_until - time.monotonic()))
         hold.overdue()
-        at_release = _drive(_release_policy(hold), self._perform)
+        try:
+            at_release = _drive(_release_policy(hold), self._perform)
+        except Exception as failure:
+            hold.ended = True
+            raised = _release_failed(hold, exc, failure)
+            if raised is None:
+                return
+            if raised is failure:
+                raise
+            raise raised from raised.__cause__  # the release's failure is in a note on it
         hold.ended = True
         lost = hold.error or at_release
         if lost is None:
@@ -256,19 +320,22 @@ class Lease(_LeaseFace):
             lost = _drive(_renewal_policy(hold), self._perform)
         except _Stopped:
             return
-        except BaseException as exc:  # any failure ends the renewal: a lost hold
+        except Exception as exc:  # any failure ends the renewal: a lost hold
             lost = _unexpected(hold.claim.id, exc)
+        if self._stop.is_set():
+            return  # the block ended (and its exit may have released): the release judges
         hold.lose(lost)
 
     def _perform(self, step: _Step) -> Any:
         store, terms = self._store, self._terms
         match step:
             case _ClaimStep(request_id):
-                if self._feed is not None:
-                    self._token = self._read_feed()
-                return store.claim(
+                result = store.claim(
                     terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
                 )
+                if self._feed is not None:  # after the claim: its own write is no news
+                    self._token = self._read_feed()
+                return result
             case _ExtendStep(claim):
                 return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
             case _ReleaseStep(claim):
@@ -283,13 +350,13 @@ class Lease(_LeaseFace):
                 if not renewal:
                     time.sleep(seconds)
                 return None
-            case _ChangeStep(seconds):
-                self._await_change(seconds)
+            case _ChangeStep(seconds, hurried):
+                self._await_change(seconds, hurried)
                 return None
         raise AssertionError(step)  # pragma: no cover
 
-    def _await_change(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, waking early when the store's change feed moves."""
+    def _await_change(self, seconds: float, hurried: float) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more when the store's change feed moves."""
         end = time.monotonic() + seconds
         if self._feed is None:
             try:
@@ -306,6 +373,7 @@ class Lease(_LeaseFace):
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(_FEED_POLL, left))
             if self._read_feed() != self._token:
+                time.sleep(max(0.0, min(end - time.monotonic(), hurried)))
                 return
 
     def _read_feed(self) -> object:
@@ -347,8 +415,10 @@ class AsyncLease(_LeaseFace):
     task is cancelled at once and the ``async with`` statement raises
     :class:`~dibs.HoldLost` in place of that cancellation. A cancellation from
     outside propagates as :class:`asyncio.CancelledError`, as always.
-    Cancelling the entry itself leaves no hold behind: a claim whose answer
-    was cut off is replayed with its request ID and released in the background.
+    Cancelling the entry releases, best effort, a hold its cut-off claim may
+    have made: the claim is replayed with its request ID and released in a
+    background task (which event loop shutdown may cancel; the hold then expires).
+    Enter and exit the lease in one task: its loss cancels the task that entered it.
     """
 
     def __init__(
@@ -377,7 +447,7 @@ class AsyncLease(_LeaseFace):
         attempt = _Attempt()
         try:
             claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 _keep(asyncio.ensure_future(self._abandon(attempt.unanswered)))
             raise
@@ -395,8 +465,9 @@ class AsyncLease(_LeaseFace):
     ) -> None:
         hold = self._live()
         self._exiting = True
+        elsewhere = asyncio.current_task() is not self._task
         outside = False
-        if self._cancelled:
+        if self._cancelled and not elsewhere:
             assert self._task is not None
             # Take back our cancellation; any count left is someone else's.
             outside = self._task.uncancel() > self._cancelling
@@ -406,7 +477,20 @@ class AsyncLease(_LeaseFace):
         except asyncio.CancelledError:
             _keep(finish)  # cancelled from outside while releasing: the release goes on
             raise
+        except Exception as failure:
+            hold.ended = True
+            raised = _release_failed(hold, exc, failure)
+            if raised is None:
+                return
+            if raised is failure:
+                raise
+            raise raised from raised.__cause__  # the release's failure is in a note on it
         hold.ended = True
+        if elsewhere:  # released all the same; the loss cancelled the entering task, if any
+            raise RuntimeError(
+                "an async lease must be exited in the task that entered it"
+                " (its loss cancels that task)"
+            )
         lost = hold.error or at_release
         if lost is None:
             return
@@ -427,9 +511,7 @@ class AsyncLease(_LeaseFace):
     async def _renew(self, hold: _Hold) -> None:
         try:
             lost = await _adrive(_renewal_policy(hold), self._perform)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # any failure ends the renewal: a lost hold
+        except Exception as exc:  # any failure ends the renewal: a lost hold
             lost = _unexpected(hold.claim.id, exc)
         hold.lose(lost)
         if not self._exiting:
@@ -447,9 +529,9 @@ class AsyncLease(_LeaseFace):
             claim = result.claim
             if result and claim is not None and claim.request_id == request_id:
                 await store.release(claim.id, holder=terms.holder, fence=claim.fence)
-        except DibsError as exc:
+        except Exception as exc:  # best effort: the hold expires by itself
             _logger.warning(
-                "lease request %s: cancelled claim left to expire (%s)", request_id, exc
+                "lease request %s: abandoned claim left to expire (%s)", request_id, exc
             )
 
     async def _perform(self, step: _Step) -> Any:
@@ -475,7 +557,7 @@ class AsyncLease(_LeaseFace):
                 return await store.get(claim_id)
             case _HoldersStep(targets):
                 return {target: await store.holder_of(_one(target)) for target in targets}
-            case _SleepStep(seconds) | _ChangeStep(seconds):  # the renewal's: a cancel cuts it
+            case _SleepStep(seconds) | _ChangeStep(seconds):  # no change feed on this face
                 await asyncio.sleep(seconds)
                 return None
         raise AssertionError(step)  # pragma: no cover

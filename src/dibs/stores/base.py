@@ -213,7 +213,8 @@ class Store(abc.ABC):
         long as it takes). :class:`~dibs.HoldLost` comes from ``lease.check()``
         as soon as renewal fails, and from the ``with`` statement when the
         block ends. Raises :class:`~dibs.InvalidInput` here for bad arguments,
-        and for a ``ttl`` under :data:`dibs.lease.LEASE_TTL_MIN`.
+        for a ``ttl`` under :data:`dibs.lease.LEASE_TTL_MIN`, and for a
+        ``renew_every`` under :data:`dibs.lease.RENEW_EVERY_MIN` or over ``ttl / 2``.
         """
         from dibs.lease import Lease  # noqa: PLC0415 (dibs.lease imports this module)
 
