@@ -581,7 +581,7 @@ def test_settling_a_killed_client_ends_its_statements_on_the_server(
     assert errors and "terminating connection" in str(errors[0])
 
 
-@pytest.mark.timeout(360)  # a PostgreSQL restart and respawned clients: slow on a loaded machine
+@pytest.mark.timeout(600)  # a PostgreSQL restart and respawned clients: slow on a loaded machine
 def test_cli_restart_fault_runs_a_restart_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
