@@ -1,0 +1,151 @@
+"""dibs.aio on SQLite: how to run a blocking store's calls off the event loop, measured.
+
+Each round opens a fresh SQLite file per option and has ``--tasks`` tasks claim
+``--claims`` distinct seats each (with request IDs, ttl 60 s), options
+interleaved in a rotating order. The options:
+
+- ``sync-threads``: the sync store, one thread per task (the baseline: no loop at all);
+- ``writer``: one dedicated worker thread fed by the loop (``threads=1``);
+- ``pool-2``, ``pool-4``, ``pool-8``: a small executor of its own (``threads=N``);
+- ``to_thread``: ``asyncio.to_thread``, the loop's default executor;
+
+each with SQLite's group commit off and on (``?group_commit=1``). While the
+async options run, a ticker task sleeps 5 ms in a loop and records how late
+each wake-up is: the loop's worst stall (the goal: never beyond 50 ms).
+Printed: claims/s medians and ranges, each option's ratio to ``sync-threads``
+(gc off) in the same round, and the worst stall.
+
+    python benchmarks/bench_aio_sqlite.py --tasks 8 --claims 200 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import dibs
+import dibs.aio
+from dibs.aio import ThreadedStore
+
+_T = TypeVar("_T")
+TICK = 0.005
+
+
+class ToThreadStore(ThreadedStore):
+    """The threaded face with its calls on ``asyncio.to_thread`` (the loop's default pool)."""
+
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.to_thread(fn, *args)
+
+
+def sync_threads(url: str, tasks: int, claims: int) -> tuple[float, float]:
+    """Claims/s with the sync store and one thread per task; no loop, so no stall."""
+    store = dibs.open(url)
+    barrier = threading.Barrier(tasks + 1)
+
+    def work(n: int) -> None:
+        barrier.wait()
+        for i in range(claims):
+            store.claim(
+                dibs.Unit("seat", f"{n}-{i}"), holder=f"t{n}", request_id=f"{n}-{i}", ttl=60
+            )
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(tasks)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    store.close()
+    return tasks * claims / elapsed, 0.0
+
+
+async def _ticker(stop: asyncio.Event, worst: list[float]) -> None:
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(TICK)
+        worst[0] = max(worst[0], time.perf_counter() - before - TICK)
+
+
+async def _async_run(store: dibs.aio.AsyncStore, tasks: int, claims: int) -> tuple[float, float]:
+    async with store:
+        stop = asyncio.Event()
+        worst = [0.0]
+        ticker = asyncio.create_task(_ticker(stop, worst))
+
+        async def work(n: int) -> None:
+            for i in range(claims):
+                unit = dibs.Unit("seat", f"{n}-{i}")
+                await store.claim(unit, holder=f"t{n}", request_id=f"{n}-{i}", ttl=60)
+
+        await asyncio.sleep(2 * TICK)
+        start = time.perf_counter()
+        await asyncio.gather(*(work(n) for n in range(tasks)))
+        elapsed = time.perf_counter() - start
+        stop.set()
+        await ticker
+    return tasks * claims / elapsed, worst[0]
+
+
+def async_option(kind: str, url: str, tasks: int, claims: int) -> tuple[float, float]:
+    store: dibs.aio.AsyncStore
+    if kind == "to_thread":
+        store = ToThreadStore.from_url(url)
+    else:
+        threads = 1 if kind == "writer" else int(kind.removeprefix("pool-"))
+        store = dibs.aio.open(url, threads=threads)
+    return asyncio.run(_async_run(store, tasks, claims))
+
+
+KINDS = ["sync-threads", "writer", "pool-2", "pool-4", "pool-8", "to_thread"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--claims", type=int, default=200, help="claims per task")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    options = [(kind, gc) for kind in KINDS for gc in (0, 1)]
+    rates: dict[tuple[str, int], list[float]] = {o: [] for o in options}
+    stalls: dict[tuple[str, int], list[float]] = {o: [] for o in options}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.repeat):
+            shift = round_ % len(options)
+            for kind, gc in options[shift:] + options[:shift]:
+                url = f"sqlite:///{Path(tmp) / f'{round_}-{kind}-{gc}.db'}?group_commit={gc}"
+                run = sync_threads if kind == "sync-threads" else None
+                if run is not None:
+                    rate, stall = run(url, args.tasks, args.claims)
+                else:
+                    rate, stall = async_option(kind, url, args.tasks, args.claims)
+                rates[kind, gc].append(rate)
+                stalls[kind, gc].append(stall)
+    base = rates["sync-threads", 0]
+    print(f"{args.tasks} tasks x {args.claims} claims, {args.repeat} rounds interleaved")
+    print(
+        f"{'option':>16} {'claims/s median':>16} {'range':>15}  ratio to sync-threads  worst stall"
+    )
+    for kind, gc in options:
+        values = rates[kind, gc]
+        ratios = [a / b for a, b in zip(values, base, strict=True)]
+        stall = "" if kind == "sync-threads" else f"{1000 * max(stalls[kind, gc]):6.1f} ms"
+        print(
+            f"{kind + (' gc' if gc else ''):>16} {statistics.median(values):16.0f} "
+            f"{min(values):7.0f}-{max(values):<7.0f}  "
+            f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            f"      {stall}"
+        )
+
+
+if __name__ == "__main__":
+    main()
