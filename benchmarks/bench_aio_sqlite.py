@@ -14,7 +14,9 @@ sleeps 5 ms in a loop beside the claims and records how late each wake-up is:
 the loop's stalls (the goal: never beyond 50 ms). ``sync-threads`` ticks an idle
 loop beside its threads: the control, what the machine and the GIL cost any loop.
 Printed: claims/s medians and ranges, each option's ratio to the first option
-in the same round, and the loop's lateness (p99 and worst over all rounds).
+in the same round, the process's CPU time per claim (less noisy than claims/s
+on a shared machine) and its ratio, and the loop's lateness (p99 and worst over
+all rounds).
 
     python benchmarks/bench_aio_sqlite.py --tasks 8 --claims 300 --repeat 9
 """
@@ -46,7 +48,7 @@ class ToThreadStore(ThreadedStore):
         return await asyncio.to_thread(fn, *args)
 
 
-def sync_threads(url: str, tasks: int, claims: int) -> tuple[float, list[float]]:
+def sync_threads(url: str, tasks: int, claims: int) -> tuple[float, float, list[float]]:
     """Claims/s with the sync store and one thread per task, a ticking loop beside them.
 
     The loop does nothing but tick, so its lateness is what the machine and the
@@ -62,7 +64,7 @@ def sync_threads(url: str, tasks: int, claims: int) -> tuple[float, list[float]]
                 dibs.Unit("seat", f"{n}-{i}"), holder=f"t{n}", request_id=f"{n}-{i}", ttl=60
             )
 
-    async def main() -> tuple[float, list[float]]:
+    async def main() -> tuple[float, float, list[float]]:
         stop = asyncio.Event()
         late: list[float] = []
         ticker = asyncio.create_task(_ticker(stop, late))
@@ -71,13 +73,13 @@ def sync_threads(url: str, tasks: int, claims: int) -> tuple[float, list[float]]
         for t in threads:
             t.start()
         barrier.wait()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         while any(t.is_alive() for t in threads):
             await asyncio.sleep(TICK)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         stop.set()
         await ticker
-        return tasks * claims / elapsed, late
+        return tasks * claims / elapsed, cpu / (tasks * claims), late
 
     try:
         return asyncio.run(main())
@@ -94,7 +96,7 @@ async def _ticker(stop: asyncio.Event, late: list[float]) -> None:
 
 async def _async_run(
     store: dibs.aio.AsyncStore, tasks: int, claims: int
-) -> tuple[float, list[float]]:
+) -> tuple[float, float, list[float]]:
     async with store:
         stop = asyncio.Event()
         late: list[float] = []
@@ -106,15 +108,15 @@ async def _async_run(
                 await store.claim(unit, holder=f"t{n}", request_id=f"{n}-{i}", ttl=60)
 
         await asyncio.sleep(2 * TICK)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(work(n) for n in range(tasks)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         stop.set()
         await ticker
-    return tasks * claims / elapsed, late
+    return tasks * claims / elapsed, cpu / (tasks * claims), late
 
 
-def async_option(kind: str, url: str, tasks: int, claims: int) -> tuple[float, list[float]]:
+def async_option(kind: str, url: str, tasks: int, claims: int) -> tuple[float, float, list[float]]:
     store: dibs.aio.AsyncStore
     if kind == "to_thread":
         store = ToThreadStore.from_url(url)
@@ -136,6 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     options = [(kind, gc) for kind in args.kinds.split(",") for gc in (0, 1)]
     rates: dict[tuple[str, int], list[float]] = {o: [] for o in options}
+    cpus: dict[tuple[str, int], list[float]] = {o: [] for o in options}
     late: dict[tuple[str, int], list[float]] = {o: [] for o in options}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeat):
@@ -143,27 +146,31 @@ def main() -> None:
             for kind, gc in options[shift:] + options[:shift]:
                 url = f"sqlite:///{Path(tmp) / f'{round_}-{kind}-{gc}.db'}?group_commit={gc}"
                 if kind == "sync-threads":
-                    rate, ticks = sync_threads(url, args.tasks, args.claims)
+                    rate, cpu, ticks = sync_threads(url, args.tasks, args.claims)
                 else:
-                    rate, ticks = async_option(kind, url, args.tasks, args.claims)
+                    rate, cpu, ticks = async_option(kind, url, args.tasks, args.claims)
                 rates[kind, gc].append(rate)
+                cpus[kind, gc].append(cpu)
                 late[kind, gc].extend(ticks)
-    base = rates[options[0]]
+    base, base_cpu = rates[options[0]], cpus[options[0]]
     print(f"{args.tasks} tasks x {args.claims} claims, {args.repeat} rounds interleaved")
     print(
-        f"{'option':>16} {'claims/s median':>16} {'range':>15}  "
-        f"ratio to {options[0][0]:<14} loop lateness p99 / worst"
+        f"{'option':>16} {'claims/s':>8} {'range':>13}  {'÷ ' + options[0][0]:>22}"
+        f"  {'CPU µs/claim':>12} {'÷ ' + options[0][0]:>16}  loop lateness p99 / worst"
     )
     for kind, gc in options:
         values = rates[kind, gc]
         ratios = [a / b for a, b in zip(values, base, strict=True)]
+        cpu_ratios = [a / b for a, b in zip(cpus[kind, gc], base_cpu, strict=True)]
         ticks = sorted(late[kind, gc])
         p99 = ticks[int(0.99 * (len(ticks) - 1))]
         print(
-            f"{kind + (' gc' if gc else ''):>16} {statistics.median(values):16.0f} "
-            f"{min(values):7.0f}-{max(values):<7.0f}  "
+            f"{kind + (' gc' if gc else ''):>16} {statistics.median(values):8.0f} "
+            f"{min(values):6.0f}-{max(values):<6.0f}  "
             f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-            f"     {1000 * p99:5.1f} ms / {1000 * ticks[-1]:5.1f} ms"
+            f"   {1e6 * statistics.median(cpus[kind, gc]):12.0f} "
+            f"{statistics.median(cpu_ratios):8.2f}x ({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})"
+            f"  {1000 * p99:5.1f} / {1000 * ticks[-1]:5.1f} ms"
         )
 
 
