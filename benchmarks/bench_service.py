@@ -1,44 +1,62 @@
-"""Claims per second over HTTP on loopback against the same store called in-process, same run.
+"""Claims per second over HTTP on loopback against the same store called in-process, interleaved.
 
-Starts ``python -m dibs.service serve`` on a fresh store, then N client threads
-(keep-alive ``http.client`` connections, the cheapest Python client) each
-``POST /v1/claims`` distinct seats with an Idempotency-Key and a TTL. The
-baseline is the same number of threads calling ``store.claim`` with the same
-arguments on a fresh store of the same kind in this process. Prints claims/s,
-p50/p99 latency and the service's overhead ratio (in-process rate / HTTP rate).
-The client shares the machine's cores with the server, as a sidecar's caller would.
+Starts ``python -m dibs.service serve`` on a fresh store (and, with
+``--old-ref``, a second one running the service code of that git revision, for
+the threaded service before ``dibs serve`` moved onto :mod:`dibs.aio`). Each
+round then runs, one after the other, N claims per side:
 
-    python benchmarks/bench_service.py [--store sqlite|memory|postgresql] [--claims 4000]
-                                       [--clients 8] [--url postgresql://...]
+- ``in-process``: N client threads calling ``store.claim`` on a sync store;
+- ``in-process async``: N tasks awaiting ``store.claim`` on ``dibs.aio.open``;
+- ``HTTP``: N client threads (keep-alive ``http.client`` connections, the
+  cheapest Python client) each ``POST /v1/claims`` distinct seats with an
+  Idempotency-Key and a TTL;
+- ``HTTP old``: the same against the old revision's server.
 
-``--store postgresql`` starts a private server (fsync off) unless ``--url``
-names one; each side gets a fresh schema in it.
+Prints, per side, the median claims/s and its range over the rounds, p50/p99
+latency over all rounds, the CPU per claim of this (the client's) process and
+of the server's (from /proc); then the ratio of each HTTP side to in-process claims/s, per round
+(median and range). The clients share the machine's cores with the server, as
+a sidecar's caller would.
+
+    python benchmarks/bench_service.py [--store postgresql|sqlite|memory] [--clients 8]
+                                       [--claims 2000] [--rounds 5] [--old-ref REV]
+                                       [--url postgresql://...]
+
+``--store postgresql`` (the default) starts a private server (fsync off) unless
+``--url`` names one; each side gets a schema of its own in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Coroutine
+from contextlib import ExitStack, closing
+from io import BytesIO
 from pathlib import Path
-from statistics import quantiles
+from statistics import median, quantiles
+from typing import Any, TypeVar
 
 import dibs
+import dibs.aio
 from dibs.service import KeyRing
+
+_T = TypeVar("_T")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -75,52 +93,123 @@ def _run_threads(
     return len(flat) / elapsed, flat
 
 
-def in_process(url: str, clients: int, per_client: int) -> tuple[float, list[float]]:
-    store = dibs.open(url)
-    try:
+class InProcess:
+    """Client threads calling the sync store's ``claim``."""
+
+    def __init__(self, url: str) -> None:
+        self.store = dibs.open(url)
+
+    def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
+        store = self.store
 
         def work(c: int, i: int) -> None:
             r = store.claim(
-                dibs.Unit(f"seat-{c}-{i}", "bench"),
+                dibs.Unit(f"seat-{tag}-{c}-{i}", "bench"),
                 holder=f"h{c}",
-                request_id=f"{c}-{i}",
+                request_id=f"{tag}-{c}-{i}",
                 ttl=300,
             )
             assert r
 
         return _run_threads(clients, per_client, work)
-    finally:
-        store.close()
+
+    def close(self) -> None:
+        self.store.close()
 
 
-def over_http(url: str, clients: int, per_client: int, tmp: Path) -> tuple[float, list[float]]:
-    keys = KeyRing(tmp / "keys.json")
-    tokens = [keys.create(f"h{c}")[0] for c in range(clients)]
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dibs.service", "serve", "--store", url, "--keys",
-         str(tmp / "keys.json"), "--port", str(port), "--rate", "1e9", "--burst", "1000000000",
-         "--log-level", "warning", "--sweep-interval", "3600"],
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
+class InProcessAsync:
+    """Tasks on one event loop (in a thread of its own) awaiting ``dibs.aio``'s ``claim``."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.store = self._do(dibs.aio.open(url).open())
+
+    def _do(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
+        store = self.store
+
+        async def client(c: int, lat: list[float]) -> None:
+            for i in range(per_client):
+                t0 = time.perf_counter()
+                r = await store.claim(
+                    dibs.Unit(f"seat-{tag}-{c}-{i}", "bench"),
+                    holder=f"h{c}",
+                    request_id=f"{tag}-{c}-{i}",
+                    ttl=300,
+                )
+                lat.append(time.perf_counter() - t0)
+                assert r
+
+        async def all_clients() -> tuple[float, list[float]]:
+            lats: list[list[float]] = [[] for _ in range(clients)]
+            started = time.perf_counter()
+            await asyncio.gather(*(client(c, lats[c]) for c in range(clients)))
+            elapsed = time.perf_counter() - started
+            flat = [x for xs in lats for x in xs]
+            return len(flat) / elapsed, flat
+
+        result: tuple[float, list[float]] = self._do(all_clients())
+        return result
+
+    def close(self) -> None:
+        self._do(self.store.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class OverHttp:
+    """``dibs serve`` in a subprocess (from ``src`` if given) and keep-alive client threads."""
+
+    def __init__(self, url: str, clients: int, tmp: Path, src: Path | None = None) -> None:
+        keys_file = tmp / f"keys-{secrets.token_hex(3)}.json"
+        keys = KeyRing(keys_file)
+        self.tokens = [keys.create(f"h{c}")[0] for c in range(clients)]
+        self.port = _free_port()
+        env = dict(os.environ)
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "dibs.service", "serve", "--store", url, "--keys",
+             str(keys_file), "--port", str(self.port), "--rate", "1e9", "--burst", "1000000000",
+             "--log-level", "warning", "--sweep-interval", "3600"],
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
         while True:
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 conn.request("GET", "/readyz")
                 if conn.getresponse().status == 200:
                     conn.close()
                     break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.server.poll() is not None:
                     raise
                 time.sleep(0.05)
-        conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(clients)]
+        self.conns = [
+            http.client.HTTPConnection("127.0.0.1", self.port, timeout=60) for _ in range(clients)
+        ]
+        self.cpu_per_claim: list[float] = []
+
+    def _cpu(self) -> float | None:
+        """The server process's CPU seconds so far (Linux), else None."""
+        try:
+            fields = Path(f"/proc/{self.server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
+        conns, tokens = self.conns, self.tokens
 
         def work(c: int, i: int) -> None:
             body = json.dumps(
-                {"targets": [{"resource": f"seat-{c}-{i}", "slot": "bench"}], "ttl": 300}
+                {"targets": [{"resource": f"seat-{tag}-{c}-{i}", "slot": "bench"}], "ttl": 300}
             )
             conns[c].request(
                 "POST",
@@ -129,30 +218,54 @@ def over_http(url: str, clients: int, per_client: int, tmp: Path) -> tuple[float
                 headers={
                     "Authorization": f"Bearer {tokens[c]}",
                     "Content-Type": "application/json",
-                    "Idempotency-Key": f'"{c}-{i}"',
+                    "Idempotency-Key": f'"{tag}-{c}-{i}"',
                 },
             )
             response = conns[c].getresponse()
             response.read()
             assert response.status == 201, response.status
 
-        return _run_threads(clients, per_client, work)
-    finally:
-        server.terminate()
-        server.wait(30)
+        before = self._cpu()
+        result = _run_threads(clients, per_client, work)
+        after = self._cpu()
+        if before is not None and after is not None:
+            self.cpu_per_claim.append((after - before) / (clients * per_client))
+        return result
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.server.terminate()
+        self.server.wait(30)
 
 
-def _ms(latencies: list[float]) -> tuple[float, float]:
-    cuts = quantiles(latencies, n=100, method="inclusive")
-    return cuts[49] * 1000, cuts[98] * 1000
+def _old_source(ref: str, tmp: Path) -> Path:
+    """The ``src`` tree of git revision ``ref``, unpacked under ``tmp``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "src"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    where = tmp / f"old-{ref.replace('/', '_')}"
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    return where / "src"
+
+
+def _pct(latencies: list[float], p: int) -> float:
+    return quantiles(latencies, n=100, method="inclusive")[p - 1] * 1000
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
+    parser.add_argument("--store", choices=["postgresql", "sqlite", "memory"], default="postgresql")
     parser.add_argument("--url", help="a PostgreSQL URL to use instead of a private server")
-    parser.add_argument("--claims", type=int, default=4000, help="claims per side")
+    parser.add_argument("--claims", type=int, default=2000, help="claims per side per round")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients per side")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (sides interleaved)")
+    parser.add_argument(
+        "--old-ref", help="also serve the service of this git revision (e.g. 505362a)"
+    )
     args = parser.parse_args()
     per_client = max(1, args.claims // args.clients)
     with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
@@ -160,32 +273,77 @@ def main() -> None:
         pg = args.url
         if args.store == "postgresql" and pg is None:
             # The throwaway server lives with the tests (it is not part of the package).
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            sys.path.insert(0, str(ROOT / "tests"))
             from pgserver import PostgresServer
 
-            server = stack.enter_context(PostgresServer(settings={"max_connections": "100"}))
+            server = stack.enter_context(PostgresServer(settings={"max_connections": "200"}))
             pg = server.create_database("dibs_bench")
 
         def url(name: str) -> str:
             if args.store == "memory":
                 return "memory://"
             if args.store == "postgresql":
-                schema = "b_" + name.removesuffix(".db") + "_" + secrets.token_hex(3)
+                assert pg is not None
+                schema = f"b_{name}_{secrets.token_hex(3)}"
                 return f"{pg}{'&' if '?' in pg else '?'}schema={schema}&pool_max={args.clients}"
-            return f"sqlite:///{tmp / name}"
+            return f"sqlite:///{tmp / name}.db"
 
-        # Warm both paths (imports, connections, page cache), then measure.
-        in_process(url("warm.db"), args.clients, 20)
-        direct_rate, direct = in_process(url("direct.db"), args.clients, per_client)
-        http_rate, remote = over_http(url("http.db"), args.clients, per_client, tmp)
-    d50, d99 = _ms(direct)
-    h50, h99 = _ms(remote)
-    print(f"store={args.store} clients={args.clients} claims/side={per_client * args.clients} "
-          f"cpus={os.cpu_count()}")  # fmt: skip
-    print(f"{'':12} {'claims/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
-    print(f"{'in-process':12} {direct_rate:10.0f} {d50:8.3f} {d99:8.3f}")
-    print(f"{'HTTP':12} {http_rate:10.0f} {h50:8.3f} {h99:8.3f}")
-    print(f"overhead ratio (in-process / HTTP): {direct_rate / http_rate:.1f}x")
+        sides: dict[str, InProcess | InProcessAsync | OverHttp] = {}
+        sides["in-process"] = stack.enter_context(closing(InProcess(url("direct"))))
+        sides["in-process async"] = stack.enter_context(closing(InProcessAsync(url("aio"))))
+        sides["HTTP"] = stack.enter_context(closing(OverHttp(url("http"), args.clients, tmp)))
+        if args.old_ref:
+            old = _old_source(args.old_ref, tmp)
+            sides["HTTP old"] = stack.enter_context(
+                closing(OverHttp(url("old"), args.clients, tmp, old))
+            )
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        lats: dict[str, list[float]] = {name: [] for name in sides}
+        for side in sides.values():  # warm: imports, connections, caches
+            side.run("warm", args.clients, 20)
+        own_cpu: dict[str, list[float]] = {name: [] for name in sides}
+        for r in range(args.rounds):
+            for name, side in sides.items():
+                cpu0 = time.process_time()
+                rate, latencies = side.run(f"r{r}", args.clients, per_client)
+                own_cpu[name].append((time.process_time() - cpu0) / (args.clients * per_client))
+                rates[name].append(rate)
+                lats[name].extend(latencies)
+    total = per_client * args.clients
+    print(
+        f"store={args.store} clients={args.clients} claims/side/round={total} "
+        f"rounds={args.rounds} cpus={os.cpu_count()}"
+    )
+    print(
+        f"{'':18} {'claims/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'client CPU':>10} {'server CPU':>10}"
+    )
+    for name, side in sides.items():
+        server = (
+            f"{median(side.cpu_per_claim) * 1e6:7.0f} us"
+            if isinstance(side, OverHttp) and side.cpu_per_claim
+            else ""
+        )
+        client = f"{median(own_cpu[name]) * 1e6:7.0f} us"
+        rs = rates[name]
+        print(
+            f"{name:18} {median(rs):9.0f} {min(rs):6.0f}-{max(rs):<6.0f} "
+            f"{_pct(lats[name], 50):7.2f} {_pct(lats[name], 99):7.2f} {client:>10} {server:>10}"
+        )
+    base = rates["in-process"]
+    for name in sides:
+        if name.startswith("HTTP"):
+            ratios = [h / b for h, b in zip(rates[name], base, strict=True)]
+            print(
+                f"{name} / in-process claims/s: median {median(ratios):.2f} "
+                f"(range {min(ratios):.2f}-{max(ratios):.2f})"
+            )
+    if "HTTP old" in sides:
+        ratios = [n / o for n, o in zip(rates["HTTP"], rates["HTTP old"], strict=True)]
+        print(
+            f"HTTP / HTTP old claims/s: median {median(ratios):.2f} "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ ALL_STORE_KINDS = STORE_KINDS + AIO_STORE_KINDS
 
 QUICK_MODULES = frozenset(
     {
+        "test_aio_patterns.py",
         "test_booking.py",
         "test_contract.py",
         "test_domain.py",

@@ -24,7 +24,7 @@ import dibs
 from dibs import FakeClock, Unit
 from dibs.service import KeyRing, ServiceConfig, Showing, create_app
 from dibs.stores.memory import MemoryStore
-from test_service_support import Running, serve_in_thread
+from test_service_support import GatedStore, Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -383,26 +383,10 @@ def test_408_for_a_body_that_never_arrives() -> None:
     assert answer.startswith("HTTP/1.1 408")
 
 
-class GatedStore(MemoryStore):
-    """A memory store whose claims wait until the test opens the gate."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.calls = 0
-
-    def _claim(self, *args: Any) -> dibs.ClaimResult:
-        self.calls += 1
-        self.entered.set()
-        self.gate.wait(30)
-        return super()._claim(*args)
-
-
 def test_503_when_the_store_does_not_answer_in_time() -> None:
     store = GatedStore()
     config = ServiceConfig(store_url="memory://", keys_file=None, request_timeout=0.2)
-    with serve_in_thread(config, store=store) as s, s.client("alice") as c:
+    with serve_in_thread(config, async_store=store) as s, s.client("alice") as c:
         r = c.post("/v1/claims", json={"targets": [seat("g1")]})
         store.gate.set()
     assert r.status_code == 503 and r.json()["error"] == "timeout"
@@ -424,7 +408,7 @@ def test_duplicate_in_flight_key_waits_for_the_first_answer() -> None:
     store = GatedStore()
     config = ServiceConfig(store_url="memory://", keys_file=None, idempotency_wait=30)
     body, key = {"targets": [seat("g3")], "ttl": 30}, {"Idempotency-Key": '"dup"'}
-    with serve_in_thread(config, store=store) as s:
+    with serve_in_thread(config, async_store=store) as s:
         token = s.token("alice")
         results: list[httpx.Response] = []
 
@@ -460,7 +444,7 @@ def test_duplicate_in_flight_key_gives_up_with_409_and_retry_after() -> None:
     store = GatedStore()
     config = ServiceConfig(store_url="memory://", keys_file=None, idempotency_wait=0.2)
     body, key = {"targets": [seat("g4")], "ttl": 30}, {"Idempotency-Key": '"dup"'}
-    with serve_in_thread(config, store=store) as s, s.client("alice") as c:
+    with serve_in_thread(config, async_store=store) as s, s.client("alice") as c:
         first: list[httpx.Response] = []
         t = threading.Thread(
             target=lambda: first.append(c.post("/v1/claims", json=body, headers=key))

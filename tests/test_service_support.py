@@ -23,8 +23,12 @@ from typing import Any
 import httpx
 import uvicorn
 
+import dibs
+from dibs.aio import AsyncStore
 from dibs.service import KeyRing, Service, ServiceConfig, create_app
+from dibs.service._stores import SharedFace
 from dibs.stores.base import Store
+from dibs.stores.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,13 +60,57 @@ class Running:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **options)
 
 
+class GatedStore(SharedFace):
+    """A memory store whose claims wait at a gate the test opens: a slow async store.
+
+    With ``before=True`` a claim waits before it reaches the store (a call cut
+    short there made no claim); with ``before=False`` after (it made one).
+    Either way the wait is an await, so the service can cancel it.
+    """
+
+    def __init__(self, *, before: bool = True) -> None:
+        super().__init__(MemoryStore(), threads=1)
+        self.before = before
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls = 0
+        self.cancelled = 0
+
+    async def _wait(self) -> None:
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def _claim(self, *args: Any) -> dibs.ClaimResult:
+        self.calls += 1
+        self.entered.set()
+        if self.before:
+            await self._wait()
+        result = await super()._claim(*args)
+        if not self.before:
+            await self._wait()
+        return result
+
+
 @contextlib.contextmanager
 def serve_in_thread(
-    config: ServiceConfig, *, store: Store | None = None, keys: KeyRing | None = None
+    config: ServiceConfig,
+    *,
+    store: Store | None = None,
+    keys: KeyRing | None = None,
+    async_store: AsyncStore | None = None,
 ) -> Iterator[Running]:
-    """Run the app on uvicorn in a thread of this process until the block ends."""
+    """Run the app on uvicorn in a thread of this process until the block ends.
+
+    An ``async_store`` that is a :class:`SharedFace` brings its sync store along.
+    """
     ring = keys or KeyRing(None)
-    app = create_app(config, store=store, keys=ring)
+    if store is None and isinstance(async_store, SharedFace):
+        store = async_store.sync
+    app = create_app(config, store=store, async_store=async_store, keys=ring)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(

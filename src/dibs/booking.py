@@ -41,7 +41,12 @@ _DAY = timedelta(days=1)
 
 
 class ResourceBusy(DibsError, TimeoutError):
-    """Raised by :func:`exclusive` when ``resource`` stayed taken for ``waited`` seconds."""
+    """Raised by :func:`exclusive` when ``resource`` stayed taken for ``waited`` seconds.
+
+    :meth:`dibs.Store.lease` raises it too, with ``taken`` (the targets that
+    blocked it), ``holders`` (who held them, a snapshot) and ``targets``;
+    ``resource`` is then the first taken target's.
+    """
 
     resource: str
     waited: float
@@ -152,15 +157,10 @@ def exclusive(
     Raises :class:`ResourceBusy` when the wait runs out, and
     :class:`~dibs.HoldLost` on exit if the hold expired or was taken over
     while the block ran (its work may have overlapped another writer's).
+    :func:`dibs.aio.booking.exclusive` is the same, as ``async with``.
     """
-    if wait is not None and (isinstance(wait, bool) or not 0 <= wait < float("inf")):
-        raise InvalidInput(
-            f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
-        )
-    unit = Unit(resource, EXCLUSIVE_SLOT)
-    # A fresh holder per entry: the same holder re-claiming would be handed its
-    # existing claim back (a natural-key replay), which would let two entries in.
-    me = f"{holder}:{uuid.uuid4().hex}"
+    # --- generated from dibs/aio/booking.py (scripts/unasync.py): edit that, then run it ---
+    unit, me = _entry(resource, wait, holder)
     started = time.monotonic()
     delay = 0.001
     while True:
@@ -170,16 +170,7 @@ def exclusive(
             claim = result.claim
             assert claim is not None
             break
-        waited = time.monotonic() - started
-        if wait is not None and waited >= wait:
-            raise ResourceBusy(
-                f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
-            )
-        # Full jitter: waiters spread out instead of retrying in lockstep.
-        pause = random.uniform(0, delay)
-        if wait is not None:
-            pause = min(pause, max(0.0, wait - waited))
-        time.sleep(pause)
+        time.sleep(_pause(resource, started, wait, delay))
         delay = min(delay * 2, 0.1)
     try:
         yield claim
@@ -188,19 +179,49 @@ def exclusive(
         store.release(claim.id, holder=me, fence=claim.fence)
         raise
     if not store.release(claim.id, holder=me, fence=claim.fence):
-        ended = store.get(claim.id)
-        if ended is not None and ended.state is ClaimState.RELEASED:
-            return  # the block released it itself
-        reason = (
-            HoldLostReason.TAKEN_OVER
-            if ended is not None and ended.taken_over
-            else HoldLostReason.EXPIRED
+        _check_lost(resource, claim, store.get(claim.id))
+    # --- end of the generated part ---
+
+
+def _entry(resource: str, wait: float | None, holder: str) -> tuple[Unit, str]:
+    """Check ``wait``; the conflict unit, and a holder unique to this entry."""
+    if wait is not None and (isinstance(wait, bool) or not 0 <= wait < float("inf")):
+        raise InvalidInput(
+            f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
         )
-        raise HoldLost(
-            f"exclusive hold on {resource!r} was lost before the block ended ({reason})",
-            claim_id=claim.id,
-            reason=reason,
+    # A fresh holder per entry: the same holder re-claiming would be handed its
+    # existing claim back (a natural-key replay), which would let two entries in.
+    return Unit(resource, EXCLUSIVE_SLOT), f"{holder}:{uuid.uuid4().hex}"
+
+
+def _pause(resource: str, started: float, wait: float | None, delay: float) -> float:
+    """How long to sleep before the next try; raises ResourceBusy when the wait ran out."""
+    waited = time.monotonic() - started
+    if wait is not None and waited >= wait:
+        raise ResourceBusy(
+            f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
         )
+    # Full jitter: waiters spread out instead of retrying in lockstep.
+    pause = random.uniform(0, delay)
+    if wait is not None:
+        pause = min(pause, max(0.0, wait - waited))
+    return pause
+
+
+def _check_lost(resource: str, claim: Claim, ended: Claim | None) -> None:
+    """After the release at exit failed: raise HoldLost unless the block released it itself."""
+    if ended is not None and ended.state is ClaimState.RELEASED:
+        return
+    reason = (
+        HoldLostReason.TAKEN_OVER
+        if ended is not None and ended.taken_over
+        else HoldLostReason.EXPIRED
+    )
+    raise HoldLost(
+        f"exclusive hold on {resource!r} was lost before the block ended ({reason})",
+        claim_id=claim.id,
+        reason=reason,
+    )
 
 
 def _zone(tz: str | tzinfo) -> tzinfo:

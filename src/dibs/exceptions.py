@@ -21,7 +21,7 @@ promises::
     ├── lot.NotParked (LookupError)        removing a vehicle that holds no slots
     ├── lot.AlreadyParked (ValueError)     re-parking a vehicle with another length
     ├── lot.VehicleBlocked (RuntimeError)  a vehicle's unit is held outside a parking of it
-    ├── booking.ResourceBusy (TimeoutError) exclusive() waited too long for a resource
+    ├── booking.ResourceBusy (TimeoutError) exclusive() or lease() found it taken too long
     ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
     ├── idempotency.IdempotencyInProgress (RuntimeError) the same call is running now
     └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dibs._model import Claim, Unit
+from dibs._model import Claim, ClaimResult, Unit
 from dibs.exceptions import ClaimNotFound, DibsError, InvalidInput
 from dibs.stores.base import Store
 
@@ -98,26 +98,14 @@ class Occupancy:
         return "".join("." if v is None else "#" for v in self.slots)
 
 
-class Lot:
-    """A parking row of ``size`` slots named ``name`` on ``store``; the lot picks positions.
+class _Row:
+    """What both faces of the lot share: validation, the search, the hint, errors.
 
-    ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
-    start of the smallest run that fits, which leaves longer runs for longer
-    vehicles. Every process that opens a lot of one name must give it the
-    same size. ``resource`` names the resource of the lot's units (default
-    ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
-    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
+    :class:`Lot` and :class:`dibs.aio.Lot` differ only in awaiting their store
+    calls; the sync one is generated from the async one (``scripts/unasync.py``).
     """
 
-    def __init__(
-        self,
-        store: Store,
-        name: str,
-        size: int,
-        *,
-        fit: Fit = "first",
-        resource: str | None = None,
-    ) -> None:
+    def __init__(self, name: str, size: int, fit: Fit, resource: str | None) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInput(
                 f"lot name must be a non-empty string, got {name!r}", field="name", value=name
@@ -130,7 +118,6 @@ class Lot:
             raise InvalidInput(
                 f"fit must be 'first' or 'best', got {fit!r}", field="fit", value=fit
             )
-        self.store = store
         self.name = name
         self.size = size
         self.fit: Fit = fit
@@ -145,7 +132,8 @@ class Lot:
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
         # candidates, so a stale entry costs one lost claim or one fresh
-        # snapshot. _hint_lock guards it and is never held across a store call.
+        # snapshot. _hint_lock guards it and is never held across a store call
+        # (nor, on the async face, across an await).
         self._hint = [False] * size
         # The claims of this instance's own parks, by vehicle, and which vehicle
         # it last parked in each slot: remove tries the remembered claim first
@@ -157,137 +145,44 @@ class Lot:
         self._hint_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"Lot({self.name!r}, size={self.size}, fit={self.fit!r})"
+        return f"{type(self).__name__}({self.name!r}, size={self.size}, fit={self.fit!r})"
 
-    # --- parking -------------------------------------------------------------------------------
+    # --- rules both faces apply around their store calls ----------------------------------------
 
-    def park(self, vehicle_id: str, length: int = 1) -> int | None:
-        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
-
-        Returns None when no run of ``length`` free slots was found (a refusal
-        is not remembered: the vehicle may try again later). Parking a vehicle
-        that is already parked here returns its position and takes nothing new.
-
-        Raises :class:`AlreadyParked` if it is parked with a different length,
-        :class:`VehicleBlocked` if a claim that is not its parking here holds
-        its vehicle unit, :class:`~dibs.InvalidInput` for an empty ID or a
-        length outside ``1..size``, and what the store raises.
-        """
-        if type(vehicle_id) is not str or not vehicle_id:
-            self._check_vehicle(vehicle_id)
-        if (type(length) is not int or not 1 <= length <= self.size) and (
-            isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size
-        ):
+    def _check_length(self, length: object) -> None:
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
             raise InvalidInput(
                 f"length must be an integer from 1 to {self.size}, got {length!r}",
                 field="length",
                 value=length,
             )
-        me = self._vehicle_unit(vehicle_id)
-        occupied = self._hinted()
-        fresh = False
-        races = 0
-        while True:
-            start = self._choose(occupied, length)
-            if start is None:
-                if not fresh:
-                    # The hint may be stale: look at the row itself before refusing.
-                    occupied = [self.store.holder_of(slot) is not None for slot in self._slots]
-                    self._learn(enumerate(occupied))
-                    fresh = True
-                    continue
-                existing = self._claim_of(vehicle_id)
-                return (
-                    None if existing is None else self._same_vehicle(existing, vehicle_id, length)
-                )
-            slots = self._slots[start : start + length]
-            result = self.store.claim([*slots, me], holder=vehicle_id)
-            # Linearization point: the store's group claim. Granted means the
-            # slots and the vehicle unit are this vehicle's, all or none; a
-            # replay means it already held exactly these.
-            if result:
-                if result.replayed:
-                    self._learn((i, True) for i in range(start, start + length))
-                else:
-                    assert result.claim is not None
-                    self._remember(vehicle_id, result.claim, start, length)
-                return start
-            if me in result.taken:
-                # Parked already, or a concurrent park of it won: find where.
-                existing = self._claim_of(vehicle_id)
-                if existing is not None:
-                    return self._same_vehicle(existing, vehicle_id, length)
-                # No parking of this vehicle holds its unit, so some other claim
-                # does; waiting for it would spin for as long as it lives. Only a
-                # unit freed meanwhile (a concurrent remove) is worth a retry, and
-                # a bounded number of them, so that park always ends.
-                races += 1
-                if races > _VEHICLE_RACES or self.store.holder_of(me) is not None:
-                    raise VehicleBlocked(
-                        f"vehicle {vehicle_id!r} cannot park in lot {self.name!r}: its "
-                        "vehicle unit is held by a claim that is not its parking here",
-                        lot=self.name,
-                        vehicle_id=vehicle_id,
-                    )
-                continue
-            # Every loss marks at least one slot, so the search always ends.
-            taken = [self._index(u) for u in result.taken if isinstance(u, Unit)] or list(
-                range(start, start + length)
-            )
-            for i in taken:
-                occupied[i] = True
-            self._learn((i, True) for i in taken)
 
-    def remove(self, vehicle_id: str) -> int:
-        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
+    def _blocked(self, vehicle_id: str) -> VehicleBlocked:
+        return VehicleBlocked(
+            f"vehicle {vehicle_id!r} cannot park in lot {self.name!r}: its "
+            "vehicle unit is held by a claim that is not its parking here",
+            lot=self.name,
+            vehicle_id=vehicle_id,
+        )
 
-        Raises :class:`NotParked` if it holds no slots in this lot (never
-        parked, already removed, or removed by a concurrent call),
-        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
-        """
-        if type(vehicle_id) is not str or not vehicle_id:
-            self._check_vehicle(vehicle_id)
-        # The release is conditional on the claim still being live: of two
-        # concurrent removes, exactly one gets True. A vehicle has at most one
-        # live parking here, so a remembered claim that is still live is it.
-        with self._hint_lock:
-            parked = self._parked.pop(vehicle_id, None)
-        if parked is not None:
-            mine, start, length = parked
-            try:
-                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
-            except ClaimNotFound:  # ended and purged since: ask the store
-                released = False
-            if released:
-                self._forget(vehicle_id, start, length)
-                return start
-        claim = self._claim_of(vehicle_id)
-        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
-            raise NotParked(
-                f"vehicle {vehicle_id!r} is not parked in lot {self.name!r}",
-                lot=self.name,
-                vehicle_id=vehicle_id,
-            )
-        start, length = self._placement(claim)
-        self._forget(vehicle_id, start, length)
-        return start
+    def _lost(self, result: ClaimResult, start: int, length: int, occupied: list[bool]) -> None:
+        """Mark the slots a lost park claim reports taken (all of its run if it names none)."""
+        # Every loss marks at least one slot, so the search always ends.
+        taken = [self._index(u) for u in result.taken if isinstance(u, Unit)] or list(
+            range(start, start + length)
+        )
+        for i in taken:
+            occupied[i] = True
+        self._learn((i, True) for i in taken)
 
-    # --- reads ---------------------------------------------------------------------------------
+    def _not_parked(self, vehicle_id: str) -> NotParked:
+        return NotParked(
+            f"vehicle {vehicle_id!r} is not parked in lot {self.name!r}",
+            lot=self.name,
+            vehicle_id=vehicle_id,
+        )
 
-    def position_of(self, vehicle_id: str) -> int | None:
-        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
-        self._check_vehicle(vehicle_id)
-        claim = self._claim_of(vehicle_id)
-        return None if claim is None else self._placement(claim)[0]
-
-    def is_free(self, position: int, length: int = 1) -> bool:
-        """Whether slots ``position .. position+length-1`` were all free a moment ago.
-
-        A snapshot for display only: it may be stale before it returns, so
-        never park on its word (:meth:`park` does not call it). Positions past
-        the end are not free. Raises :class:`~dibs.InvalidInput` for a
-        negative position or a length below 1.
-        """
+    def _check_is_free(self, position: object, length: object) -> None:
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise InvalidInput(
                 f"position must be an integer >= 0, got {position!r}",
@@ -298,17 +193,19 @@ class Lot:
             raise InvalidInput(
                 f"length must be an integer >= 1, got {length!r}", field="length", value=length
             )
-        if position + length > self.size:
-            return False
-        return all(
-            self.store.holder_of(slot) is None for slot in self._slots[position : position + length]
-        )
 
-    def occupancy(self) -> Occupancy:
-        """Who is in each slot, and the free runs; a snapshot for display."""
-        return Occupancy(self.size, tuple(self.store.holder_of(slot) for slot in self._slots))
+    def _parking_in(self, claims: Iterable[Claim], vehicle_id: str) -> Claim | None:
+        """The vehicle's parking here among its claims: the one on its unit and on our slots."""
+        me = self._vehicle_unit(vehicle_id)
+        for claim in claims:
+            units = claim.units
+            if me in units and any(
+                u.resource == self._resource and u.slot.startswith("slot:") for u in units
+            ):
+                return claim
+        return None
 
-    # --- internals -----------------------------------------------------------------------------
+    # --- the search and the hint ---------------------------------------------------------------
 
     def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
         """Pick a start in the snapshot by the fit policy, or None if no run fits."""
@@ -360,17 +257,6 @@ class Lot:
     def _index(self, unit: Unit) -> int:
         return int(unit.slot.removeprefix("slot:"))
 
-    def _claim_of(self, vehicle_id: str) -> Claim | None:
-        """The vehicle's parking here: its claim on its vehicle unit and on slots of this lot."""
-        me = self._vehicle_unit(vehicle_id)
-        for claim in self.store.claims_of(vehicle_id):
-            units = claim.units
-            if me in units and any(
-                u.resource == self._resource and u.slot.startswith("slot:") for u in units
-            ):
-                return claim
-        return None
-
     def _placement(self, claim: Claim) -> tuple[int, int]:
         """(start, length) of a parking claim."""
         slots = [self._index(u) for u in claim.units if u.slot.startswith("slot:")]
@@ -397,6 +283,155 @@ class Lot:
                 field="vehicle_id",
                 value=vehicle_id,
             )
+
+
+class Lot(_Row):
+    """A parking row of ``size`` slots named ``name`` on ``store``; the lot picks positions.
+
+    ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
+    start of the smallest run that fits, which leaves longer runs for longer
+    vehicles. Every process that opens a lot of one name must give it the
+    same size. ``resource`` names the resource of the lot's units (default
+    ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
+    :class:`dibs.aio.Lot` is the same lot for asyncio code.
+    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
+    """
+
+    # --- generated from dibs/aio/lot.py (scripts/unasync.py): edit that, then run it ---
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        size: int,
+        *,
+        fit: Fit = "first",
+        resource: str | None = None,
+    ) -> None:
+        super().__init__(name, size, fit, resource)
+        self.store = store
+
+    def park(self, vehicle_id: str, length: int = 1) -> int | None:
+        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
+
+        Returns None when no run of ``length`` free slots was found (a refusal
+        is not remembered: the vehicle may try again later). Parking a vehicle
+        that is already parked here returns its position and takes nothing new.
+
+        Raises :class:`~dibs.AlreadyParked` if it is parked with a different
+        length, :class:`~dibs.VehicleBlocked` if a claim that is not its
+        parking here holds its vehicle unit, :class:`~dibs.InvalidInput` for
+        an empty ID or a length outside ``1..size``, and what the store raises.
+        """
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        if type(length) is not int or not 1 <= length <= self.size:
+            self._check_length(length)
+        me = self._vehicle_unit(vehicle_id)
+        occupied = self._hinted()
+        fresh = False
+        races = 0
+        while True:
+            start = self._choose(occupied, length)
+            if start is None:
+                if not fresh:
+                    # The hint may be stale: look at the row itself before refusing.
+                    occupied = [self.store.holder_of(u) is not None for u in self._slots]
+                    self._learn(enumerate(occupied))
+                    fresh = True
+                    continue
+                existing = self._claim_of(vehicle_id)
+                return (
+                    None if existing is None else self._same_vehicle(existing, vehicle_id, length)
+                )
+            slots = self._slots[start : start + length]
+            result = self.store.claim([*slots, me], holder=vehicle_id)
+            # Linearization point: the store's group claim. Granted means the
+            # slots and the vehicle unit are this vehicle's, all or none; a
+            # replay means it already held exactly these.
+            if result:
+                if result.replayed:
+                    self._learn((i, True) for i in range(start, start + length))
+                else:
+                    assert result.claim is not None
+                    self._remember(vehicle_id, result.claim, start, length)
+                return start
+            if me in result.taken:
+                # Parked already, or a concurrent park of it won: find where.
+                existing = self._claim_of(vehicle_id)
+                if existing is not None:
+                    return self._same_vehicle(existing, vehicle_id, length)
+                # No parking of this vehicle holds its unit, so some other claim
+                # does; waiting for it would spin for as long as it lives. Only a
+                # unit freed meanwhile (a concurrent remove) is worth a retry, and
+                # a bounded number of them, so that park always ends.
+                races += 1
+                if races > _VEHICLE_RACES or self.store.holder_of(me) is not None:
+                    raise self._blocked(vehicle_id)
+                continue
+            self._lost(result, start, length, occupied)
+
+    def remove(self, vehicle_id: str) -> int:
+        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
+
+        Raises :class:`~dibs.NotParked` if it holds no slots in this lot (never
+        parked, already removed, or removed by a concurrent call),
+        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
+        """
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        # The release is conditional on the claim still being live: of two
+        # concurrent removes, exactly one gets True. A vehicle has at most one
+        # live parking here, so a remembered claim that is still live is it.
+        with self._hint_lock:
+            parked = self._parked.pop(vehicle_id, None)
+        if parked is not None:
+            mine, start, length = parked
+            try:
+                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+            except ClaimNotFound:  # ended and purged since: ask the store
+                released = False
+            if released:
+                self._forget(vehicle_id, start, length)
+                return start
+        claim = self._claim_of(vehicle_id)
+        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
+            raise self._not_parked(vehicle_id)
+        start, length = self._placement(claim)
+        self._forget(vehicle_id, start, length)
+        return start
+
+    def position_of(self, vehicle_id: str) -> int | None:
+        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
+        self._check_vehicle(vehicle_id)
+        claim = self._claim_of(vehicle_id)
+        return None if claim is None else self._placement(claim)[0]
+
+    def is_free(self, position: int, length: int = 1) -> bool:
+        """Whether slots ``position .. position+length-1`` were all free a moment ago.
+
+        A snapshot for display only: it may be stale before it returns, so
+        never park on its word (:meth:`park` does not call it). Positions past
+        the end are not free. Raises :class:`~dibs.InvalidInput` for a
+        negative position or a length below 1.
+        """
+        self._check_is_free(position, length)
+        if position + length > self.size:
+            return False
+        for slot in self._slots[position : position + length]:
+            if self.store.holder_of(slot) is not None:
+                return False
+        return True
+
+    def occupancy(self) -> Occupancy:
+        """Who is in each slot, and the free runs; a snapshot for display."""
+        return Occupancy(self.size, tuple([self.store.holder_of(s) for s in self._slots]))
+
+    def _claim_of(self, vehicle_id: str) -> Claim | None:
+        """The vehicle's parking here, as the store has it now."""
+        return self._parking_in(self.store.claims_of(vehicle_id), vehicle_id)
+
+    # --- end of the generated part ---
 
 
 def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:

@@ -86,6 +86,49 @@ def match(
     candidates in a round, which then counts as a round with all taken), and
     what the store raises.
     """
+    # --- generated from dibs/aio/matching.py (scripts/unasync.py): edit that, then run it ---
+    _check(request_id, attempts, backoff, max_backoff)
+    pick = rng if rng is not None else random
+    dispatch = Unit(REQUEST_RESOURCE, request_id)
+    fixed = _fixed(candidates)
+
+    earlier = _assignment(store.claims_of(holder), dispatch)
+    if earlier is not None:
+        return Match(_candidate(earlier, dispatch), earlier, replayed=True)
+
+    tried = 0
+    for round_ in range(1, attempts + 1):
+        if round_ > 1:
+            cap = min(max_backoff, backoff * 2 ** (round_ - 2))
+            sleep(pick.uniform(0, cap) if jitter else cap)
+        units = fixed if fixed is not None else _units(_call(candidates))  # type: ignore[arg-type]
+        for unit in units:
+            while True:
+                tried += 1
+                result = store.claim([unit, dispatch], holder=holder, ttl=ttl)
+                # Linearization point: the store's group claim on the candidate and
+                # the dispatch unit. Granted means both are this dispatch's.
+                if result:
+                    assert result.claim is not None
+                    return Match(unit, result.claim, result.replayed, tried, round_)
+                if dispatch not in result.taken:
+                    break  # the candidate is taken: try the next one
+                # Another try of this dispatch holds a candidate: answer with it.
+                earlier = _assignment(store.claims_of(holder), dispatch)
+                if earlier is not None:
+                    return Match(_candidate(earlier, dispatch), earlier, True, tried, round_)
+                other = store.holder_of(dispatch)
+                if other is not None and other != holder:
+                    raise _conflict(request_id)
+                # The claim that blocked us ended before our first read, and a try
+                # of ours may have won since: neither read decides, the claim does,
+                # so claim this candidate again. Not endless: each extra loop needs
+                # another claim on the dispatch unit to have ended meanwhile.
+    return Match(None, None, attempts=tried, rounds=attempts)
+    # --- end of the generated part ---
+
+
+def _check(request_id: str, attempts: int, backoff: float, max_backoff: float) -> None:
     if check_request_id(request_id) is None:
         raise InvalidInput("match() needs a request_id", field="request_id", value=request_id)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
@@ -105,51 +148,29 @@ def match(
                 field=name,
                 value=value,
             )
-    pick = rng if rng is not None else random
-    dispatch = Unit(REQUEST_RESOURCE, request_id)
-    fixed = None if callable(candidates) else _units(candidates)
-    if fixed is not None and not fixed:
+
+
+def _fixed(candidates: object) -> list[Unit] | None:
+    """The candidates as units, or None for a callable (its answer is read each round)."""
+    if callable(candidates):
+        return None
+    fixed = _units(candidates)  # type: ignore[arg-type]
+    if not fixed:
         # No round could ever succeed: a mistake to report now, not an outcome to retry.
         raise InvalidInput(
             "match() needs at least one candidate, got none", field="candidates", value=candidates
         )
+    return fixed
 
-    earlier = _assignment(store, holder, dispatch)
-    if earlier is not None:
-        return Match(_candidate(earlier, dispatch), earlier, replayed=True)
 
-    tried = 0
-    for round_ in range(1, attempts + 1):
-        if round_ > 1:
-            cap = min(max_backoff, backoff * 2 ** (round_ - 2))
-            sleep(pick.uniform(0, cap) if jitter else cap)
-        units = fixed if fixed is not None else _units(candidates())  # type: ignore[operator]
-        for unit in units:
-            while True:
-                tried += 1
-                result = store.claim([unit, dispatch], holder=holder, ttl=ttl)
-                # Linearization point: the store's group claim on the candidate and
-                # the dispatch unit. Granted means both are this dispatch's.
-                if result:
-                    assert result.claim is not None
-                    return Match(unit, result.claim, result.replayed, tried, round_)
-                if dispatch not in result.taken:
-                    break  # the candidate is taken: try the next one
-                # Another try of this dispatch holds a candidate: answer with it.
-                earlier = _assignment(store, holder, dispatch)
-                if earlier is not None:
-                    return Match(_candidate(earlier, dispatch), earlier, True, tried, round_)
-                other = store.holder_of(dispatch)
-                if other is not None and other != holder:
-                    raise RequestConflict(
-                        f"request ID {request_id!r} is dispatched by another holder",
-                        request_id=request_id,
-                    )
-                # The claim that blocked us ended before our first read, and a try
-                # of ours may have won since: neither read decides, the claim does,
-                # so claim this candidate again. Not endless: each extra loop needs
-                # another claim on the dispatch unit to have ended meanwhile.
-    return Match(None, None, attempts=tried, rounds=attempts)
+def _conflict(request_id: str) -> RequestConflict:
+    return RequestConflict(
+        f"request ID {request_id!r} is dispatched by another holder", request_id=request_id
+    )
+
+
+def _call(candidates: Callable[[], Iterable[Unit | str]]) -> Iterable[Unit | str]:
+    return candidates()
 
 
 def _units(items: Iterable[Unit | str]) -> list[Unit]:
@@ -178,9 +199,9 @@ def _units(items: Iterable[Unit | str]) -> list[Unit]:
     return list(units)
 
 
-def _assignment(store: Store, holder: str, dispatch: Unit) -> Claim | None:
-    """The holder's live claim under this dispatch, if any."""
-    for claim in store.claims_of(holder):
+def _assignment(claims: Iterable[Claim], dispatch: Unit) -> Claim | None:
+    """The holder's live claim under this dispatch among its claims, if any."""
+    for claim in claims:
         if dispatch in claim.units:
             return claim
     return None

@@ -19,10 +19,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dibs.aio import booking
 from dibs.aio._store import AsyncStore
 from dibs.aio._threaded import ThreadedStore
+from dibs.aio.lot import Lot
+from dibs.aio.matching import match
+from dibs.singleflight import AsyncSingleFlight
 
-__all__ = ["AsyncStore", "ThreadedStore", "open"]
+__all__ = ["AsyncSingleFlight", "AsyncStore", "Lot", "ThreadedStore", "booking", "match", "open"]
 
 
 def open(url: str | None = None, **options: Any) -> AsyncStore:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Generator, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from dibs._model import (
     Claim,
@@ -39,6 +39,9 @@ from dibs.stores.base import (
     target_arg,
     transition_args,
 )
+
+if TYPE_CHECKING:
+    from dibs.lease import AsyncLease
 
 __all__ = ["AsyncStore"]
 
@@ -175,6 +178,25 @@ class AsyncStore(abc.ABC):
         except HoldLost as exc:
             log_lost(self._logger, "release", exc)
             raise
+
+    def lease(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> AsyncLease:
+        """Hold the targets for an ``async with`` block, renewed: :meth:`dibs.Store.lease`.
+
+        When renewal fails, the block's task is cancelled and ``async with``
+        raises :class:`~dibs.HoldLost` (a :class:`~dibs.lease.AsyncLease`).
+        """
+        from dibs.lease import AsyncLease  # noqa: PLC0415 (dibs.lease imports dibs.stores)
+
+        self._check_open()
+        return AsyncLease(self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
 
     async def get(self, claim_id: str) -> Claim | None:
         """The claim with this ID as stored now, or None: :meth:`dibs.Store.get`."""

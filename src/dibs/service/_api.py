@@ -1,9 +1,9 @@
 """The ``/v1`` JSON API: one method per operation, each mapping store answers to HTTP.
 
 Every operation authenticates first (the holder always comes from the API
-key), spends a token of the key's rate limit, reads a bounded body, then makes
-one store call in a worker thread under ``request_timeout``. Store errors map
-to statuses in :meth:`Api.call`, in one place:
+key), spends a token of the key's rate limit, reads a bounded body, then awaits
+the async store (:mod:`dibs.service._stores`) under ``request_timeout``. Store
+errors map to statuses in :meth:`Api.call`, in one place:
 
 ==================  ======  =============================================
 store answer        status  body ``error``
@@ -30,7 +30,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, target_to_json
+from dibs.aio import AsyncStore
 from dibs.exceptions import (
     ClaimNotFound,
     HoldLost,
@@ -106,12 +107,16 @@ class Api:
     def __init__(
         self,
         store: Store,
+        aio: AsyncStore,
         keys: KeyRing,
         config: ServiceConfig,
         metrics: Metrics,
         on_change: Callable[[tuple[Target, ...]], None],
     ) -> None:
         self.store = store
+        """The sync store: the patterns' calls, in worker threads (:meth:`call_sync`)."""
+        self.aio = aio
+        """The async store: every claim-path call (:meth:`call`)."""
         self.keys = keys
         self.config = config
         self.metrics = metrics
@@ -187,20 +192,31 @@ class Api:
         except InvalidInput as exc:
             raise invalid(exc) from None
 
-    async def call(
+    async def call_sync(
         self, operation: str, work: Callable[[], _T], targets: Sequence[Target] = ()
     ) -> _T:
-        """Run one store call in a worker thread, bounded by ``request_timeout``.
+        """:meth:`call` for work on the sync store: it runs in a worker thread.
+
+        On timeout (or cancellation) the thread is abandoned, not stopped: its
+        store calls may still land, which a retry with the same key learns.
+        """
+        return await self.call(
+            operation, anyio.to_thread.run_sync(work, abandon_on_cancel=True), targets
+        )
+
+    async def call(self, operation: str, work: Awaitable[_T], targets: Sequence[Target] = ()) -> _T:
+        """Await one store call (``work``, not yet started), bounded by ``request_timeout``.
 
         Translates the store's errors into :class:`ApiError` (see the module
-        table); ``targets`` are the request's, to name the one at fault.
+        table); ``targets`` are the request's, to name the one at fault. A call
+        cut short (timeout, or the request's task cancelled) leaves what the
+        async store promises: no claim, or one a retry with the same
+        Idempotency-Key learns about.
         """
         started = time.perf_counter()
         try:
-            # On timeout the worker thread is abandoned, not stopped: the store
-            # call may still land, which a retry with the same key will learn.
             async with asyncio.timeout(self.config.request_timeout):
-                return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+                return await work
         except TimeoutError:
             raise ApiError(
                 503, "timeout", "the store did not answer in time; retry", headers=_RETRY
@@ -286,7 +302,7 @@ class Api:
         async def claim() -> ClaimResult:
             return await self.call(
                 "claim",
-                lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+                self.aio.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
                 targets,
             )
 
@@ -332,10 +348,10 @@ class Api:
         fresh = not (replayed or natural)
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
         if not fresh:
-            self.metrics.claims.labels("replayed").inc()
+            self.metrics.claimed("replayed")
         if not result:
             if fresh:
-                self.metrics.claims.labels("taken").inc()
+                self.metrics.claimed("taken")
             return JSONResponse(
                 {
                     "error": "taken",
@@ -347,7 +363,7 @@ class Api:
             )
         assert result.claim is not None
         if fresh:
-            self.metrics.claims.labels("granted").inc()
+            self.metrics.claimed("granted")
             self._on_change(result.claim.targets)
         wire = self.claim_to_wire(result.claim)
         headers["Location"] = f"/v1/claims/{wire['id']}"
@@ -357,7 +373,7 @@ class Api:
         """``GET /v1/claims/{id}``: one of the caller's claims."""
         key = self.authorize(request)
         claim_id = self._claim_id(request)
-        claim = await self.call("get", lambda: self.store.get(claim_id))
+        claim = await self.call("get", self.aio.get(claim_id))
         # A released claim is gone, as DELETE promised; an expired one stays
         # readable so its holder can learn why (until the sweeper purges it).
         if claim is None or claim.holder != key.holder or claim.state is ClaimState.RELEASED:
@@ -371,7 +387,7 @@ class Api:
         wanted = request.query_params.get("holder", "me")
         if wanted not in ("me", key.holder):
             raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
-        claims = await self.call("claims_of", lambda: self.store.claims_of(key.holder))
+        claims = await self.call("claims_of", self.aio.claims_of(key.holder))
         # The holder is the caller's own name (the seat map shows "you are ...").
         return JSONResponse(
             {
@@ -389,7 +405,7 @@ class Api:
         self.fields(body, {"fence"})
         fence = self._fence(body.get("fence"))
         claim = await self.call(
-            "confirm", lambda: self.store.confirm(claim_id, holder=key.holder, fence=fence)
+            "confirm", self.aio.confirm(claim_id, holder=key.holder, fence=fence)
         )
         self._on_change(claim.targets)
         return JSONResponse(self.claim_to_wire(claim))
@@ -408,7 +424,7 @@ class Api:
         assert ttl is not None
         claim = await self.call(
             "extend",
-            lambda: self.store.extend(claim_id, holder=key.holder, fence=fence, ttl=ttl),
+            self.aio.extend(claim_id, holder=key.holder, fence=fence, ttl=ttl),
         )
         self._on_change(claim.targets)
         return JSONResponse(self.claim_to_wire(claim))
@@ -436,11 +452,11 @@ class Api:
         except InvalidInput as exc:
             raise invalid(exc) from None
 
-        def release() -> tuple[bool, Claim | None]:
-            released = self.store.release(claim_id, holder=key.holder, fence=fence)
-            return released, self.store.get(claim_id)
+        async def release() -> tuple[bool, Claim | None]:
+            released = await self.aio.release(claim_id, holder=key.holder, fence=fence)
+            return released, await self.aio.get(claim_id)
 
-        released, claim = await self.call("release", release)
+        released, claim = await self.call("release", release())
         if released and claim is not None:
             self._on_change(claim.targets)
         return JSONResponse(
@@ -489,10 +505,10 @@ class Api:
             ) from None
         assert isinstance(target, Unit | Span)
 
-        def read() -> tuple[str | None, datetime]:
-            return self.store.holder_of(target), self.store.now()
+        async def read() -> tuple[str | None, datetime]:
+            return await self.aio.holder_of(target), await self.aio.now()
 
-        holder, now = await self.call("holder_of", read, [target])
+        holder, now = await self.call("holder_of", read(), [target])
         state = "free" if holder is None else "yours" if holder == key.holder else "taken"
         return JSONResponse(
             {

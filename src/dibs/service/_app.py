@@ -1,7 +1,9 @@
 """The ASGI application: routes, the access-log middleware, and the background jobs.
 
 ``create_app`` wires a store, a key ring and a :class:`ServiceConfig` into a
-Starlette app. Background jobs run on the app's event loop while it is up (the
+Starlette app. The claim path awaits the store's async face and the seat maps
+and patterns use its sync face (:mod:`dibs.service._stores` says which store is
+behind each). Background jobs run on the app's event loop while it is up (the
 lifespan): the sweeper, every ``sweep_interval`` seconds with jitter, and one
 poll loop per showing for the live seat map.
 """
@@ -27,6 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import dibs
 from dibs._model import Target, Unit
+from dibs.aio import AsyncStore
+from dibs.exceptions import DibsError
 from dibs.service._api import Api
 from dibs.service._board import Board
 from dibs.service._config import ServiceConfig
@@ -36,6 +40,7 @@ from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
+from dibs.service._stores import async_face
 from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
 
@@ -46,11 +51,23 @@ access_log = logging.getLogger("dibs.service.access")
 
 
 class Service:
-    """One running instance: store, keys, metrics, seat-map boards and the API handlers."""
+    """One running instance: store, keys, metrics, seat-map boards and the API handlers.
 
-    def __init__(self, config: ServiceConfig, store: Store, keys: KeyRing) -> None:
+    ``store`` is the sync face (seat maps, patterns, the change feed); ``aio``
+    the async face every claim-path call awaits, by default the sync store
+    itself behind a :class:`~dibs.service._stores.SharedFace`.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: Store,
+        keys: KeyRing,
+        aio: AsyncStore | None = None,
+    ) -> None:
         self.config = config
         self.store = store
+        self.aio = async_face(store, None, threads=config.threads) if aio is None else aio
         self.keys = keys
         self.metrics = Metrics(store.scheme)
         self.change_feed = feed = store.change_feed()
@@ -58,7 +75,7 @@ class Service:
             s.slot: Board(store, s, poll_interval=config.poll_interval, change_feed=feed)
             for s in config.showings
         }
-        self.api = Api(store, keys, config, self.metrics, self.changed)
+        self.api = Api(store, self.aio, keys, config, self.metrics, self.changed)
         self.patterns = Patterns(self.api, config.lots)
         self.ready = False
 
@@ -78,7 +95,7 @@ class Service:
         """One sweep; failures are logged and retried on the next round."""
         started = time.perf_counter()
         try:
-            result = await anyio.to_thread.run_sync(self.store.sweep)
+            result = await self.aio.sweep()
         except Exception:
             log.exception("sweep failed")
             return
@@ -125,7 +142,7 @@ class Service:
     async def showing(self, request: Request) -> Response:
         """``GET /v1/showings/{slot}``: every seat's state now, a snapshot."""
         board = self._board(request)
-        snapshot = await self.api.call("seat_map", board.compute)
+        snapshot = await self.api.call_sync("seat_map", board.compute)
         snapshot["version"] = board.version
         return JSONResponse(snapshot)
 
@@ -163,7 +180,7 @@ class Service:
         """``GET /readyz``: the store answers a read within the request timeout."""
         probe = Unit(f"{RESERVED}readiness-probe", "")
         try:
-            await self.api.call("ready", lambda: self.store.holder_of(probe))
+            await self.api.call("ready", self.aio.holder_of(probe))
         except ApiError as exc:
             return JSONResponse(
                 {"status": "unavailable", "message": exc.message},
@@ -206,22 +223,47 @@ def create_app(
     config: ServiceConfig | None = None,
     *,
     store: Store | None = None,
+    async_store: AsyncStore | None = None,
     keys: KeyRing | None = None,
 ) -> Starlette:
     """Build the service's ASGI app.
 
     ``store`` and ``keys`` default to ``dibs.open(config.store_url)`` and the
-    config's keys file; a store passed in is not closed by the app.
+    config's keys file. The claim path awaits ``async_store``; by default, for
+    a store the app opens, the store class's native async twin opened from the
+    same URL if it has one (PostgreSQL), else the sync store itself on an async
+    face (memory:// inline on the loop, others on worker threads). Stores
+    passed in are not closed by the app; ``async_store`` needs ``store`` (the
+    same claims, for the seat maps and patterns) passed with it.
     """
     config = config or ServiceConfig()
+    if async_store is not None and store is None:
+        raise TypeError("create_app(async_store=...) needs store= too: the sync face of one store")
     own_store = store is None
     the_store = dibs.open(config.store_url) if store is None else store
-    service = Service(config, the_store, keys or KeyRing(config.keys_file))
+    own_aio = async_store is None
+    try:
+        aio = (
+            async_face(the_store, config.store_url if own_store else None, threads=config.threads)
+            if async_store is None
+            else async_store
+        )
+    except BaseException:
+        if own_store:
+            the_store.close()
+        raise
+    service = Service(config, the_store, keys or KeyRing(config.keys_file), aio)
     api = service.api
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = config.threads
+        try:
+            # Connect now rather than on the first request; a store that cannot
+            # be reached yet is retried by the first call (and /readyz says so).
+            await aio.open()
+        except DibsError:
+            log.exception("the async store did not open; the first request retries")
         jobs = [asyncio.create_task(service.sweep_forever())]
         jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
         service.ready = True
@@ -236,21 +278,24 @@ def create_app(
                     await job
             if service.change_feed is not None:
                 service.change_feed.close()
+            if own_aio:
+                await aio.close()
             if own_store:
                 the_store.close()
 
+    # The router tries routes in order: the claim path's first.
     routes = [
+        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
+        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
+        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
+        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
+        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
         Route("/", service.page, methods=["GET"]),
         Route("/healthz", service.health, methods=["GET"]),
         Route("/readyz", service.readiness, methods=["GET"]),
         Route("/metrics", service.metrics_page, methods=["GET"]),
         Route("/openapi.json", service.openapi, methods=["GET"]),
         Route("/docs", service.docs, methods=["GET"]),
-        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
-        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
-        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
-        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
-        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
         Route("/v1/lots", service.patterns.list_lots, methods=["GET"]),
         Route("/v1/lots/{lot}", service.patterns.lot, methods=["GET"]),
         Route("/v1/lots/{lot}/vehicles", service.patterns.park, methods=["POST"]),
@@ -326,8 +371,7 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        raw = headers.get(b"x-request-id")
+        raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
         request_id = new_request_id(None if raw is None else raw.decode("latin-1"))
         scope["dibs.request_id"] = request_id
         started = time.perf_counter()
@@ -366,17 +410,17 @@ class AccessLog:
             seconds = time.perf_counter() - started
             route = self._route(scope)
             metrics = self.service.metrics
-            metrics.http_requests.labels(route, str(status)).inc()
-            metrics.http_latency.labels(route).observe(seconds)
-            access_log.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "route": route,
-                    "status": status,
-                    "ms": round(seconds * 1000, 3),
-                    "holder": scope.get("dibs.holder"),
-                },
-            )
+            metrics.observe_http(route, status, seconds)
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "request",
+                    extra={
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "route": route,
+                        "status": status,
+                        "ms": round(seconds * 1000, 3),
+                        "holder": scope.get("dibs.holder"),
+                    },
+                )

@@ -97,7 +97,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--threads",
         type=positive_int,
         default=32,
-        help="worker threads for store calls (default 32)",
+        help="worker threads for the store calls that run on threads: SQLite and plug-in "
+        "stores, seat maps, lots and match (default 32)",
     )
     p.add_argument(
         "--private-map", action="store_true", help="require an API key for the seat map stream too"

@@ -19,6 +19,7 @@ multiple of 12 bytes. Wire IDs are unpadded URL-safe base64.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -27,6 +28,7 @@ __all__ = ["WIRE_ID_PATTERN", "ClaimIds"]
 
 _MAGIC = b"\x00\x00\x00"
 _ROUNDS = 4
+_CACHED = 4096  # wire IDs remembered each way per instance
 _MAX_STORE_ID = 255  # bytes; store IDs are far shorter (the library allows 1024)
 WIRE_ID_MAX = 4 * (4 + _MAX_STORE_ID + 12) // 3
 WIRE_ID_PATTERN = f"^[A-Za-z0-9_-]{{16,{WIRE_ID_MAX}}}$"
@@ -39,10 +41,16 @@ class ClaimIds:
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 16:
             raise ValueError("the claim ID secret must have at least 16 bytes")
-        self._keys = tuple(
+        keys = (
             hmac.new(secret, b"dibs wire claim id, round %d" % i, hashlib.sha256).digest()
             for i in range(_ROUNDS)
         )
+        # One keyed HMAC state per round, copied per use: cheaper than keying anew.
+        self._macs = tuple(hmac.new(key, digestmod=hashlib.sha256) for key in keys)
+        # A claim's ID crosses the wire again on each confirm, extend, get and
+        # release: remember recent ones both ways (bounded; thread-safe).
+        self.to_wire = functools.lru_cache(maxsize=_CACHED)(self.to_wire)  # type: ignore[method-assign]
+        self.from_wire = functools.lru_cache(maxsize=_CACHED)(self.from_wire)  # type: ignore[method-assign]
 
     def to_wire(self, claim_id: str) -> str:
         """The wire ID of a store claim ID."""
@@ -82,25 +90,31 @@ class ClaimIds:
 
     def _permute(self, data: bytes, *, forward: bool) -> bytes:
         half = len(data) // 2
-        left, right = bytearray(data[:half]), bytearray(data[half:])
+        left, right = data[:half], data[half:]
         rounds = range(_ROUNDS) if forward else reversed(range(_ROUNDS))
         for i in rounds:
             # Alternating rounds: even ones change the left half, odd ones the right.
-            target, source = (left, right) if i % 2 == 0 else (right, left)
-            pad = self._pad(i, bytes(source), len(target))
-            for j, byte in enumerate(pad):
-                target[j] ^= byte
-        return bytes(left + right)
+            if i % 2 == 0:
+                left = _xor(left, self._pad(i, right, len(left)))
+            else:
+                right = _xor(right, self._pad(i, left, len(right)))
+        return left + right
 
     def _pad(self, i: int, source: bytes, size: int) -> bytes:
         out = b""
         block = 0
         while len(out) < size:
-            out += hmac.new(
-                self._keys[i], block.to_bytes(4, "big") + source, hashlib.sha256
-            ).digest()
+            mac = self._macs[i].copy()
+            mac.update(block.to_bytes(4, "big") + source)
+            out += mac.digest()
             block += 1
         return out[:size]
+
+
+def _xor(data: bytes, pad: bytes) -> bytes:
+    """``data`` XOR ``pad`` (same length), as one integer operation."""
+    n = len(data)
+    return (int.from_bytes(data, "big") ^ int.from_bytes(pad, "big")).to_bytes(n, "big")
 
 
 def _b64(data: bytes) -> str:

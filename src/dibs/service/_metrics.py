@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 __all__ = ["Metrics"]
 
@@ -74,10 +77,30 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        # Labelled children by (metric, labels): ``labels()`` validates and
+        # locks on every call, a few microseconds each on the hot path; every
+        # label set here is bounded (routes, statuses, outcomes, operations).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_store(self, operation: str, seconds: float) -> None:
         """Record one store call's duration."""
-        self.store_latency.labels(operation, self.store_kind).observe(seconds)
+        self._child(self.store_latency, operation, self.store_kind).observe(seconds)
+
+    def observe_http(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered HTTP request and record its duration."""
+        self._child(self.http_requests, route, str(status)).inc()
+        self._child(self.http_latency, route).observe(seconds)
+
+    def claimed(self, outcome: str) -> None:
+        """Count one claim answered: ``granted``, ``taken`` or ``replayed``."""
+        self._child(self.claims, outcome).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -77,7 +77,7 @@ class Patterns:
         """``GET /v1/lots/{lot}``: each slot free, yours or taken; a snapshot."""
         key = self.api.authorize(request)
         lot = self._lot(request)
-        occupancy = await self.api.call("lot_occupancy", lot.occupancy)
+        occupancy = await self.api.call_sync("lot_occupancy", lot.occupancy)
         mine = self._holder(key.holder, "")
         slots: list[dict[str, Any]] = []
         for vehicle in occupancy.slots:
@@ -112,7 +112,7 @@ class Patterns:
             )
         who = self._holder(key.holder, vehicle)
         try:
-            position = await self.api.call("park", lambda: lot.park(who, length))
+            position = await self.api.call_sync("park", lambda: lot.park(who, length))
         except AlreadyParked as exc:
             raise ApiError(
                 409,
@@ -139,7 +139,7 @@ class Patterns:
         lot = self._lot(request)
         vehicle = self._vehicle(request.path_params["vehicle"])
         who = self._holder(key.holder, vehicle)
-        position = await self.api.call("lot_position", lambda: lot.position_of(who))
+        position = await self.api.call_sync("lot_position", lambda: lot.position_of(who))
         if position is None:
             raise ApiError(404, "not_found", "you have no such vehicle in this lot")
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
@@ -151,7 +151,7 @@ class Patterns:
         vehicle = self._vehicle(request.path_params["vehicle"])
         who = self._holder(key.holder, vehicle)
         try:
-            position = await self.api.call("unpark", lambda: lot.remove(who))
+            position = await self.api.call_sync("unpark", lambda: lot.remove(who))
         except NotParked:
             raise ApiError(404, "not_found", "you have no such vehicle in this lot") from None
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
@@ -179,7 +179,7 @@ class Patterns:
             raise ApiError(400, "invalid", "candidates are units", {"field": "candidates"})
         holder = key.holder
         request_id = request_id_for(holder, idempotency_key)
-        found = await self.api.call(
+        found = await self.api.call_sync(
             "match",
             lambda: match(
                 self.api.store,

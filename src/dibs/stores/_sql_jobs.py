@@ -46,6 +46,7 @@ from dibs.stores.jobs import (
     FINISHED_STATES,
     Decide,
     Job,
+    Wakers,
     job_from_row,
     row_values,
 )
@@ -181,8 +182,7 @@ class SQLJobs(abc.ABC):
         self._dialect = dialect
         self._clock = clock
         self._cache: dict[tuple[str, Any], Any] = {}
-        self._wakes: list[Callable[[], None]] = []
-        self._wake_lock = threading.Lock()
+        self._wakers = Wakers()
         self._finished = threading.Condition()
 
     # --- building statements --------------------------------------------------------------
@@ -287,21 +287,10 @@ class SQLJobs(abc.ABC):
     # --- waking ---------------------------------------------------------------------------
 
     def _local_wake(self) -> None:
-        with self._wake_lock:
-            wakes = list(self._wakes)
-        for wake in wakes:
-            wake()
+        self._wakers.wake_all()
 
     def _add_local(self, wake: Callable[[], None]) -> Callable[[], None]:
-        with self._wake_lock:
-            self._wakes.append(wake)
-
-        def stop() -> None:
-            with self._wake_lock:
-                if wake in self._wakes:
-                    self._wakes.remove(wake)
-
-        return stop
+        return self._wakers.add(wake)
 
     def _finished_here(self) -> None:
         with self._finished:

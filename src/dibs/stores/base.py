@@ -47,6 +47,7 @@ from dibs.exceptions import (
 from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 
 if TYPE_CHECKING:
+    from dibs.lease import Lease
     from dibs.stores.capabilities import ChangeFeed, ClaimLog
     from dibs.stores.jobs import JobTable
 
@@ -193,6 +194,31 @@ class Store(abc.ABC):
         except HoldLost as exc:
             self._log_lost("release", exc)
             raise
+
+    def lease(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> Lease:
+        """Hold the targets for a ``with`` block, renewing the hold: a :class:`~dibs.lease.Lease`.
+
+        Entering claims them as a hold of ``ttl`` seconds; a thread extends it
+        (fenced) every ``renew_every`` seconds, ``ttl / 3`` by default; exiting
+        releases it. Entering raises :class:`~dibs.ResourceBusy` when the
+        targets stay taken for ``wait`` seconds (0: at once; None: wait as
+        long as it takes). :class:`~dibs.HoldLost` comes from ``lease.check()``
+        as soon as renewal fails, and from the ``with`` statement when the
+        block ends. Raises :class:`~dibs.InvalidInput` here for bad arguments,
+        and for a ``ttl`` under :data:`dibs.lease.LEASE_TTL_MIN`.
+        """
+        from dibs.lease import Lease  # noqa: PLC0415 (dibs.lease imports this module)
+
+        self._check_open()
+        return Lease(self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
 
     def get(self, claim_id: str) -> Claim | None:
         """Return the claim with this ID as stored now, or None."""

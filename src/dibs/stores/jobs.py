@@ -45,6 +45,7 @@ __all__ = [
     "Job",
     "JobTable",
     "MemoryJobs",
+    "Wakers",
 ]
 
 LIVE_STATES = ("pending", "running")
@@ -338,24 +339,15 @@ def ended(job: Job, kind: str, now: float) -> str:
     return json.dumps(log)
 
 
-class MemoryJobs:
-    """The job table as dicts, for memory:// stores (one process)."""
+class Wakers:
+    """The wake-up callbacks of this process's workers, each registered until its stop."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._rows: dict[str, Job] = {}
-        self._watermarks: dict[str, float] = {}
+    def __init__(self) -> None:
         self._wakes: list[Callable[[], None]] = []
-        self._lock = threading.Lock()  # guards everything above
-        self._finished = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # guards _wakes
 
-    def close(self) -> None:
-        pass  # the rows live as long as the store object
-
-    def _now(self, now: float | None) -> float:
-        return self._clock() if now is None else now
-
-    def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
+    def add(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Register ``wake``; returns the function that unregisters it (idempotent)."""
         with self._lock:
             self._wakes.append(wake)
 
@@ -366,11 +358,36 @@ class MemoryJobs:
 
         return stop
 
-    def _wake_all(self) -> None:
+    def wake_all(self) -> None:
+        """Call every registered callback, outside the lock."""
         with self._lock:
             wakes = list(self._wakes)
         for wake in wakes:
             wake()
+
+
+class MemoryJobs:
+    """The job table as dicts, for memory:// stores (one process)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._rows: dict[str, Job] = {}
+        self._watermarks: dict[str, float] = {}
+        self._wakers = Wakers()
+        self._lock = threading.Lock()  # guards everything above
+        self._finished = threading.Condition(self._lock)
+
+    def close(self) -> None:
+        pass  # the rows live as long as the store object
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else now
+
+    def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
+        return self._wakers.add(wake)
+
+    def _wake_all(self) -> None:
+        self._wakers.wake_all()
 
     def _insert(self, job: Job, now: float) -> str:
         existing = self._rows.get(job.id)

@@ -1,0 +1,389 @@
+"""The lease's policy, written once for both faces (:mod:`dibs.lease` drives it).
+
+Each policy is a generator of *steps* (claim, extend, release, sleep...): a
+face performs a step with blocking calls (:func:`_drive`) or awaits
+(:func:`_adrive`) and sends back its answer, or throws back the errors the
+policy decides on. So the rules (which request ID a retry carries, how long a
+renewal retries, what counts as taken) exist once, and each face only does I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dibs._model import Claim, ClaimResult, ClaimState, Target
+from dibs.booking import ResourceBusy
+from dibs.exceptions import (
+    DibsError,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    StoreClosed,
+    StoreUnavailable,
+)
+from dibs.stores.base import check_seconds, claim_args
+
+_T = TypeVar("_T")
+
+LEASE_TTL_MIN = 0.1
+"""The shortest TTL a lease takes, in seconds: it renews three times per TTL, and each
+renewal is a round trip to the store plus a thread or task switch. Production TTLs
+should be seconds at least (see docs/leases.md)."""
+
+UNAVAILABLE_RETRY = 10.0
+"""Seconds a claim meeting :class:`~dibs.StoreUnavailable` is retried (``wait`` if longer)."""
+
+_RELEASE_TRIES = 3
+_SHOWN_HOLDERS = 16  # ResourceBusy names the holders of at most this many taken targets
+_FIRST_PAUSE = 0.005
+_MAX_PAUSE = 0.25  # between claim attempts: an expiry frees a target without a change to see
+_FEED_POLL = 0.01  # between reads of a change feed while waiting for taken targets
+
+_logger = logging.getLogger("dibs.lease")
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    targets: tuple[Target, ...]
+    holder: str
+    ttl: float
+    wait: float | None
+    renew_every: float
+
+    @property
+    def margin(self) -> float:
+        """Seconds before the hold could expire at which an unrenewed lease counts as lost."""
+        return self.ttl / 10
+
+
+def _terms(
+    targets: object, holder: object, ttl: object, wait: object, renew_every: object
+) -> _Terms:
+    """The lease's arguments, checked like ``claim()``'s; raises :class:`~dibs.InvalidInput`."""
+    checked, holder_name, _, seconds = claim_args(targets, holder, None, ttl)
+    if seconds is None:
+        raise InvalidInput("a lease needs a ttl in seconds, got None", field="ttl", value=ttl)
+    if seconds < LEASE_TTL_MIN:
+        raise InvalidInput(
+            f"a lease's ttl must be at least {LEASE_TTL_MIN} seconds to renew safely, got {ttl!r}",
+            field="ttl",
+            value=ttl,
+        )
+    if wait is not None and (
+        isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf")
+    ):
+        raise InvalidInput(
+            f"wait must be seconds >= 0 or None, got {wait!r}", field="wait", value=wait
+        )
+    every = seconds / 3 if renew_every is None else check_seconds("renew_every", renew_every)
+    if every > seconds / 2:
+        raise InvalidInput(
+            f"renew_every must be at most half the ttl ({seconds / 2:g}s), got {renew_every!r}",
+            field="renew_every",
+            value=renew_every,
+        )
+    return _Terms(checked, holder_name, seconds, None if wait is None else float(wait), every)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimStep:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ExtendStep:
+    claim: Claim
+    deadline: float
+    """``time.monotonic()`` past which an answer comes too late (the async face stops waiting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ReleaseStep:
+    claim: Claim
+
+
+@dataclass(frozen=True, slots=True)
+class _GetStep:
+    claim_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _HoldersStep:
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _SleepStep:
+    seconds: float
+    renewal: bool = False
+    """Whether this is the renewal's pause, which the block's end cuts short."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ChangeStep:
+    """Sleep up to ``seconds``, or less if the store's change feed moves first."""
+
+    seconds: float
+
+
+_Step = _ClaimStep | _ExtendStep | _ReleaseStep | _GetStep | _HoldersStep | _SleepStep | _ChangeStep
+_Policy = Generator[_Step, Any, _T]
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What the claiming policy is doing, for the face that may have to abandon it."""
+
+    unanswered: str | None = None
+    """The request ID of a claim sent whose outcome is not known yet."""
+    sent: float = 0.0
+    """``time.monotonic()`` just before the current request ID was first sent."""
+
+
+_random = random.Random()  # our own, so that a lease never moves the global random state
+
+
+def _jitter(delay: float) -> float:
+    # Full jitter: waiters spread out instead of retrying in lockstep.
+    return _random.uniform(0, delay)
+
+
+def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
+    """Claim the targets, waiting for them as ``terms.wait`` says; the claim made."""
+    started = time.monotonic()
+    deadline = None if terms.wait is None else started + terms.wait
+    give_up = None if terms.wait is None else started + max(terms.wait, UNAVAILABLE_RETRY)
+    delay = _FIRST_PAUSE
+    while True:
+        request_id = f"lease-{uuid.uuid4().hex}"
+        result = yield from _claim_once(request_id, attempt, give_up)
+        claim = result.claim
+        if result and claim is not None and claim.request_id == request_id:
+            if claim.state is ClaimState.HELD:
+                return claim
+            taken: tuple[Target, ...] = ()  # our replayed hold died meanwhile: claim again
+        elif result:
+            taken = terms.targets  # held by this holder under a claim the lease did not make
+        else:
+            taken = result.taken
+        now = time.monotonic()
+        if taken and deadline is not None and now >= deadline:
+            holders: dict[Target, str | None] = {}
+            with contextlib.suppress(StoreUnavailable):  # who holds them is for the message only
+                holders = yield _HoldersStep(taken[:_SHOWN_HOLDERS])
+            raise _busy(terms, taken, holders, now - started)
+        pause = _jitter(delay)
+        if deadline is not None:
+            pause = min(pause, max(0.0, deadline - now))
+        yield _ChangeStep(pause)
+        delay = min(delay * 2, _MAX_PAUSE)
+
+
+def _claim_once(request_id: str, attempt: _Attempt, give_up: float | None) -> _Policy[ClaimResult]:
+    """One claim, retried with the same request ID while the store is unavailable."""
+    delay = _FIRST_PAUSE
+    attempt.unanswered = request_id
+    # Whichever try makes the hold, it expires no sooner than ttl after the first was sent.
+    attempt.sent = time.monotonic()
+    while True:
+        try:
+            result: ClaimResult = yield _ClaimStep(request_id)
+        except StoreUnavailable:
+            now = time.monotonic()
+            if give_up is not None and now >= give_up:
+                raise
+            pause = _jitter(delay)
+            if give_up is not None:
+                pause = min(pause, give_up - now)
+            yield _SleepStep(pause)
+            delay = min(delay * 2, 1.0)
+            continue
+        attempt.unanswered = None
+        return result
+
+
+def _busy(
+    terms: _Terms, taken: tuple[Target, ...], holders: dict[Target, str | None], waited: float
+) -> ResourceBusy:
+    named = sorted({h for h in holders.values() if h is not None})
+    by = f" (held by {', '.join(map(repr, named))})" if named else ""
+    return ResourceBusy(
+        f"lease of {_describe(taken)} for {terms.holder!r}: taken{by}, waited {waited:.3g}s",
+        resource=taken[0].resource,
+        waited=waited,
+        targets=terms.targets,
+        taken=taken,
+        holders=holders,
+    )
+
+
+def _describe(targets: tuple[Target, ...]) -> str:
+    shown = ", ".join(map(repr, targets[:3]))
+    return shown + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+
+
+class _Hold:
+    """The live state of one lease's hold, written by its renewal and read by the block."""
+
+    def __init__(self, terms: _Terms, claim: Claim, sent: float) -> None:
+        self.terms = terms
+        self.claim = claim
+        # The store set the expiry at least this late (it answered after we sent).
+        self.alive_until = sent + terms.ttl
+        self.renewals = 0
+        self.error: HoldLost | None = None
+        self.failure: BaseException | None = None  # the last renewal's error, if it failed
+        self.ended = False  # released: time passing no longer makes it overdue
+        self._lock = threading.Lock()  # guards error: the renewal and the block both latch it
+
+    def renewed(self, claim: Claim, sent: float) -> None:
+        self.claim = claim
+        self.alive_until = sent + self.terms.ttl
+        self.renewals += 1
+        self.failure = None
+
+    def lose(self, error: HoldLost) -> bool:
+        """Record the loss; True if this is the first news of it."""
+        with self._lock:
+            if self.error is not None:
+                return False
+            self.error = error
+        # INFO: the block hears of it too (HoldLost), so this is a trace, not an alarm.
+        _logger.info("lease %s of %r lost: %s", self.claim.id, self.terms.holder, error)
+        return True
+
+    def overdue(self) -> bool:
+        """Whether the hold may have expired unrenewed (the renewal is stuck); latches a loss."""
+        if (
+            self.error is None
+            and not self.ended
+            and time.monotonic() >= self.alive_until - self.terms.margin
+        ):
+            lost = _lost(self.claim.id, "was not renewed in time and may have expired")
+            lost.__cause__ = self.failure
+            self.lose(lost)
+        return self.error is not None
+
+
+def _lost(claim_id: str, why: str, reason: HoldLostReason = HoldLostReason.EXPIRED) -> HoldLost:
+    return HoldLost(f"lease {claim_id!r} {why}", claim_id=claim_id, reason=reason)
+
+
+def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
+    """Extend the hold every ``renew_every`` seconds until it is lost; the loss."""
+    terms = hold.terms
+    pause = terms.renew_every
+    delay = _FIRST_PAUSE
+    while True:
+        yield _SleepStep(pause, renewal=True)
+        if hold.error is not None:
+            return hold.error  # check() found it overdue
+        sent = time.monotonic()
+        try:
+            claim = yield _ExtendStep(hold.claim, hold.alive_until - terms.margin)
+        except HoldLost as exc:
+            return exc
+        except StoreUnavailable as exc:
+            hold.failure = exc
+            left = hold.alive_until - terms.margin - time.monotonic()
+            if left <= 0:
+                lost = _lost(hold.claim.id, f"could not be renewed before it could expire: {exc}")
+                lost.__cause__ = exc
+                return lost
+            pause = min(_jitter(delay), left)
+            delay = min(delay * 2, terms.renew_every)
+            continue
+        hold.renewed(claim, sent)
+        pause = terms.renew_every
+        delay = _FIRST_PAUSE
+
+
+def _release_policy(hold: _Hold) -> _Policy[HoldLost | None]:
+    """Release the hold, fenced; the loss it reveals (the hold ended before the block), if any."""
+    claim = hold.claim
+    released = False
+    for tries_left in reversed(range(_RELEASE_TRIES)):
+        try:
+            released = yield _ReleaseStep(claim)
+        except HoldLost as exc:
+            return exc  # a fence that is not ours any more
+        except StoreClosed as exc:
+            _logger.warning("lease %s: could not release (%s); it expires by itself", claim.id, exc)
+            return None
+        except StoreUnavailable as exc:
+            if not tries_left:
+                _logger.warning(
+                    "lease %s: could not release (%s); it expires by itself", claim.id, exc
+                )
+                return None
+            yield _SleepStep(_jitter(0.05))
+            continue
+        break
+    if released:
+        return None
+    try:
+        ended: Claim | None = yield _GetStep(claim.id)
+    except StoreUnavailable:
+        ended = None
+    if ended is not None and ended.state is ClaimState.RELEASED:
+        return _lost(claim.id, "was released by someone else", HoldLostReason.RELEASED)
+    if ended is not None and ended.taken_over:
+        return _lost(claim.id, "expired and was taken over", HoldLostReason.TAKEN_OVER)
+    return _lost(claim.id, "expired before the block ended")
+
+
+def _unexpected(claim_id: str, exc: BaseException) -> HoldLost:
+    """A renewal that failed for another reason (the store was closed...): the hold will expire."""
+    if not isinstance(exc, DibsError):
+        _logger.error("lease %s: renewal failed", claim_id, exc_info=exc)
+    lost = _lost(claim_id, f"could not be renewed: {exc!r}")
+    lost.__cause__ = exc
+    return lost
+
+
+_DECIDED = (StoreUnavailable, HoldLost, StoreClosed)
+"""The errors a step answers that go back into its policy; any other propagates."""
+
+
+def _drive(policy: _Policy[_T], perform: Callable[[_Step], Any]) -> _T:
+    """Run a policy with blocking calls: its steps' answers and errors go back into it."""
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = policy.send(answer) if error is None else policy.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                answer, error = perform(step), None
+            except _DECIDED as exc:  # the errors the policy decides on
+                answer, error = None, exc
+    finally:
+        policy.close()
+
+
+async def _adrive(policy: _Policy[_T], perform: Callable[[_Step], Coroutine[Any, Any, Any]]) -> _T:
+    """:func:`_drive` with awaits."""
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = policy.send(answer) if error is None else policy.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                answer, error = await perform(step), None
+            except _DECIDED as exc:
+                answer, error = None, exc
+    finally:
+        policy.close()

@@ -1,0 +1,167 @@
+""":class:`dibs.Lot` for asyncio: the same row and rules, awaited on an async store.
+
+The part of :class:`Lot` between the markers below is the one implementation
+of the lot's calls: ``scripts/unasync.py`` generates :class:`dibs.Lot`'s from
+it by dropping ``async``/``await`` (the way psycopg keeps its sync face), so
+the two cannot drift and the sync lot pays nothing for the async one. The
+rules they call (validation, the search, the hint, the errors) live in
+:class:`dibs.lot._Row`.
+"""
+
+from __future__ import annotations
+
+from dibs._model import Claim
+from dibs.aio._store import AsyncStore
+from dibs.exceptions import ClaimNotFound
+from dibs.lot import _VEHICLE_RACES, Fit, Occupancy, _Row
+
+__all__ = ["Lot"]
+
+
+class Lot(_Row):
+    """:class:`dibs.Lot` on an :class:`~dibs.aio.AsyncStore`: the same arguments, as coroutines.
+
+    ``park``, ``remove``, ``position_of``, ``is_free`` and ``occupancy``
+    return and raise what :class:`dibs.Lot`'s do. Share one instance among
+    the tasks of one event loop (they then share its hint of the row); any
+    number of lots, sync or async, in any process, may share one row.
+    Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
+    """
+
+    # --- shared with the sync face: scripts/unasync.py makes it from this part ---
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        name: str,
+        size: int,
+        *,
+        fit: Fit = "first",
+        resource: str | None = None,
+    ) -> None:
+        super().__init__(name, size, fit, resource)
+        self.store = store
+
+    async def park(self, vehicle_id: str, length: int = 1) -> int | None:
+        """Park ``vehicle_id`` in ``length`` adjacent free slots; return the first slot's index.
+
+        Returns None when no run of ``length`` free slots was found (a refusal
+        is not remembered: the vehicle may try again later). Parking a vehicle
+        that is already parked here returns its position and takes nothing new.
+
+        Raises :class:`~dibs.AlreadyParked` if it is parked with a different
+        length, :class:`~dibs.VehicleBlocked` if a claim that is not its
+        parking here holds its vehicle unit, :class:`~dibs.InvalidInput` for
+        an empty ID or a length outside ``1..size``, and what the store raises.
+        """
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        if type(length) is not int or not 1 <= length <= self.size:
+            self._check_length(length)
+        me = self._vehicle_unit(vehicle_id)
+        occupied = self._hinted()
+        fresh = False
+        races = 0
+        while True:
+            start = self._choose(occupied, length)
+            if start is None:
+                if not fresh:
+                    # The hint may be stale: look at the row itself before refusing.
+                    occupied = [await self.store.holder_of(u) is not None for u in self._slots]
+                    self._learn(enumerate(occupied))
+                    fresh = True
+                    continue
+                existing = await self._claim_of(vehicle_id)
+                return (
+                    None if existing is None else self._same_vehicle(existing, vehicle_id, length)
+                )
+            slots = self._slots[start : start + length]
+            result = await self.store.claim([*slots, me], holder=vehicle_id)
+            # Linearization point: the store's group claim. Granted means the
+            # slots and the vehicle unit are this vehicle's, all or none; a
+            # replay means it already held exactly these.
+            if result:
+                if result.replayed:
+                    self._learn((i, True) for i in range(start, start + length))
+                else:
+                    assert result.claim is not None
+                    self._remember(vehicle_id, result.claim, start, length)
+                return start
+            if me in result.taken:
+                # Parked already, or a concurrent park of it won: find where.
+                existing = await self._claim_of(vehicle_id)
+                if existing is not None:
+                    return self._same_vehicle(existing, vehicle_id, length)
+                # No parking of this vehicle holds its unit, so some other claim
+                # does; waiting for it would spin for as long as it lives. Only a
+                # unit freed meanwhile (a concurrent remove) is worth a retry, and
+                # a bounded number of them, so that park always ends.
+                races += 1
+                if races > _VEHICLE_RACES or await self.store.holder_of(me) is not None:
+                    raise self._blocked(vehicle_id)
+                continue
+            self._lost(result, start, length, occupied)
+
+    async def remove(self, vehicle_id: str) -> int:
+        """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.
+
+        Raises :class:`~dibs.NotParked` if it holds no slots in this lot (never
+        parked, already removed, or removed by a concurrent call),
+        :class:`~dibs.InvalidInput` for an empty ID, and what the store raises.
+        """
+        if type(vehicle_id) is not str or not vehicle_id:
+            self._check_vehicle(vehicle_id)
+        # The release is conditional on the claim still being live: of two
+        # concurrent removes, exactly one gets True. A vehicle has at most one
+        # live parking here, so a remembered claim that is still live is it.
+        with self._hint_lock:
+            parked = self._parked.pop(vehicle_id, None)
+        if parked is not None:
+            mine, start, length = parked
+            try:
+                released = await self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+            except ClaimNotFound:  # ended and purged since: ask the store
+                released = False
+            if released:
+                self._forget(vehicle_id, start, length)
+                return start
+        claim = await self._claim_of(vehicle_id)
+        if claim is None or not await self.store.release(
+            claim.id, holder=vehicle_id, fence=claim.fence
+        ):
+            raise self._not_parked(vehicle_id)
+        start, length = self._placement(claim)
+        self._forget(vehicle_id, start, length)
+        return start
+
+    async def position_of(self, vehicle_id: str) -> int | None:
+        """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
+        self._check_vehicle(vehicle_id)
+        claim = await self._claim_of(vehicle_id)
+        return None if claim is None else self._placement(claim)[0]
+
+    async def is_free(self, position: int, length: int = 1) -> bool:
+        """Whether slots ``position .. position+length-1`` were all free a moment ago.
+
+        A snapshot for display only: it may be stale before it returns, so
+        never park on its word (:meth:`park` does not call it). Positions past
+        the end are not free. Raises :class:`~dibs.InvalidInput` for a
+        negative position or a length below 1.
+        """
+        self._check_is_free(position, length)
+        if position + length > self.size:
+            return False
+        for slot in self._slots[position : position + length]:
+            if await self.store.holder_of(slot) is not None:
+                return False
+        return True
+
+    async def occupancy(self) -> Occupancy:
+        """Who is in each slot, and the free runs; a snapshot for display."""
+        return Occupancy(self.size, tuple([await self.store.holder_of(s) for s in self._slots]))
+
+    async def _claim_of(self, vehicle_id: str) -> Claim | None:
+        """The vehicle's parking here, as the store has it now."""
+        return self._parking_in(await self.store.claims_of(vehicle_id), vehicle_id)
+
+    # --- end of the shared part ---

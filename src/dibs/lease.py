@@ -1,0 +1,481 @@
+"""A fenced lease: hold targets for a ``with`` block, renewed in the background.
+
+``store.lease(targets, holder=..., ttl=...)`` claims the targets as a hold of
+``ttl`` seconds, renews it with the fenced :meth:`~dibs.Store.extend` every
+``renew_every`` seconds (``ttl / 3`` by default) while the block runs, and
+releases it, fenced, when the block exits. ``lease.fence`` is the claim's
+fence token: pass it to whatever the block writes to, so that a writer whose
+lease was lost is refused there.
+
+Both faces share one policy, written once (in ``dibs._lease``) as generators of *steps* (claim,
+extend, release, sleep...) that a thin driver performs: :class:`Lease` with
+blocking calls and a renewal thread, :class:`AsyncLease` with awaits and a
+renewal task. The policy:
+
+* **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
+  with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
+  store answers the first attempt's outcome instead of making a second hold.
+  A grant the lease did not make (the same holder already holds exactly these
+  targets: another lease, or a claim of its own) counts as taken: a lease
+  never adopts a hold it did not claim.
+* **Taken.** With ``wait=0`` (the default) taken targets raise
+  :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
+  holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
+  the store's change feed where it has one) until then; ``wait=None`` waits
+  as long as it takes.
+* **Renewal.** An extend that fails with :class:`~dibs.StoreUnavailable` is
+  retried while the hold can still be alive: until ``ttl`` after the last
+  renewal was sent, less a margin of ``ttl / 10``. Past that, or on
+  :class:`~dibs.HoldLost`, the lease is lost.
+* **Loss.** The async face cancels the block's task and turns that
+  cancellation into :class:`~dibs.HoldLost` when the block exits; an outside
+  cancellation still propagates as :class:`asyncio.CancelledError`. The sync
+  face cannot safely interrupt a thread: ``lease.check()`` raises
+  :class:`~dibs.HoldLost` as soon as the loss is known, and the ``with``
+  statement raises it when the block ends normally. A block that raised keeps
+  its own exception, with a note that the hold was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from dibs._lease import (
+    _FEED_POLL,
+    LEASE_TTL_MIN,
+    UNAVAILABLE_RETRY,
+    _adrive,
+    _Attempt,
+    _ChangeStep,
+    _claim_policy,
+    _ClaimStep,
+    _describe,
+    _drive,
+    _ExtendStep,
+    _GetStep,
+    _Hold,
+    _HoldersStep,
+    _logger,
+    _release_policy,
+    _ReleaseStep,
+    _renewal_policy,
+    _SleepStep,
+    _Step,
+    _terms,
+    _unexpected,
+)
+from dibs._model import Claim, ClaimState, Span, Target, Unit
+from dibs.exceptions import DibsError, HoldLost, StoreUnavailable
+from dibs.stores.capabilities import UnchangingFeed
+
+if TYPE_CHECKING:
+    from dibs.aio import AsyncStore
+    from dibs.stores.base import Store
+    from dibs.stores.capabilities import ChangeFeed
+
+__all__ = ["LEASE_TTL_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
+
+
+class _LeaseFace:
+    """What both faces show the block: the claim, its fence, and whether it was lost."""
+
+    def __init__(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None,
+        renew_every: float | None,
+    ) -> None:
+        self._terms = _terms(targets, holder, ttl, wait, renew_every)
+        self._hold: _Hold | None = None
+        self._entered = False
+
+    def _enter(self) -> None:
+        if self._entered:
+            raise RuntimeError("a lease is entered once; call store.lease() again for another")
+        self._entered = True
+
+    def _live(self) -> _Hold:
+        if self._hold is None:
+            raise RuntimeError("the lease has no claim yet: use it in a with block")
+        return self._hold
+
+    @property
+    def holder(self) -> str:
+        """The holder the lease claims for."""
+        return self._terms.holder
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        """The targets the lease holds, normalized as the store keeps them."""
+        return self._terms.targets
+
+    @property
+    def ttl(self) -> float:
+        """Seconds each renewal pushes the hold's expiry to, on the store's clock."""
+        return self._terms.ttl
+
+    @property
+    def claim(self) -> Claim:
+        """The hold, as of its latest renewal (``expires_at`` moves; ``id`` and ``fence`` don't)."""
+        return self._live().claim
+
+    @property
+    def id(self) -> str:
+        """The claim's ID (``lease.claim.id``)."""
+        return self._live().claim.id
+
+    @property
+    def state(self) -> ClaimState:
+        """The claim's state as of its latest renewal (``lease.claim.state``)."""
+        return self._live().claim.state
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the hold expires on the store's clock, as of its latest renewal."""
+        return self._live().claim.expires_at
+
+    @property
+    def fence(self) -> int:
+        """The claim's fence token: pass it to what the block writes, to refuse stale writers."""
+        return self._live().claim.fence
+
+    @property
+    def renewals(self) -> int:
+        """How many renewals have succeeded so far."""
+        return self._live().renewals
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold is known lost, or may have expired because renewal is overdue."""
+        hold = self._hold
+        return hold is not None and hold.overdue()
+
+    @property
+    def error(self) -> HoldLost | None:
+        """The :class:`~dibs.HoldLost` that ended the lease, or None while it holds."""
+        hold = self._hold
+        return None if hold is None or not hold.overdue() else hold.error
+
+    def check(self) -> None:
+        """Raise :class:`~dibs.HoldLost` if the hold is lost, or may have expired unrenewed."""
+        hold = self._live()
+        if hold.overdue():
+            assert hold.error is not None
+            raise hold.error
+
+    def __repr__(self) -> str:
+        hold = self._hold
+        state = (
+            "unclaimed" if hold is None else "lost" if hold.error else f"fence={hold.claim.fence}"
+        )
+        return f"<{type(self).__name__} {_describe(self._terms.targets)} {self.holder!r} {state}>"
+
+
+def _note(exc: BaseException, lost: HoldLost) -> None:
+    if exc is not lost:
+        exc.add_note(f"dibs: and the lease's hold was lost meanwhile: {lost}")
+
+
+class Lease(_LeaseFace):
+    """``with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
+
+    Entering claims the targets (raises :class:`~dibs.ResourceBusy` when they
+    stay taken past ``wait``, :class:`~dibs.StoreUnavailable` when the store
+    stays unreachable); a thread renews the hold while the block runs; exiting
+    stops it and releases the hold. Python cannot safely interrupt the block's
+    thread, so a loss shows through :meth:`check` and :attr:`lost` at once, and
+    the ``with`` statement raises :class:`~dibs.HoldLost` when the block ends.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> None:
+        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        self._store = store
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._feed: ChangeFeed | None = None
+        self._token: object = None
+
+    def __enter__(self) -> Self:
+        self._enter()
+        attempt = _Attempt()
+        try:
+            claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+        finally:
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+        self._renewer = threading.Thread(
+            target=self._renew, args=(hold,), name=f"dibs-lease-{claim.id}", daemon=True
+        )
+        self._renewer.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self._live()
+        self._stop.set()
+        assert self._renewer is not None
+        self._renewer.join()
+        hold.overdue()
+        at_release = _drive(_release_policy(hold), self._perform)
+        hold.ended = True
+        lost = hold.error or at_release
+        if lost is None:
+            return
+        hold.lose(lost)
+        if exc is None:
+            raise lost
+        _note(exc, lost)
+
+    def _renew(self, hold: _Hold) -> None:
+        try:
+            lost = _drive(_renewal_policy(hold), self._perform)
+        except _Stopped:
+            return
+        except BaseException as exc:  # any failure ends the renewal: a lost hold
+            lost = _unexpected(hold.claim.id, exc)
+        hold.lose(lost)
+
+    def _perform(self, step: _Step) -> Any:
+        store, terms = self._store, self._terms
+        match step:
+            case _ClaimStep(request_id):
+                if self._feed is not None:
+                    self._token = self._read_feed()
+                return store.claim(
+                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+                )
+            case _ExtendStep(claim):
+                return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
+            case _ReleaseStep(claim):
+                return store.release(claim.id, holder=terms.holder, fence=claim.fence)
+            case _GetStep(claim_id):
+                return store.get(claim_id)
+            case _HoldersStep(targets):
+                return {target: store.holder_of(_one(target)) for target in targets}
+            case _SleepStep(seconds, renewal):
+                if renewal and self._stop.wait(seconds):
+                    raise _Stopped
+                if not renewal:
+                    time.sleep(seconds)
+                return None
+            case _ChangeStep(seconds):
+                self._await_change(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
+
+    def _await_change(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking early when the store's change feed moves."""
+        end = time.monotonic() + seconds
+        if self._feed is None:
+            try:
+                self._feed = self._store.change_feed()
+            except Exception:  # the feed only hurries a retry; polling does without it
+                _logger.debug("lease: no change feed; polling", exc_info=True)
+                self._feed = UnchangingFeed()
+            if self._feed is None:
+                self._feed = UnchangingFeed()
+            self._token = self._read_feed()  # the first wait: changes since the claim go unseen
+        if isinstance(self._feed, UnchangingFeed):  # memory://, or no feed: nothing to watch
+            time.sleep(seconds)
+            return
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(_FEED_POLL, left))
+            if self._read_feed() != self._token:
+                return
+
+    def _read_feed(self) -> object:
+        assert self._feed is not None
+        try:
+            return self._feed.read()
+        except Exception:  # the feed only hurries a retry; polling does without it
+            _logger.debug("lease: change feed failed; polling instead", exc_info=True)
+            with contextlib.suppress(Exception):
+                self._feed.close()
+            self._feed = UnchangingFeed()
+            return self._feed.read()
+
+
+class _Stopped(Exception):
+    """The lease's block ended: its renewal stops (sync face)."""
+
+
+def _one(target: Target) -> Unit | Span:
+    assert isinstance(target, Unit | Span)
+    return target
+
+
+_background: set[asyncio.Task[Any]] = set()
+"""Clean-ups that outlive the task that started them, kept here so they are not collected."""
+
+
+def _keep(task: asyncio.Task[Any]) -> None:
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+class AsyncLease(_LeaseFace):
+    """``async with store.lease(targets, holder=..., ttl=...) as lease:``: see :mod:`dibs.lease`.
+
+    Entering claims the targets (raises :class:`~dibs.ResourceBusy` when they
+    stay taken past ``wait``); a task renews the hold while the block runs;
+    exiting stops it and releases the hold. When renewal fails, the block's
+    task is cancelled at once and the ``async with`` statement raises
+    :class:`~dibs.HoldLost` in place of that cancellation. A cancellation from
+    outside propagates as :class:`asyncio.CancelledError`, as always.
+    Cancelling the entry itself leaves no hold behind: a claim whose answer
+    was cut off is replayed with its request ID and released in the background.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> None:
+        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        self._store = store
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._cancelled = False  # whether the renewal cancelled the block's task
+        self._exiting = False
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._enter()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("async with store.lease() must run in an asyncio task")
+        attempt = _Attempt()
+        try:
+            claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
+        except asyncio.CancelledError:
+            if attempt.unanswered is not None:
+                _keep(asyncio.ensure_future(self._abandon(attempt.unanswered)))
+            raise
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._renewer = asyncio.create_task(self._renew(hold), name=f"dibs-lease-{claim.id}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self._live()
+        self._exiting = True
+        outside = False
+        if self._cancelled:
+            assert self._task is not None
+            # Take back our cancellation; any count left is someone else's.
+            outside = self._task.uncancel() > self._cancelling
+        finish = asyncio.ensure_future(self._finish(hold))
+        try:
+            at_release = await asyncio.shield(finish)
+        except asyncio.CancelledError:
+            _keep(finish)  # cancelled from outside while releasing: the release goes on
+            raise
+        hold.ended = True
+        lost = hold.error or at_release
+        if lost is None:
+            return
+        hold.lose(lost)
+        if exc is None:
+            raise lost
+        if isinstance(exc, asyncio.CancelledError) and self._cancelled and not outside:
+            raise lost  # the cancellation was ours: the block's task hears why
+        _note(exc, lost)
+
+    async def _finish(self, hold: _Hold) -> HoldLost | None:
+        assert self._renewer is not None
+        self._renewer.cancel()
+        await asyncio.wait([self._renewer])
+        hold.overdue()
+        return await _adrive(_release_policy(hold), self._perform)
+
+    async def _renew(self, hold: _Hold) -> None:
+        try:
+            lost = await _adrive(_renewal_policy(hold), self._perform)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # any failure ends the renewal: a lost hold
+            lost = _unexpected(hold.claim.id, exc)
+        hold.lose(lost)
+        if not self._exiting:
+            assert self._task is not None
+            self._cancelled = True
+            self._task.cancel(f"dibs: lease {hold.claim.id!r} lost")
+
+    async def _abandon(self, request_id: str) -> None:
+        """Learn the outcome of a claim whose answer was cut off, and release it if granted."""
+        store, terms = self._store, self._terms
+        try:
+            result = await store.claim(
+                terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+            )
+            claim = result.claim
+            if result and claim is not None and claim.request_id == request_id:
+                await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+        except DibsError as exc:
+            _logger.warning(
+                "lease request %s: cancelled claim left to expire (%s)", request_id, exc
+            )
+
+    async def _perform(self, step: _Step) -> Any:
+        store, terms = self._store, self._terms
+        match step:
+            case _ClaimStep(request_id):
+                return await store.claim(
+                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+                )
+            case _ExtendStep(claim, deadline):
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        return await store.extend(
+                            claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl
+                        )
+                except TimeoutError:
+                    raise StoreUnavailable(
+                        f"renewing lease {claim.id!r} got no answer in time"
+                    ) from None
+            case _ReleaseStep(claim):
+                return await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+            case _GetStep(claim_id):
+                return await store.get(claim_id)
+            case _HoldersStep(targets):
+                return {target: await store.holder_of(_one(target)) for target in targets}
+            case _SleepStep(seconds) | _ChangeStep(seconds):  # the renewal's: a cancel cuts it
+                await asyncio.sleep(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
