@@ -375,6 +375,7 @@ def test_tasks_racing_for_seats_get_one_winner_each(url: str) -> None:
                     for result in results:
                         if result.granted and not result.replayed:
                             assert result.claim is not None
+                            assert result.claim.holder == f"t{n}", "an answer went astray"
                             assert result.claim.fence not in fences
                             fences.add(result.claim.fence)
                             for unit in result.claim.units:
