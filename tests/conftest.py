@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import dibs
+from aio_face import open_face
 from dibs import FakeClock, Store
 from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
     drop_schema,
@@ -27,6 +28,13 @@ __all__ = ["pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
 
 STORE_KINDS = ["memory", "sqlite", "postgresql"]
 """Every store the contract runs on."""
+
+AIO_STORE_KINDS = ["aio-memory", "aio-sqlite", "aio-postgresql"]
+"""The same stores through :func:`dibs.aio.open`, driven by tests/aio_face.py's sync face.
+Only the modules that check the contract and the input domain ask for them (they override
+``store_kind`` with :data:`ALL_STORE_KINDS`); the rest run on the sync stores only."""
+
+ALL_STORE_KINDS = STORE_KINDS + AIO_STORE_KINDS
 
 QUICK_MODULES = frozenset(
     {
@@ -68,7 +76,8 @@ class StoreMaker:
     """Opens stores of one kind onto one shared place (a file, a database)."""
 
     def __init__(self, kind: str, tmp_path: Path, pg_url: str | None = None) -> None:
-        self.kind = kind
+        self.aio = kind.startswith("aio-")
+        self.kind = kind.removeprefix("aio-")
         self.tmp_path = tmp_path
         self.pg_url = pg_url
         self.pg_schema = f"t_{secrets.token_hex(6)}"  # a fresh schema per test
@@ -87,12 +96,18 @@ class StoreMaker:
     def __call__(self, clock: FakeClock | None = None, **options: object) -> Store:
         if self.kind == "memory":
             if self._memory is None:
-                self._memory = dibs.open("memory://", clock=clock, **options)
+                self._memory = self._open("memory://", clock, options)
                 self.opened.append(self._memory)
             return self._memory
-        store = dibs.open(self.url, clock=clock, **options)
+        store = self._open(self.url, clock, options)
         self.opened.append(store)
         return store
+
+    def _open(self, url: str, clock: FakeClock | None, options: dict[str, object]) -> Store:
+        if self.aio:
+            # The async store behind the sync API: the same tests, the async face's answers.
+            return open_face(url, clock=clock, **options)  # type: ignore[return-value]
+        return dibs.open(url, clock=clock, **options)
 
     def close(self) -> None:
         for store in self.opened:
@@ -111,7 +126,7 @@ def make_store(
     store_kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[StoreMaker]:
     # Start PostgreSQL only when a test actually runs on it.
-    url = request.getfixturevalue("pg_url") if store_kind == "postgresql" else None
+    url = request.getfixturevalue("pg_url") if store_kind.endswith("postgresql") else None
     maker = StoreMaker(store_kind, tmp_path, url)
     yield maker
     maker.close()

@@ -1,8 +1,17 @@
-"""The store contract from :mod:`dibs.testing`, on every store."""
+"""The store contract from :mod:`dibs.testing`, on every store, sync and async faces."""
 
 from __future__ import annotations
 
+import pytest
+
+from conftest import ALL_STORE_KINDS
 from dibs.testing import StoreContract
+
+
+@pytest.fixture(params=ALL_STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store, and every store again through :func:`dibs.aio.open` (tests/aio_face.py)."""
+    return str(request.param)
 
 
 class TestStoreContract(StoreContract):

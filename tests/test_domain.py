@@ -14,11 +14,18 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import dibs
-from conftest import StoreMaker
+from aio_face import open_face
+from conftest import ALL_STORE_KINDS, StoreMaker
 from dibs import FakeClock, HoldLostReason, InvalidInput, RequestConflict, Span, Store, Unit
 from dibs.limits import NAME_MAX_BYTES, RETENTION_MAX, TTL_MAX, TTL_MIN
 
 NEW_YORK = ZoneInfo("America/New_York")
+
+
+@pytest.fixture(params=ALL_STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store, and every store again through :func:`dibs.aio.open` (tests/aio_face.py)."""
+    return str(request.param)
 
 
 def _ny(hour: int, minute: int, *, fold: int = 0) -> datetime:
@@ -146,12 +153,10 @@ def test_the_ttl_edges_hold_as_long_as_they_say(store: Store, clock: FakeClock) 
 def test_a_retention_outside_the_domain_is_invalid_input(
     make_store: StoreMaker, retention: Any
 ) -> None:
-    if make_store.kind == "memory":
-        with pytest.raises(InvalidInput) as raised:
-            dibs.open("memory://", request_retention=retention)
-    else:
-        with pytest.raises(InvalidInput) as raised:
-            dibs.open(make_store.url, request_retention=retention)
+    url = "memory://" if make_store.kind == "memory" else make_store.url
+    opener = open_face if make_store.aio else dibs.open  # the async face raises when it opens
+    with pytest.raises(InvalidInput) as raised:
+        opener(url, request_retention=retention)
     assert raised.value.field == "request_retention"
 
 

@@ -11,7 +11,7 @@ True
 :func:`open` returns an :class:`AsyncStore` with the sync store's methods,
 arguments, results and errors. PostgreSQL runs natively on psycopg's async
 pool; memory:// runs inline; SQLite and plug-in stores run on the store's own
-worker threads, so the event loop never blocks.
+worker threads, so the event loop never blocks. See docs/async.md.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def open(url: str | None = None, **options: Any) -> AsyncStore:
     of ``async with``, or of any of its methods. Takes the options
     :func:`dibs.open` takes. A store class that names a native async twin in
     :attr:`dibs.Store.async_store` gets it; any other store runs on worker
-    threads (:class:`ThreadedStore`). Raises :class:`~dibs.UnknownScheme` and
-    :class:`~dibs.InvalidInput` at once, like :func:`dibs.open`.
+    threads (:class:`ThreadedStore`, which also takes ``threads=``). Raises
+    :class:`~dibs.UnknownScheme` and :class:`~dibs.InvalidInput` for a
+    malformed URL at once; what only opening can tell
+    (:class:`~dibs.StoreMisconfigured`, :class:`~dibs.StoreUnavailable`, a bad
+    option) is raised by the first ``await``.
     """
     from dibs.stores import default_url, store_class  # noqa: PLC0415
 

@@ -97,6 +97,9 @@ class AsyncStore(abc.ABC):
                 if not self._opened:
                     await self._open()
                     self._opened = True
+                    if self._closed:  # closed while opening: close() saw nothing to close
+                        await self._close()
+                        self._check_open()
         return self
 
     def __await__(self) -> Generator[Any, None, Self]:

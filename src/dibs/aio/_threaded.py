@@ -1,65 +1,176 @@
 """An async face for any sync store: its calls run where they cannot block the loop.
 
 memory:// never waits on I/O (its locks are held for microseconds), so its calls
-run inline on the loop. Every other sync store (SQLite, plug-ins) runs its
-calls on worker threads that belong to this async store; cancelling an await
-leaves a call that already started to finish on its thread, so its outcome is
-recorded and a retry with the same request ID learns it.
+run inline on the loop. Every other sync store (SQLite, plug-ins) runs its calls
+on worker threads that belong to this async store, fed by the loop through a
+queue; finished calls go back to the loop a batch per wake-up. Four workers
+(``threads=`` sets it): ``benchmarks/bench_aio_sqlite.py`` measured the choices
+(docs/async.md).
+
+Cancellation: a call still queued for a worker when its await is cancelled never
+runs; a call a worker already started runs to its end on that thread (a sync
+call cannot be interrupted), so no connection is ever left mid-transaction, and
+a claim it made is recorded: a retry with the same request ID replays it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
 from dibs.aio._store import AsyncStore
+from dibs.exceptions import InvalidInput, StoreClosed
 from dibs.stores.base import Store
 
-__all__ = ["ThreadedStore"]
+__all__ = ["DEFAULT_THREADS", "ThreadedStore"]
 
 _T = TypeVar("_T")
+_Call = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 DEFAULT_THREADS = 4
-"""Worker threads per async store over a blocking sync store."""
+"""Worker threads per async store over a blocking sync store (``threads=`` overrides):
+on SQLite, 4 workers beat 1 and 2, a ``ThreadPoolExecutor`` and ``asyncio.to_thread``
+(benchmarks/bench_aio_sqlite.py, docs/benchmarks.md)."""
+
+
+class _Workers:
+    """Worker threads fed by the loop: calls wait in a queue, results go back in batches.
+
+    Each finished call is handed back to the loop, but the loop is woken once per
+    batch of them (``call_soon_threadsafe`` only when the batch was empty), not once
+    per call: with many tasks claiming, a claim costs less CPU than through
+    ``run_in_executor`` (benchmarks/bench_aio_sqlite.py).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, threads: int, name: str) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()  # guards _calls, _done and _closing
+        self._ready = threading.Condition(self._lock)
+        self._calls: collections.deque[_Call] = collections.deque()
+        self._done: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._closing = False
+        # Daemons: a store nobody closed must not keep the interpreter from exiting (an
+        # unfinished SQLite transaction is rolled back by SQLite when the process ends).
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., _T], args: tuple[Any, ...]) -> asyncio.Future[_T]:
+        """Queue ``fn(*args)``; its future, on the loop. Raises StoreClosed once closing."""
+        future: asyncio.Future[_T] = self._loop.create_future()
+        with self._lock:
+            if self._closing:
+                raise StoreClosed("this async store is closed")
+            self._calls.append((future, fn, args))
+            self._ready.notify()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._calls:
+                    if self._closing:
+                        return
+                    self._ready.wait()
+                future, fn, args = self._calls.popleft()
+            # Cancelled while queued: it never runs. A cancel that comes after this check
+            # lets the call run to its end; its outcome is recorded, and a retry with the
+            # same request ID learns it.
+            if future.cancelled():
+                continue
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = fn(*args)
+            except BaseException as exc:  # handed to the awaiting task
+                error = exc
+            with self._lock:
+                self._done.append((future, value, error))
+                wake = len(self._done) == 1
+            if wake:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits
+                    self._loop.call_soon_threadsafe(self._hand_back)
+
+    def _hand_back(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+        for future, value, error in done:
+            if future.cancelled():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def close(self) -> None:
+        """Let every queued call run, then stop the threads; blocks, so call it off the loop."""
+        with self._lock:
+            self._closing = True
+            self._ready.notify_all()
+        for thread in self._threads:
+            thread.join()
 
 
 class ThreadedStore(AsyncStore):
-    """:class:`AsyncStore` over a sync :class:`~dibs.Store`, opened on a worker thread."""
+    """:class:`AsyncStore` over a sync :class:`~dibs.Store`, its calls on worker threads.
+
+    memory:// runs inline on the loop instead (pure CPU, microseconds per call).
+    :meth:`close` lets the calls already handed to a worker finish, then closes
+    the sync store and joins the workers, without blocking the loop.
+    """
 
     scheme = "threaded"
 
-    def __init__(
-        self, url: str, options: dict[str, Any], *, threads: int = DEFAULT_THREADS
-    ) -> None:
+    def __init__(self, url: str, options: dict[str, Any], *, threads: int | None = None) -> None:
         from dibs.stores import store_class  # noqa: PLC0415 (dibs.stores imports dibs.aio lazily)
 
         cls = store_class(url)
         self.scheme = cls.scheme  # type: ignore[misc]  # per instance: the wrapped store's
         super().__init__()
+        if threads is None:
+            threads = DEFAULT_THREADS
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidInput(
+                f"threads must be a positive integer, got {threads!r}",
+                field="threads",
+                value=threads,
+            )
         self._url = url
         self._options = options
         self._inline = cls.in_process and cls.local_clock
         self._threads = threads
-        self._executor: ThreadPoolExecutor | None = None
+        self._workers: _Workers | None = None
+        self._opening_sync: asyncio.Future[Store] | None = None
         self.sync: Store | None = None
         """The sync store behind this one, once opened."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
-        """Wrap the sync store for ``url``; it is opened (on a thread) by :meth:`open`."""
-        threads = options.pop("threads", DEFAULT_THREADS)
+        """Wrap the sync store for ``url``; it is opened (on a worker) by :meth:`open`.
+
+        ``threads=`` sets the worker threads (default :data:`DEFAULT_THREADS`;
+        memory:// runs inline); every other option goes to the sync store's
+        ``from_url``.
+        """
+        threads = options.pop("threads", None)
         return cls(url, options, threads=threads)
 
     async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._inline:
             return fn(*args)
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        workers = self._workers
+        if workers is None:
+            raise StoreClosed(f"this {type(self).__name__} is closed")
+        return await workers.submit(fn, args)
 
     def _store(self) -> Store:
         assert self.sync is not None
@@ -68,11 +179,66 @@ class ThreadedStore(AsyncStore):
     async def _open(self) -> None:
         from dibs.stores import open_store  # noqa: PLC0415
 
-        if not self._inline:
-            self._executor = ThreadPoolExecutor(
-                self._threads, thread_name_prefix=f"dibs-{self.scheme}"
-            )
-        self.sync = await self._run(functools.partial(open_store, self._url, **self._options))
+        opener = functools.partial(open_store, self._url, **self._options)
+        if self._inline:
+            self.sync = opener()
+            return
+        if self._workers is None:
+            loop = asyncio.get_running_loop()
+            self._workers = _Workers(loop, self._threads, f"dibs-{self.scheme}")
+        if self._opening_sync is None:
+            # Shielded: a cancelled open goes on on its worker, and the next await adopts
+            # the store it opens instead of opening (and leaking) a second one.
+            self._opening_sync = self._workers.submit(opener, ())
+            self._opening_sync.add_done_callback(self._adopt)
+        await asyncio.shield(self._opening_sync)
+
+    def _adopt(self, future: asyncio.Future[Store]) -> None:
+        """Take the sync store as soon as it is open, whoever still awaits it.
+
+        So close() closes it even when the await that opened it was cancelled, and
+        it is closed at once when close() came while it was opening.
+        """
+        if future.cancelled() or future.exception() is not None:
+            # The next await opens afresh, on new workers; these are not needed meanwhile.
+            self._opening_sync = None
+            workers, self._workers = self._workers, None
+            self._close_off_loop(workers, None)
+            return
+        store = future.result()
+        if self._closed:
+            workers, self._workers = self._workers, None
+            self._close_off_loop(workers, store)
+            return
+        self.sync = store
+        self._opened = True
+
+    def _close_off_loop(
+        self, workers: _Workers | None, store: Store | None
+    ) -> asyncio.Future[None]:
+        """Let the calls already accepted finish, then close the store, on a thread of its own.
+
+        Not on the loop's default pool: it may be busy, or gone at interpreter exit.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        # A close nobody awaits (after a cancelled open) must not log "never retrieved".
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def finish() -> None:
+            error: BaseException | None = None
+            try:
+                if workers is not None:
+                    workers.close()
+                if store is not None:
+                    store.close()
+            except BaseException as exc:  # handed to the awaiting task
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_settle, done, error)
+
+        threading.Thread(target=finish, name=f"dibs-{self.scheme}-close").start()
+        return done
 
     async def _claim(
         self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
@@ -104,8 +270,18 @@ class ThreadedStore(AsyncStore):
         return await self._run(self._store()._now)
 
     async def _close(self) -> None:
-        store = self.sync
-        if store is not None:
-            await self._run(store.close)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        store, self.sync = self.sync, None
+        workers, self._workers = self._workers, None
+        if self._inline:
+            if store is not None:
+                store.close()
+        elif workers is not None or store is not None:
+            await asyncio.shield(self._close_off_loop(workers, store))
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
