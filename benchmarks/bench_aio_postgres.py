@@ -33,6 +33,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 import dibs
 import dibs.aio
 
@@ -73,6 +75,7 @@ def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[s
     sync_store = dibs.open(f"{url}?{options}")
     async_store = loop.run_until_complete(dibs.aio.open(f"{url}?{options}").open())
     rounds: list[tuple[float, float, float, float]] = []
+    cpu: list[tuple[float, float]] = []  # client CPU µs per claim: async, sync
     try:
         for r in range(repeat + 1):  # round 0 warms both up and is not counted
             resource = f"c{clients}-r{r}-{secrets.token_hex(2)}"
@@ -83,12 +86,16 @@ def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[s
                 )
                 assert result
 
+            cpu0 = time.process_time()
             s_rate, s_lat = run_round(claim, clients, claims)
+            cpu1 = time.process_time()
             a_rate, a_lat = loop.run_until_complete(
                 async_round(async_store, resource + "a", clients, claims)
             )
+            cpu2 = time.process_time()
             if r:
                 rounds.append((a_rate, s_rate, p99(a_lat), p99(s_lat)))
+                cpu.append(((cpu2 - cpu1) / claims * 1e6, (cpu1 - cpu0) / claims * 1e6))
     finally:
         loop.run_until_complete(async_store.close())
         loop.close()
@@ -98,16 +105,57 @@ def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[s
     row = (
         f"{clients:>7} | {med(x[0] for x in rounds):>8,.0f} {med(x[1] for x in rounds):>8,.0f} "
         f"{med(ratios):>6.0%} ({min(ratios):.0%}-{max(ratios):.0%}) | "
-        f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms"
+        f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms | "
+        f"{med(c[0] for c in cpu):>5.0f} {med(c[1] for c in cpu):>5.0f} µs"
     )
     series = [
         {"name": "dibs.aio postgresql:// (tasks)", "clients": clients,
          "throughput": med(x[0] for x in rounds), "p99_ms": med(x[2] for x in rounds) * 1e3,
-         "ratio_median": med(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)},
+         "ratio_median": med(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+         "cpu_us_per_claim": med(c[0] for c in cpu)},
         {"name": "dibs postgresql:// (threads)", "clients": clients,
-         "throughput": med(x[1] for x in rounds), "p99_ms": med(x[3] for x in rounds) * 1e3},
+         "throughput": med(x[1] for x in rounds), "p99_ms": med(x[3] for x in rounds) * 1e3,
+         "cpu_us_per_claim": med(c[1] for c in cpu)},
     ]  # fmt: skip
     return row, series
+
+
+def driver_floor(url: str, queries: int, repeat: int) -> str:
+    """psycopg itself, one connection, ``SELECT 1`` round trips: async vs sync, interleaved.
+
+    The ceiling of any async store on this driver at one client: the async
+    connection's own cost per round trip, without dibs.
+    """
+    loop = asyncio.new_event_loop()
+    aconn = loop.run_until_complete(psycopg.AsyncConnection.connect(url, autocommit=True))
+    sconn = psycopg.connect(url, autocommit=True)
+
+    async def many() -> None:
+        for _ in range(queries):
+            await (await aconn.execute(b"SELECT 1")).fetchone()
+
+    ratios, cpus = [], []
+    try:
+        for r in range(repeat + 1):
+            c0, t0 = time.process_time(), time.perf_counter()
+            for _ in range(queries):
+                sconn.execute(b"SELECT 1").fetchone()
+            c1, t1 = time.process_time(), time.perf_counter()
+            loop.run_until_complete(many())
+            c2, t2 = time.process_time(), time.perf_counter()
+            if r:
+                ratios.append((t1 - t0) / (t2 - t1))
+                cpus.append(((c2 - c1) / queries * 1e6, (c1 - c0) / queries * 1e6))
+    finally:
+        sconn.close()
+        loop.run_until_complete(aconn.close())
+        loop.close()
+    med = statistics.median
+    return (
+        f"psycopg alone, 1 connection, SELECT 1: async/sync {med(ratios):.0%} "
+        f"({min(ratios):.0%}-{max(ratios):.0%}); client CPU per query "
+        f"{med(c[0] for c in cpus):.0f} µs async, {med(c[1] for c in cpus):.0f} µs sync"
+    )
 
 
 def main() -> None:
@@ -135,13 +183,14 @@ def main() -> None:
         print(f"{args.repeat} rounds of async and sync, interleaved; medians (ratio range)")
         print(
             f"{'clients':>7} | {'async/s':>8} {'sync/s':>8} {'ratio':>6} {'':>11} | "
-            f"{'async p99':>9} {'sync p99':>9}"
+            f"{'async p99':>9} {'sync p99':>9} | client CPU/claim async sync"
         )
         series: list[Any] = []
         for clients in args.clients:
             row, more = bench(url, tag, clients, args.claims, args.repeat)
             print(row, flush=True)
             series += more
+        print(driver_floor(url, args.claims, args.repeat), flush=True)
         if args.json:
             Path(args.json).write_text(
                 json.dumps({"benchmark": "dibs.aio on PostgreSQL", "series": series}, indent=2)
