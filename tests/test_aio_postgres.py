@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 from collections import Counter
@@ -500,3 +501,34 @@ def test_bad_input_postgres_cannot_store_is_invalid_input(pg_schema_url: str) ->
             assert await store.claim(Unit("seat", "1"), holder="alice")  # the pool is fine
 
     run(main())
+
+
+def test_a_forked_child_opens_a_pool_of_its_own_and_leaves_the_parents(
+    pg_schema_url: str,
+) -> None:
+    loop = asyncio.new_event_loop()
+    store = dibs.aio.open(pg_schema_url)
+    try:
+        first = loop.run_until_complete(store.claim(Unit("fork", "parent"), holder="p"))
+        assert first.granted
+        pid = os.fork()
+        if pid == 0:  # the child: a loop of its own, the same store object
+            code = 1
+            try:
+
+                async def child() -> bool:
+                    result = await store.claim(Unit("fork", "child"), holder="c")
+                    await store.close()
+                    return result.granted
+
+                code = 0 if asyncio.run(child()) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent's sessions were neither used nor closed by the child.
+        assert loop.run_until_complete(store.holder_of(Unit("fork", "child"))) == "c"
+        assert loop.run_until_complete(store.holder_of(Unit("fork", "parent"))) == "p"
+    finally:
+        loop.run_until_complete(store.close())
+        loop.close()

@@ -26,6 +26,11 @@ lost connection, a pool timeout, a server shutting down, ``statement_timeout``,
 ``lock_timeout``, a read-only standby, retries used up) is
 :class:`~dibs.StoreUnavailable`. After that the claim may or may not have
 committed: retry with the same request ID to learn which.
+
+The rules (which statement, its parameters, what its answer means, the
+result and the error) live in :mod:`dibs.stores.postgres._ops`, shared with
+the asyncio store (``dibs.aio.open``); this class only runs their statements
+on a thread's pooled connection.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -217,7 +222,7 @@ class PostgresStore(Store):
         self,
         query: bytes,
         params: Params,
-        fetch_all: bool | Literal["one", "all"] = False,
+        fetch_all: bool = False,
         explain: Callable[[psycopg.Error], Exception | None] | None = None,
     ) -> Any:
         """Run one statement on a pooled connection, translating the driver's errors.
@@ -229,7 +234,6 @@ class PostgresStore(Store):
         :class:`~dibs.StoreClosed` once the store is closed. ``explain`` may
         translate a server error first (the claim's own SQLSTATEs).
         """
-        many = fetch_all is True or fetch_all == "all"
         backoff: Backoff | None = None  # made on the first transient error only
         while True:
             answered = False
@@ -237,7 +241,7 @@ class PostgresStore(Store):
                 with self._pool.connection() as conn:
                     cur = conn.execute(query, params)
                     answered = True
-                    answer = cur.fetchall() if many else cur.fetchone()
+                    answer = cur.fetchall() if fetch_all else cur.fetchone()
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     backoff = backoff or _backoff(self.max_retries)
