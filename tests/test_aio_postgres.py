@@ -409,7 +409,7 @@ def test_close_waits_for_a_cancelled_calls_statement(pg_schema_url: str) -> None
 def _terminate(admin_url: str, database: str) -> int:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s "
             "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
             (database,),
         ).fetchall()
@@ -532,3 +532,81 @@ def test_a_forked_child_opens_a_pool_of_its_own_and_leaves_the_parents(
     finally:
         loop.run_until_complete(store.close())
         loop.close()
+
+
+class _FlakyConnection:
+    """A pooled connection whose next ``failures`` statements raise ``error`` unsent."""
+
+    def __init__(self, conn: Any, owner: _FlakyPool) -> None:
+        self._conn = conn
+        self._owner = owner
+
+    async def execute(self, query: bytes, params: Any) -> Any:
+        self._owner.calls += 1
+        if self._owner.failures > 0:
+            self._owner.failures -= 1
+            raise self._owner.error
+        return await self._conn.execute(query, params)
+
+
+class _FlakyPool:
+    def __init__(self, pool: Any, error: Exception, failures: int) -> None:
+        self.pool = pool
+        self.error = error
+        self.failures = failures
+        self.calls = 0
+        self.last_error = None
+
+    async def getconn(self) -> Any:
+        return _FlakyConnection(await self.pool.getconn(), self)
+
+    async def putconn(self, conn: _FlakyConnection) -> None:
+        await self.pool.putconn(conn._conn)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+@pytest.mark.parametrize(
+    "error", [psycopg.errors.SerializationFailure(), psycopg.errors.DeadlockDetected()]
+)
+def test_serialization_failures_and_deadlocks_are_retried(
+    pg_schema_url: str, error: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        store = dibs.aio.open(pg_schema_url, max_retries=3)
+        assert isinstance(store, AsyncPostgresStore)
+        await store.open()
+        flaky = _FlakyPool(store._own_pool, error, failures=3)
+        store._own_pool = flaky  # type: ignore[assignment]
+        assert await store.claim(Unit("seat", "1"), holder="alice")
+        assert flaky.calls == 4
+        flaky.failures = 4
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.claim(Unit("seat", "2"), holder="alice")
+        assert isinstance(raised.value.__cause__, type(error))
+        assert await store.holder_of(Unit("seat", "2")) is None
+        await store.close()
+
+    with caplog.at_level(logging.DEBUG, logger="dibs.stores.postgres"):
+        run(main())
+    assert sum("transient error, retry" in m for m in caplog.messages) == 3 + 3
+
+
+def test_an_outage_logs_one_warning_and_its_end(
+    pg_url: str, pg_admin_url: str, pg_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with dibs.aio.open(f"{pg_schema_url}&pool_min=2&pool_max=2") as store:
+            assert await store.claim(Unit("seat", "0"), holder="a")
+            _terminate(pg_admin_url, _database(pg_url))
+            for n in range(2):  # both pooled sessions are gone: each call meets one
+                with pytest.raises(StoreUnavailable):
+                    await store.claim(Unit("seat", str(n + 1)), holder="a")
+            await _until_it_answers(lambda: store.claim(Unit("seat", "9"), holder="a"))
+
+    with caplog.at_level(logging.INFO, logger="dibs.stores.postgres"):
+        run(main())
+    ours = [r for r in caplog.records if r.name == "dibs.stores.postgres"]
+    assert [r.levelname for r in ours if r.levelno >= logging.WARNING] == ["WARNING"]
+    assert any("answers again" in r.getMessage() for r in ours)
