@@ -70,7 +70,7 @@ if sys.version_info >= (3, 12):
 
     def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         # Eagerly: the task runs at once, up to its first wait for the server.
-        return asyncio.Task(coro, eager_start=True)
+        return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
 
 else:  # pragma: no cover (Python 3.11)
     _start = asyncio.ensure_future
