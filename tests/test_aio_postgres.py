@@ -540,13 +540,23 @@ class _FlakyConnection:
     def __init__(self, conn: Any, owner: _FlakyPool) -> None:
         self._conn = conn
         self._owner = owner
+        self._cursor = conn.cursor()
+
+    def cursor(self) -> _FlakyConnection:
+        return self
 
     async def execute(self, query: bytes, params: Any) -> Any:
         self._owner.calls += 1
         if self._owner.failures > 0:
             self._owner.failures -= 1
             raise self._owner.error
-        return await self._conn.execute(query, params)
+        return await self._cursor.execute(query, params)
+
+    async def fetchone(self) -> Any:
+        return await self._cursor.fetchone()
+
+    async def fetchall(self) -> Any:
+        return await self._cursor.fetchall()
 
 
 class _FlakyPool:

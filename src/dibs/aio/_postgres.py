@@ -35,6 +35,7 @@ from dibs.stores.postgres._ops import (
     Step,
     backoff,
     create_schema,
+    cursor_of,
     found_version,
     pool_options,
     schema_moved,
@@ -295,7 +296,8 @@ class AsyncPostgresStore(AsyncStore):
                 raise asyncio.CancelledError
             answered = False
             try:
-                cur = await conn.execute(query, params)
+                cur = getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                await cur.execute(query, params)
                 answered = True
                 answer = await (cur.fetchall() if many else cur.fetchone())
             except (psycopg.Error, UnicodeError) as exc:

@@ -82,6 +82,7 @@ __all__ = [
     "Step",
     "backoff",
     "create_schema",
+    "cursor_of",
     "parse_id",
     "pool_options",
     "schema_moved",
@@ -239,6 +240,24 @@ def pool_options(
             value=cause_of(exc),
         ) from None
     return {"min_size": pool_min, "max_size": pool_max, "timeout": float(timeout)}
+
+
+# --- connections ----------------------------------------------------------------------------------
+
+_CURSOR = "_dibs_cursor"
+
+
+def cursor_of(conn: Any) -> Any:
+    """A pooled connection's own cursor, made on its first statement and kept with it.
+
+    psycopg's ``conn.execute`` makes a cursor per call, which costs about as
+    much client CPU as the rest of a claim's driver work; a connection runs one
+    statement at a time, so one cursor serves all of them. Both drivers call
+    this as ``getattr(conn, "_dibs_cursor", None) or cursor_of(conn)``.
+    """
+    cur = conn.cursor()
+    setattr(conn, _CURSOR, cur)
+    return cur
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from dibs.stores.postgres._ops import (
     Params,
     Plan,
     create_schema,
+    cursor_of,
     found_version,
     parse_id,
     pool_options,
@@ -239,7 +240,8 @@ class PostgresStore(Store):
             answered = False
             try:
                 with self._pool.connection() as conn:
-                    cur = conn.execute(query, params)
+                    cur = getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                    cur.execute(query, params)
                     answered = True
                     answer = cur.fetchall() if fetch_all else cur.fetchone()
             except (psycopg.Error, UnicodeError) as exc:
