@@ -3,22 +3,87 @@
 Each store says which of its driver's errors are transient (SQLite: "database
 is locked"/"busy"; PostgreSQL: serialization failures and deadlocks, SQLSTATE
 40001/40P01) and how long to keep trying; everything else propagates at once,
-for the store to translate.
+for the store to translate. :func:`retrying` runs the policy for blocking
+code, :func:`retrying_async` for coroutines; :class:`Backoff` is the policy
+both share.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["retrying"]
+__all__ = ["Backoff", "retrying", "retrying_async"]
 
 _T = TypeVar("_T")
 
 _logger = logging.getLogger("dibs.stores")
+
+
+class Backoff:
+    """One call's retry state: whether an error is worth another try, and how long to wait.
+
+    After a transient error, :meth:`pause` answers a random time up to the
+    current delay (doubling from ``delay`` to ``max_delay``), at most
+    ``attempts`` tries in all and for at most ``seconds``. When either runs out
+    it raises ``gave_up(error, tries)`` from the last error. Each retry is a
+    DEBUG line on ``logger``; giving up is the caller's to report.
+    """
+
+    __slots__ = (
+        "_attempts",
+        "_deadline",
+        "_delay",
+        "_gave_up",
+        "_logger",
+        "_max",
+        "_transient",
+        "tries",
+    )
+
+    def __init__(
+        self,
+        *,
+        transient: Callable[[Exception], bool],
+        gave_up: Callable[[Exception, int], Exception],
+        attempts: int | None = None,
+        seconds: float | None = None,
+        delay: float = 0.001,
+        max_delay: float = 0.1,
+        logger: logging.Logger = _logger,
+    ) -> None:
+        self._transient = transient
+        self._gave_up = gave_up
+        self._attempts = attempts
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+        self._delay = delay
+        self._max = max_delay
+        self._logger = logger
+        self.tries = 0
+        """Attempts that failed so far."""
+
+    def pause(self, exc: Exception) -> float | None:
+        """Seconds to wait before the next try after ``exc``; None when ``exc`` is not transient.
+
+        Raises ``gave_up(exc, tries)`` from ``exc`` when the tries or the time are used up.
+        """
+        self.tries += 1
+        if not self._transient(exc):
+            return None
+        if (self._attempts is not None and self.tries >= self._attempts) or (
+            self._deadline is not None and time.monotonic() >= self._deadline
+        ):
+            raise self._gave_up(exc, self.tries) from exc
+        self._logger.debug(
+            "transient error, retry %d after up to %.3f s: %s", self.tries, self._delay, exc
+        )
+        pause = random.uniform(0, self._delay)  # full jitter: contenders spread out
+        self._delay = min(self._delay * 2, self._max)
+        return pause
 
 
 def retrying(
@@ -32,27 +97,33 @@ def retrying(
     max_delay: float = 0.1,
     logger: logging.Logger = _logger,
 ) -> _T:
-    """Run ``work`` until it returns or raises an error that is not ``transient``.
-
-    After a transient error, sleeps a random time up to the current delay
-    (doubling from ``delay`` to ``max_delay``) and tries again, at most
-    ``attempts`` times in all and for at most ``seconds``. When either runs out
-    it raises ``gave_up(error, tries)`` from the last error. Each retry is a
-    DEBUG line on ``logger``; giving up is the caller's to report.
-    """
-    deadline = None if seconds is None else time.monotonic() + seconds
-    tries = 0
+    """Run ``work`` until it returns or raises an error that is not ``transient`` (see Backoff)."""
+    backoff = Backoff(
+        transient=transient,
+        gave_up=gave_up,
+        attempts=attempts,
+        seconds=seconds,
+        delay=delay,
+        max_delay=max_delay,
+        logger=logger,
+    )
     while True:
-        tries += 1
         try:
             return work()
         except Exception as exc:
-            if not transient(exc):
+            pause = backoff.pause(exc)
+            if pause is None:
                 raise
-            if (attempts is not None and tries >= attempts) or (
-                deadline is not None and time.monotonic() >= deadline
-            ):
-                raise gave_up(exc, tries) from exc
-            logger.debug("transient error, retry %d after up to %.3f s: %s", tries, delay, exc)
-        time.sleep(random.uniform(0, delay))  # full jitter: contenders spread out
-        delay = min(delay * 2, max_delay)
+        time.sleep(pause)
+
+
+async def retrying_async(work: Callable[[], Awaitable[_T]], backoff: Backoff) -> _T:
+    """:func:`retrying` for a coroutine function: waits without blocking the event loop."""
+    while True:
+        try:
+            return await work()
+        except Exception as exc:
+            pause = backoff.pause(exc)
+            if pause is None:
+                raise
+        await asyncio.sleep(pause)

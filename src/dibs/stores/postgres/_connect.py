@@ -22,11 +22,11 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 
-__all__ = ["RecordingPool", "connect_error", "first_connection"]
+__all__ = ["AsyncRecordingPool", "RecordingPool", "connect_error", "first_connection"]
 
 logger = logging.getLogger("dibs.stores.postgres")
 
@@ -120,6 +120,21 @@ class RecordingPool(ConnectionPool[psycopg.Connection[TupleRow]]):
     def _connect(self, timeout: float | None = None) -> psycopg.Connection[TupleRow]:
         try:
             conn = super()._connect(timeout)
+        except psycopg.Error as exc:
+            self.last_error = cause_of(exc)
+            raise
+        self.last_error = None
+        return conn
+
+
+class AsyncRecordingPool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
+    """:class:`RecordingPool` for asyncio: remembers why its last connection attempt failed."""
+
+    last_error: str | None = None
+
+    async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
+        try:
+            conn = await super()._connect(timeout)
         except psycopg.Error as exc:
             self.last_error = cause_of(exc)
             raise

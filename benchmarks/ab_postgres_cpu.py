@@ -1,0 +1,75 @@
+"""Client CPU per PostgreSQL claim and confirm: this checkout's dibs against another's.
+
+For a change to the sync store's hot path: runs the same small workload
+(one client, one connection, 2,000 single-unit holds, then 500 confirms) in
+fresh subprocesses that import dibs from ``--base`` and from this checkout's
+``src``, alternating, on one private server, and prints the medians of the
+client CPU per operation and the median (range) of the per-pair ratios. CPU
+time hardly moves with a shared machine's load, unlike claims/s.
+
+    git worktree add --detach /tmp/base <commit>
+    python benchmarks/ab_postgres_cpu.py --base /tmp/base/src --pairs 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from pgserver import PostgresServer
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = """
+import secrets, sys, time
+import dibs
+with dibs.open(f"{sys.argv[1]}?schema=ab_{secrets.token_hex(3)}&pool_min=1&pool_max=1") as s:
+    for i in range(300):
+        s.claim(dibs.Unit("warm", str(i)), holder="h", ttl=300)
+    c0 = time.process_time()
+    held = [s.claim(dibs.Unit("m", str(i)), holder="h", ttl=300).claim for i in range(2000)]
+    c1 = time.process_time()
+    for claim in held[:500]:
+        s.confirm(claim.id, holder="h", fence=claim.fence)
+    c2 = time.process_time()
+print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--base", required=True, help="the other checkout's src directory")
+    parser.add_argument("--pairs", type=int, default=6, help="alternating runs of each")
+    args = parser.parse_args()
+    sides = {"base": args.base, "this": str(HERE.parent / "src")}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    with PostgresServer() as server:
+        url = server.create_database("ab")
+        for _ in range(args.pairs):
+            for name, src in sides.items():
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, url],
+                    env={**os.environ, "PYTHONPATH": src},
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.split()
+                runs[name].append((float(out[0]), float(out[1])))
+    med = statistics.median
+    for name, values in runs.items():
+        print(
+            f"{name}: client CPU per claim {med(v[0] for v in values):.0f} µs, "
+            f"per confirm {med(v[1] for v in values):.0f} µs"
+        )
+    for i, op in enumerate(("claim", "confirm")):
+        ratios = [t[i] / b[i] for t, b in zip(runs["this"], runs["base"], strict=True)]
+        print(f"this ÷ base, {op}: {med(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+if __name__ == "__main__":
+    main()

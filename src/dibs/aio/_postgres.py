@@ -1,0 +1,366 @@
+"""``postgresql://`` for asyncio: the PostgreSQL store, native on psycopg's async pool.
+
+:class:`AsyncPostgresStore` runs the very plans of the sync
+:class:`~dibs.stores.postgres.PostgresStore` (:mod:`dibs.stores.postgres._ops`:
+the statements, their parameters, the fallbacks to the server-side functions,
+the result building and the errors), awaiting each statement on an
+:class:`psycopg_pool.AsyncConnectionPool` connection instead of blocking on a
+thread's. The two classes differ only in how a statement is run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any, Self, TypeVar
+
+import psycopg
+
+from dibs._clock import Clock, SystemClock
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
+from dibs.aio._store import AsyncStore
+from dibs.stores._fork import abandon
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION
+from dibs.stores.postgres._connect import AsyncRecordingPool, describe, first_connection
+from dibs.stores.postgres._ops import (
+    RETRY,
+    LeaveItToTheFunction,
+    Operations,
+    Outage,
+    Params,
+    Plan,
+    Step,
+    backoff,
+    create_schema,
+    cursor_of,
+    found_version,
+    pool_options,
+    schema_moved,
+    split_url,
+    translate,
+)
+
+__all__ = ["AsyncPostgresStore"]
+
+logger = logging.getLogger("dibs.stores.postgres")
+
+_T = TypeVar("_T")
+
+
+class _Job:
+    """One operation in flight: its plan, its next statement, and the caller's future."""
+
+    __slots__ = ("plan", "step", "waiter")
+
+    def __init__(self, plan: Plan[Any], step: Step, waiter: asyncio.Future[Any]) -> None:
+        self.plan = plan
+        self.step = step
+        self.waiter = waiter
+        """What the caller awaits; cancelled with the caller, and then no further
+        statement is sent."""
+
+    @property
+    def abandoned(self) -> bool:
+        return self.waiter.done()
+
+
+if sys.version_info >= (3, 12):
+
+    def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        # Eagerly: the task runs at once, up to its first wait for the server.
+        return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
+
+else:  # pragma: no cover (Python 3.11)
+    _start = asyncio.ensure_future
+
+
+class AsyncPostgresStore(AsyncStore):
+    """Claims in a PostgreSQL database, for asyncio code; safe across tasks, processes and hosts.
+
+    The sync :class:`~dibs.stores.postgres.PostgresStore`'s options, URL,
+    schema, statements, results and errors, as coroutines on psycopg's
+    :class:`~psycopg_pool.AsyncConnectionPool`: no thread is involved in a
+    call. Opening the store (the first ``await``) connects once directly, so a
+    refusal is raised at once with libpq's words, and creates or upgrades the
+    schema on a worker thread (a one-time setup); then it opens the pool of
+    ``pool_min`` to ``pool_max`` connections. A call waits up to
+    ``pool_timeout`` seconds for a connection, then raises
+    :class:`~dibs.StoreUnavailable`. One store belongs to one event loop.
+
+    **Cancellation.** Each call runs its statements in an inner task that owns
+    its pooled connection, and the caller awaits a future that task answers
+    (as if through :func:`asyncio.shield`: cancelling the caller never cancels
+    the task). Cancelling the caller returns at once; what happens to the
+    call depends on how far it got:
+
+    * no statement sent yet (the inner task had not started, or was waiting
+      for a pool connection or a retry's pause): none is sent, no claim is made;
+    * a statement sent: it finishes on the server, and its connection goes
+      back to the pool idle, never mid-statement or mid-transaction. Each
+      statement is one transaction, so the claim either committed or did not;
+      a retry with the same request ID learns which, and never makes a second
+      claim. (A claim without a request ID that committed is a claim nobody
+      knows the ID of, as after :class:`~dibs.StoreUnavailable`: it expires
+      with its ``ttl``.)
+
+    :meth:`close` waits for such statements to finish before closing the pool.
+
+    ``clock`` is for tests only, as on the sync store.
+    """
+
+    scheme = "postgresql"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        clock: Clock | None = None,
+        request_retention: float = DEFAULT_REQUEST_RETENTION,
+        schema: str = "dibs",
+        pool_min: int = 1,
+        pool_max: int = 10,
+        pool_timeout: float = 10.0,
+        max_retries: int = 8,
+        create_extension: bool = True,
+    ) -> None:
+        super().__init__()
+        self._logger = logger  # the sync store's logger: one name for both faces
+        self.request_retention = check_retention(request_retention)
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._pool_options = pool_options(
+            conninfo,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            pool_timeout=pool_timeout,
+            max_retries=max_retries,
+        )
+        self.schema = schema
+        self.max_retries = max_retries
+        self._create_extension = create_extension
+        self._ops = Operations(schema, clock, lambda: self.request_retention)
+        self._conninfo = conninfo
+        self._where = describe(conninfo)
+        self._outage = Outage(self._where)
+        self._own_pool: AsyncRecordingPool | None = None
+        self._pid = os.getpid()
+        self._fork_locks: dict[int, asyncio.Lock] = {}
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """``postgresql://user:pass@host:port/db?schema=dibs&pool_max=10``, not yet opened.
+
+        Takes the sync store's URL and options (see
+        :meth:`dibs.stores.postgres.PostgresStore.from_url`). Raises
+        :class:`~dibs.InvalidInput` for a malformed option, without I/O.
+        """
+        conninfo, ours = split_url(url)
+        return cls(conninfo, **{**ours, **options})
+
+    # --- opening and closing --------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        # The one-time schema setup is blocking psycopg code shared with the sync
+        # store: it runs on a worker thread, once; no call after it uses a thread.
+        await asyncio.to_thread(self._prepare)
+        pool = self._new_pool()
+        await pool.open(wait=False)
+        self._own_pool = pool
+        logger.debug("opened the async PostgreSQL store at %s, schema %r", self._where, self.schema)
+
+    def _prepare(self) -> None:
+        with first_connection(self._conninfo, self._pool_options["timeout"]) as conn:
+            create_schema(conn, self.schema, self._create_extension)
+
+    def _new_pool(self) -> AsyncRecordingPool:
+        return AsyncRecordingPool(
+            self._conninfo,
+            kwargs={"autocommit": True},
+            name=f"dibs-aio-{self.schema}",
+            open=False,
+            **self._pool_options,
+        )
+
+    async def _pool(self) -> AsyncRecordingPool:
+        """This process's pool. A forked child opens its own and never touches the parent's.
+
+        The parent's connections share their sockets with the child (see
+        :mod:`dibs.stores._fork`), and its tasks belong to the parent's loop.
+        """
+        pool = self._own_pool
+        assert pool is not None
+        if self._pid == os.getpid():
+            return pool
+        lock = self._fork_locks.setdefault(os.getpid(), asyncio.Lock())
+        async with lock:
+            if self._pid != os.getpid():
+                abandon(pool, *self._inflight)
+                self._inflight = set()
+                fresh = self._new_pool()
+                await fresh.open(wait=False)
+                self._own_pool = fresh
+                logger.info(
+                    "forked child %d: the parent's (%d) PostgreSQL connections are left "
+                    "alone, and this process opened a pool of its own",
+                    os.getpid(),
+                    self._pid,
+                )
+                self._pid = os.getpid()
+        assert self._own_pool is not None
+        return self._own_pool
+
+    async def _close(self) -> None:
+        if self._inflight:  # statements whose callers were cancelled: let them finish
+            await asyncio.wait(set(self._inflight))
+        pool = self._own_pool
+        if pool is None:
+            return
+        if self._pid == os.getpid():
+            await pool.close()
+        else:  # the parent's pool, inherited and never used here: leave its sessions alone
+            abandon(pool)
+
+    # --- the one boundary with the driver -------------------------------------------------------
+
+    async def _run(self, plan: Plan[_T]) -> _T:
+        """Run an operation's statements in an inner task; see the class docstring."""
+        try:
+            step = next(plan)
+        except StopIteration as done:  # settled without the server (an ID never given out)
+            result: _T = done.value
+            return result
+        # The inner task answers through a plain future: cancelling the caller
+        # cancels the future, never the task (the job of asyncio.shield, at one
+        # hop less through the event loop).
+        waiter: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        task = _start(self._perform(_Job(plan, step, waiter)))
+        if not task.done():
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+        return await waiter
+
+    async def _perform(self, job: _Job) -> None:
+        """Run a job's plan on one pooled connection and answer its waiter, if still there."""
+        waiter = job.waiter
+        try:
+            result = await self._plan(job)
+        except asyncio.CancelledError:
+            if not waiter.done():  # the loop is shutting down under us
+                waiter.cancel()
+            raise
+        except BaseException as exc:  # a dibs error, or a bug: the caller's to see
+            if not waiter.done():
+                waiter.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not waiter.done():
+                waiter.set_result(result)
+
+    async def _plan(self, job: _Job) -> Any:
+        if job.abandoned:  # cancelled before this task first ran
+            raise asyncio.CancelledError
+        plan, step = job.plan, job.step
+        try:
+            pool = await self._pool()
+            conn = await pool.getconn()
+            try:
+                while True:
+                    try:
+                        answer = await self._statement(conn, step, job)
+                    except LeaveItToTheFunction as exc:
+                        thrown: BaseException | None = exc
+                    else:
+                        thrown = None
+                    try:
+                        step = plan.send(answer) if thrown is None else plan.throw(thrown)
+                    except StopIteration as done:
+                        return done.value
+            finally:
+                await pool.putconn(conn)
+        except (psycopg.Error, UnicodeError) as exc:  # the pool's: closed, timed out, connecting
+            error = await self._translate(exc, step[1], answered=False)
+            self._outage.failed(error)
+            raise error from exc
+
+    async def _statement(self, conn: psycopg.AsyncConnection[Any], step: Step, job: _Job) -> Any:
+        """One statement's answer, retrying serialization failures and deadlocks."""
+        query, params, many, explain = step
+        retry = None  # made on the first transient error only
+        while True:
+            if job.abandoned:  # the caller left before this statement went out
+                raise asyncio.CancelledError
+            answered = False
+            try:
+                cur = getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                await cur.execute(query, params)
+                answered = True
+                answer = await (cur.fetchall() if many else cur.fetchone())
+            except (psycopg.Error, UnicodeError) as exc:
+                if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
+                    retry = retry or backoff(self.max_retries)
+                    pause = retry.pause(exc)  # raises StoreUnavailable when out of tries
+                    assert pause is not None
+                    await asyncio.sleep(pause)
+                    continue
+                mapped = explain(exc) if explain and isinstance(exc, psycopg.Error) else None
+                error = mapped or await self._translate(exc, params, answered=answered)
+                self._outage.failed(error)
+                raise error from exc
+            if self._outage.failing:
+                self._outage.answered()
+            return answer
+
+    async def _translate(
+        self, exc: psycopg.Error | UnicodeError, params: Params, *, answered: bool
+    ) -> Exception:
+        error = translate(
+            exc,
+            params,
+            answered=answered,
+            closed=self._closed,
+            last_error=None if self._own_pool is None else self._own_pool.last_error,
+            where=self._where,
+            store=type(self).__name__,
+        )
+        if error is not None:
+            return error
+        # Another dibs version changed the schema underneath: say which version is there
+        # (read on a worker thread; this is an error path, never a claim's).
+        found = await asyncio.to_thread(found_version, self._conninfo, self.schema)
+        return schema_moved(self.schema, found, exc)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    async def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        return await self._run(self._ops.claim(targets, holder, request_id, ttl))
+
+    async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        return await self._run(self._ops.confirm(claim_id, holder, fence))
+
+    async def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        return await self._run(self._ops.extend(claim_id, holder, fence, ttl))
+
+    async def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        return await self._run(self._ops.release(claim_id, holder, fence))
+
+    async def _get(self, claim_id: str) -> Claim | None:
+        return await self._run(self._ops.get(claim_id))
+
+    async def _holder_of(self, target: Unit | Span) -> str | None:
+        return await self._run(self._ops.holder_of(target))
+
+    async def _claims_of(self, holder: str) -> list[Claim]:
+        return await self._run(self._ops.claims_of(holder))
+
+    async def _sweep(self) -> SweepResult:
+        return await self._run(self._ops.sweep())
+
+    async def _now(self) -> float:
+        return await self._run(self._ops.now())
