@@ -9,6 +9,10 @@ time hardly moves with a shared machine's load, unlike claims/s.
 
     git worktree add --detach /tmp/base <commit>
     python benchmarks/ab_postgres_cpu.py --base /tmp/base/src --pairs 6
+    python benchmarks/ab_postgres_cpu.py --base /tmp/base/src --aio --loop uvloop
+
+``--aio`` runs the same workload on the async store (``dibs.aio.open``), one
+task awaiting each call, on asyncio's default loop or ``--loop uvloop``.
 """
 
 from __future__ import annotations
@@ -40,12 +44,40 @@ with dibs.open(f"{sys.argv[1]}?schema=ab_{secrets.token_hex(3)}&pool_min=1&pool_
 print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6)
 """
 
+CHILD_AIO = """
+import asyncio, secrets, sys, time
+import dibs, dibs.aio
+async def main():
+    url = f"{sys.argv[1]}?schema=ab_{secrets.token_hex(3)}&pool_min=1&pool_max=1"
+    async with dibs.aio.open(url) as s:
+        for i in range(300):
+            await s.claim(dibs.Unit("warm", str(i)), holder="h", ttl=300)
+        c0 = time.process_time()
+        held = [
+            (await s.claim(dibs.Unit("m", str(i)), holder="h", ttl=300)).claim
+            for i in range(2000)
+        ]
+        c1 = time.process_time()
+        for claim in held[:500]:
+            await s.confirm(claim.id, holder="h", fence=claim.fence)
+        c2 = time.process_time()
+    print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6)
+if sys.argv[2] == "uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--base", required=True, help="the other checkout's src directory")
     parser.add_argument("--pairs", type=int, default=6, help="alternating runs of each")
+    parser.add_argument("--aio", action="store_true", help="the async store (dibs.aio)")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args()
+    code, extra = (CHILD_AIO, [args.loop]) if args.aio else (CHILD, [])
     sides = {"base": args.base, "this": str(HERE.parent / "src")}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     with PostgresServer() as server:
@@ -53,7 +85,7 @@ def main() -> None:
         for _ in range(args.pairs):
             for name, src in sides.items():
                 out = subprocess.run(
-                    [sys.executable, "-c", CHILD, url],
+                    [sys.executable, "-c", code, url, *extra],
                     env={**os.environ, "PYTHONPATH": src},
                     capture_output=True,
                     text=True,

@@ -18,6 +18,7 @@ and noisy, so a single round means little.
     python benchmarks/bench_aio_postgres.py --clients 1 16 --claims 4000 --repeat 7
     python benchmarks/bench_aio_postgres.py --url postgresql://user:pw@host/db
     python benchmarks/bench_aio_postgres.py --json aio-postgres.json   # for benchmarks/plot.py
+    python benchmarks/bench_aio_postgres.py --loop uvloop      # the async side on uvloop
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -68,10 +70,26 @@ async def async_round(
     return len(flat) / elapsed, flat
 
 
-def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[str, list[Any]]:
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """``asyncio``'s default event loop, or uvloop's (installed separately)."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def bench(
+    url: str,
+    tag: str,
+    clients: int,
+    claims: int,
+    repeat: int,
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> tuple[str, list[Any]]:
     """Alternate sync and async rounds at one client count; return the row and series."""
     options = f"schema=bench_{tag}&pool_min={clients}&pool_max={clients}"
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     sync_store = dibs.open(f"{url}?{options}")
     async_store = loop.run_until_complete(dibs.aio.open(f"{url}?{options}").open())
     rounds: list[tuple[float, float, float, float]] = []
@@ -120,13 +138,15 @@ def bench(url: str, tag: str, clients: int, claims: int, repeat: int) -> tuple[s
     return row, series
 
 
-def driver_floor(url: str, queries: int, repeat: int) -> str:
+def driver_floor(
+    url: str, queries: int, repeat: int, new_loop: Callable[[], asyncio.AbstractEventLoop]
+) -> str:
     """psycopg itself, one connection, ``SELECT 1`` round trips: async vs sync, interleaved.
 
     The ceiling of any async store on this driver at one client: the async
     connection's own cost per round trip, without dibs.
     """
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     aconn = loop.run_until_complete(psycopg.AsyncConnection.connect(url, autocommit=True))
     sconn = psycopg.connect(url, autocommit=True)
 
@@ -166,6 +186,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="rounds of each, interleaved")
     parser.add_argument("--durable", action="store_true", help="fsync on (private server)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument(
+        "--loop", choices=["asyncio", "uvloop"], default="asyncio", help="the async side's loop"
+    )
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -179,7 +202,8 @@ def main() -> None:
             url = server.create_database("dibs_bench")
             where = f"private server, fsync {'on' if args.durable else 'off'}"
         tag = secrets.token_hex(3)
-        print(f"PostgreSQL ({where}); {args.claims} single-unit claims per round,")
+        new_loop = loop_factory(args.loop)
+        print(f"PostgreSQL ({where}); {args.loop} event loop; {args.claims} claims per round,")
         print(f"{args.repeat} rounds of async and sync, interleaved; medians (ratio range)")
         print(
             f"{'clients':>7} | {'async/s':>8} {'sync/s':>8} {'ratio':>6} {'':>11} | "
@@ -187,10 +211,10 @@ def main() -> None:
         )
         series: list[Any] = []
         for clients in args.clients:
-            row, more = bench(url, tag, clients, args.claims, args.repeat)
+            row, more = bench(url, tag, clients, args.claims, args.repeat, new_loop)
             print(row, flush=True)
             series += more
-        print(driver_floor(url, args.claims, args.repeat), flush=True)
+        print(driver_floor(url, args.claims, args.repeat, new_loop), flush=True)
         if args.json:
             Path(args.json).write_text(
                 json.dumps({"benchmark": "dibs.aio on PostgreSQL", "series": series}, indent=2)

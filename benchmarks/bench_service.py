@@ -7,9 +7,13 @@ round then runs, one after the other, N claims per side:
 
 - ``in-process``: N client threads calling ``store.claim`` on a sync store;
 - ``in-process async``: N tasks awaiting ``store.claim`` on ``dibs.aio.open``;
-- ``HTTP``: N client threads (keep-alive ``http.client`` connections, the
-  cheapest Python client) each ``POST /v1/claims`` distinct seats with an
-  Idempotency-Key and a TTL;
+- ``HTTP``: N client threads, each on a keep-alive connection, each
+  ``POST /v1/claims`` distinct seats with an Idempotency-Key and a TTL. The
+  load generator is a raw socket writing each request from a byte template and
+  reading just the status line and Content-Length (``--http-client raw``, the
+  default): about a third of ``http.client``'s client CPU per request
+  (``--http-client httplib``), which competes with the server for the same
+  cores. Both send the same requests;
 - ``HTTP old``: the same against the old revision's server.
 
 Prints, per side, the median claims/s and its range over the rounds, p50/p99
@@ -20,7 +24,7 @@ a sidecar's caller would.
 
     python benchmarks/bench_service.py [--store postgresql|sqlite|memory] [--clients 8]
                                        [--claims 2000] [--rounds 5] [--old-ref REV]
-                                       [--url postgresql://...]
+                                       [--url postgresql://...] [--http-client raw|httplib]
 
 ``--store postgresql`` (the default) starts a private server (fsync off) unless
 ``--url`` names one; each side gets a schema of its own in it.
@@ -161,10 +165,52 @@ class InProcessAsync:
         self.thread.join(10)
 
 
+class RawConnection:
+    """A keep-alive HTTP/1.1 connection on a bare socket: the cheapest load generator.
+
+    Sends a request already encoded; reads the status line and Content-Length
+    and skips the body unparsed. Enough for ``dibs serve``'s fixed-length JSON.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+
+    def exchange(self, request: bytes) -> int:
+        """Send ``request``; return the response's status once its body is read."""
+        self.sock.sendall(request)
+        data = self.buffer
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            data += self._recv()
+        head = data[:end].lower()
+        at = head.find(b"\r\ncontent-length:")
+        if at < 0:
+            raise RuntimeError(f"no Content-Length in {data[:end]!r}")
+        length = int(head[at + 17 : head.find(b"\r\n", at + 17) % (len(head) + 1)])
+        total = end + 4 + length
+        while len(data) < total:
+            data += self._recv()
+        self.buffer = data[total:]
+        return int(data[9:12])
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class OverHttp:
     """``dibs serve`` in a subprocess (from ``src`` if given) and keep-alive client threads."""
 
-    def __init__(self, url: str, clients: int, tmp: Path, src: Path | None = None) -> None:
+    def __init__(
+        self, url: str, clients: int, tmp: Path, src: Path | None = None, *, raw: bool = True
+    ) -> None:
+        self.raw = raw
         keys_file = tmp / f"keys-{secrets.token_hex(3)}.json"
         keys = KeyRing(keys_file)
         self.tokens = [keys.create(f"h{c}")[0] for c in range(clients)]
@@ -194,6 +240,7 @@ class OverHttp:
         self.conns = [
             http.client.HTTPConnection("127.0.0.1", self.port, timeout=60) for _ in range(clients)
         ]
+        self.raw_conns = [RawConnection(self.port) for _ in range(clients)] if raw else []
         self.cpu_per_claim: list[float] = []
 
     def _cpu(self) -> float | None:
@@ -206,6 +253,24 @@ class OverHttp:
 
     def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
         conns, tokens = self.conns, self.tokens
+        raw_conns = self.raw_conns
+        # The same request as http.client's below, headers and body byte for byte
+        # the same but for http.client's own Host and Accept-Encoding lines.
+        template = (
+            "POST /v1/claims HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            'Idempotency-Key: "{key}"\r\nContent-Length: {length}\r\n\r\n{body}'
+        )
+
+        def raw_work(c: int, i: int) -> None:
+            body = json.dumps(
+                {"targets": [{"resource": f"seat-{tag}-{c}-{i}", "slot": "bench"}], "ttl": 300}
+            )
+            request = template.format(
+                port=self.port, token=tokens[c], key=f"{tag}-{c}-{i}", length=len(body), body=body
+            )
+            status = raw_conns[c].exchange(request.encode())
+            assert status == 201, status
 
         def work(c: int, i: int) -> None:
             body = json.dumps(
@@ -226,7 +291,7 @@ class OverHttp:
             assert response.status == 201, response.status
 
         before = self._cpu()
-        result = _run_threads(clients, per_client, work)
+        result = _run_threads(clients, per_client, raw_work if self.raw else work)
         after = self._cpu()
         if before is not None and after is not None:
             self.cpu_per_claim.append((after - before) / (clients * per_client))
@@ -235,6 +300,8 @@ class OverHttp:
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
+        for raw in self.raw_conns:
+            raw.close()
         self.server.terminate()
         self.server.wait(30)
 
@@ -266,7 +333,14 @@ def main() -> None:
     parser.add_argument(
         "--old-ref", help="also serve the service of this git revision (e.g. 505362a)"
     )
+    parser.add_argument(
+        "--http-client",
+        choices=["raw", "httplib"],
+        default="raw",
+        help="the load generator: a bare socket (default) or http.client",
+    )
     args = parser.parse_args()
+    raw = args.http_client == "raw"
     per_client = max(1, args.claims // args.clients)
     with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
@@ -291,11 +365,13 @@ def main() -> None:
         sides: dict[str, InProcess | InProcessAsync | OverHttp] = {}
         sides["in-process"] = stack.enter_context(closing(InProcess(url("direct"))))
         sides["in-process async"] = stack.enter_context(closing(InProcessAsync(url("aio"))))
-        sides["HTTP"] = stack.enter_context(closing(OverHttp(url("http"), args.clients, tmp)))
+        sides["HTTP"] = stack.enter_context(
+            closing(OverHttp(url("http"), args.clients, tmp, raw=raw))
+        )
         if args.old_ref:
             old = _old_source(args.old_ref, tmp)
             sides["HTTP old"] = stack.enter_context(
-                closing(OverHttp(url("old"), args.clients, tmp, old))
+                closing(OverHttp(url("old"), args.clients, tmp, old, raw=raw))
             )
         rates: dict[str, list[float]] = {name: [] for name in sides}
         lats: dict[str, list[float]] = {name: [] for name in sides}
@@ -312,7 +388,7 @@ def main() -> None:
     total = per_client * args.clients
     print(
         f"store={args.store} clients={args.clients} claims/side/round={total} "
-        f"rounds={args.rounds} cpus={os.cpu_count()}"
+        f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client}"
     )
     print(
         f"{'':18} {'claims/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "

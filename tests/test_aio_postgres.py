@@ -392,6 +392,9 @@ def test_close_waits_for_a_cancelled_calls_statement(pg_schema_url: str) -> None
             call.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
         await store.close()
+        # close() returned after the statements it waited for: none is still running.
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+        assert not store._inflight  # and each left the in-flight set as it ended
         with pytest.raises(StoreClosed):
             await store.claim(Unit("seat", "1"), holder="a")
         await store.close()  # a second close does nothing

@@ -53,7 +53,7 @@ _T = TypeVar("_T")
 class _Job:
     """One operation in flight: its plan, its next statement, and the caller's future."""
 
-    __slots__ = ("plan", "step", "waiter")
+    __slots__ = ("plan", "step", "task", "waiter")
 
     def __init__(self, plan: Plan[Any], step: Step, waiter: asyncio.Future[Any]) -> None:
         self.plan = plan
@@ -61,6 +61,9 @@ class _Job:
         self.waiter = waiter
         """What the caller awaits; cancelled with the caller, and then no further
         statement is sent."""
+        self.task: asyncio.Task[None] | None = None
+        """The inner task, once started and not yet done; it leaves the store's
+        in-flight set itself when it ends (no done-callback: one loop hop less)."""
 
     @property
     def abandoned(self) -> bool:
@@ -69,12 +72,18 @@ class _Job:
 
 if sys.version_info >= (3, 12):
 
-    def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _start(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
         # Eagerly: the task runs at once, up to its first wait for the server.
-        return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
+        return asyncio.Task(coro, loop=loop, eager_start=True)
 
 else:  # pragma: no cover (Python 3.11)
-    _start = asyncio.ensure_future
+
+    def _start(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
+        return loop.create_task(coro)
 
 
 class AsyncPostgresStore(AsyncStore):
@@ -236,11 +245,13 @@ class AsyncPostgresStore(AsyncStore):
         # The inner task answers through a plain future: cancelling the caller
         # cancels the future, never the task (the job of asyncio.shield, at one
         # hop less through the event loop).
-        waiter: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
-        task = _start(self._perform(_Job(plan, step, waiter)))
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[_T] = loop.create_future()
+        job = _Job(plan, step, waiter)
+        task = _start(loop, self._perform(job))
         if not task.done():
+            job.task = task
             self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
         return await waiter
 
     async def _perform(self, job: _Job) -> None:
@@ -260,13 +271,18 @@ class AsyncPostgresStore(AsyncStore):
         else:
             if not waiter.done():
                 waiter.set_result(result)
+        finally:
+            if job.task is not None:
+                self._inflight.discard(job.task)
 
     async def _plan(self, job: _Job) -> Any:
         if job.abandoned:  # cancelled before this task first ran
             raise asyncio.CancelledError
         plan, step = job.plan, job.step
         try:
-            pool = await self._pool()
+            pool = self._own_pool
+            if pool is None or self._pid != os.getpid():  # not yet open, or forked
+                pool = await self._pool()
             conn = await pool.getconn()
             try:
                 while True:
