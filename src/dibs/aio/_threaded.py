@@ -191,7 +191,11 @@ class ThreadedStore(AsyncStore):
             # the store it opens instead of opening (and leaking) a second one.
             self._opening_sync = self._workers.submit(opener, ())
             self._opening_sync.add_done_callback(self._adopt)
-        await asyncio.shield(self._opening_sync)
+        store = await asyncio.shield(self._opening_sync)
+        if self.sync is None and not self._closed:
+            # A retry that finds the open already done resumes before _adopt's callback
+            # has run (callbacks are scheduled, not immediate): take the store here.
+            self.sync = store
 
     def _adopt(self, future: asyncio.Future[Store]) -> None:
         """Take the sync store as soon as it is open, whoever still awaits it.
