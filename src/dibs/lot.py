@@ -345,7 +345,7 @@ class Lot(_Row):
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
             slots = self._slots[start : start + length]
-            result = self.store.claim([*slots, me], holder=vehicle_id)
+            result = self._take([*slots, me], vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -432,6 +432,10 @@ class Lot(_Row):
         return self._parking_in(self.store.claims_of(vehicle_id), vehicle_id)
 
     # --- end of the generated part ---
+
+    def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
+        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+        return self.store.claim(units, holder=vehicle_id)
 
 
 def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:

@@ -10,7 +10,10 @@ rules they call (validation, the search, the hint, the errors) live in
 
 from __future__ import annotations
 
-from dibs._model import Claim
+import asyncio
+import contextlib
+
+from dibs._model import Claim, ClaimResult, Unit
 from dibs.aio._store import AsyncStore
 from dibs.exceptions import ClaimNotFound
 from dibs.lot import _VEHICLE_RACES, Fit, Occupancy, _Row
@@ -76,7 +79,7 @@ class Lot(_Row):
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
             slots = self._slots[start : start + length]
-            result = await self.store.claim([*slots, me], holder=vehicle_id)
+            result = await self._take([*slots, me], vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -165,3 +168,39 @@ class Lot(_Row):
         return self._parking_in(await self.store.claims_of(vehicle_id), vehicle_id)
 
     # --- end of the shared part ---
+
+    async def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
+        """A park's group claim; a cancelled park ends only once its claim has, holding nothing.
+
+        A store call whose await is cancelled may still run to its end (on a
+        worker thread, or as a statement finishing in the background). Its claim
+        would then land after the cancelled park was over, perhaps after a retry
+        parked the vehicle and a remove freed it: a parking nobody knows about.
+        So the claim is not cancelled with the park: the park waits for it (one
+        store call, bounded by the store's own timeouts) and gives back a claim
+        it made before the cancellation goes on.
+        """
+        call = asyncio.ensure_future(self.store.claim(units, holder=vehicle_id))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            undo = asyncio.ensure_future(self._give_back(call, vehicle_id))
+            while not undo.done():  # cancelled again meanwhile: still wait for it
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(undo)
+            raise
+
+    async def _give_back(self, call: asyncio.Future[ClaimResult], vehicle_id: str) -> None:
+        """Release the claim ``call`` made, if it made one; never raises.
+
+        A replay is a parking the vehicle held before this park, so it stays.
+        If the claim's outcome or its release is unknown (the store failed),
+        a claim it made holds the vehicle unit, so a retry of the park learns it.
+        """
+        with contextlib.suppress(Exception):
+            result = await call
+            if result and not result.replayed:
+                assert result.claim is not None
+                await self.store.release(
+                    result.claim.id, holder=vehicle_id, fence=result.claim.fence
+                )
