@@ -180,7 +180,10 @@ class Lot(_Row):
         store call, bounded by the store's own timeouts) and gives back a claim
         it made before the cancellation goes on.
         """
-        call = asyncio.ensure_future(self.store.claim(units, holder=vehicle_id))
+        claim = self.store.claim(units, holder=vehicle_id)
+        if self.store._inline:  # it cannot outlive its await: no task needed
+            return await claim
+        call = asyncio.ensure_future(claim)
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
