@@ -11,6 +11,7 @@ no lost update under ``exclusive``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import secrets
@@ -561,6 +562,44 @@ def test_a_park_cancelled_again_and_again_still_takes_nothing(
                     assert await lot.remove(truck) == 0
 
     loop.run(run())
+
+
+# memory:// calls run inline, so no call can outlive its await there; the sync lot
+# that looks at once needs a file or a database the two faces share.
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+def test_a_cancelled_remove_is_over_when_the_caller_hears_of_it(
+    faces: Faces, loop: asyncio.Runner
+) -> None:
+    # A remove cancelled at any step either freed the car or did not, before the
+    # cancellation reached the caller. A sync lot on the same row parks the car
+    # the moment the caller hears of it (while a release the cancelled remove
+    # left on a worker would still be running): it finds the car where it is or
+    # parks it anew, and once the async store is closed (which waits for every
+    # call it accepted) the car is still parked there: no late release freed it.
+    url = faces.url()
+    with dibs.open(url) as sync_store:
+        look = dibs.Lot(sync_store, "gate", 8)
+
+        async def cancelled_remove(car: str, steps: int) -> int:
+            async with dibs.aio.open(url) as store:
+                lot = dibs.aio.Lot(store, "gate", 8)
+                parked = await lot.park(car)
+                task = asyncio.ensure_future(lot.remove(car))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    assert await task == parked
+                at = look.park(car)  # on this thread, blocking the loop: at once
+                assert at is not None
+                return at
+
+        for round_, steps in enumerate([*range(1, 12)] * 3):
+            car = f"car-{round_}"
+            at = loop.run(cancelled_remove(car, steps))
+            assert look.position_of(car) == at, (car, steps)
+            assert look.remove(car) == at
+            assert str(look.occupancy()) == "........"
 
 
 # --- AsyncSingleFlight over an async store -------------------------------------------------------

@@ -388,14 +388,14 @@ class Lot(_Row):
         if parked is not None:
             mine, start, length = parked
             try:
-                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+                released = self._free(mine, vehicle_id)
             except ClaimNotFound:  # ended and purged since: ask the store
                 released = False
             if released:
                 self._forget(vehicle_id, start, length)
                 return start
         claim = self._claim_of(vehicle_id)
-        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
+        if claim is None or not self._free(claim, vehicle_id):
             raise self._not_parked(vehicle_id)
         start, length = self._placement(claim)
         self._forget(vehicle_id, start, length)
@@ -436,6 +436,10 @@ class Lot(_Row):
     def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
         """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
         return self.store.claim(units, holder=vehicle_id)
+
+    def _free(self, claim: Claim, vehicle_id: str) -> bool:
+        """A remove's release (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+        return self.store.release(claim.id, holder=vehicle_id, fence=claim.fence)
 
 
 def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:

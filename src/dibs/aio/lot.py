@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from dibs._model import Claim, ClaimResult, Unit
 from dibs.aio._store import AsyncStore
@@ -122,16 +123,14 @@ class Lot(_Row):
         if parked is not None:
             mine, start, length = parked
             try:
-                released = await self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+                released = await self._free(mine, vehicle_id)
             except ClaimNotFound:  # ended and purged since: ask the store
                 released = False
             if released:
                 self._forget(vehicle_id, start, length)
                 return start
         claim = await self._claim_of(vehicle_id)
-        if claim is None or not await self.store.release(
-            claim.id, holder=vehicle_id, fence=claim.fence
-        ):
+        if claim is None or not await self._free(claim, vehicle_id):
             raise self._not_parked(vehicle_id)
         start, length = self._placement(claim)
         self._forget(vehicle_id, start, length)
@@ -169,17 +168,16 @@ class Lot(_Row):
 
     # --- end of the shared part ---
 
-    async def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
-        """A park's group claim; a cancelled park ends only once its claim has, holding nothing.
+    # A store call whose await is cancelled may still run to its end (on a worker
+    # thread, or as a statement finishing in the background). A park's claim or a
+    # remove's release landing after the call was over would undo what a later
+    # call did: a retried park and remove, and then the vehicle parked again; a
+    # park that found the vehicle, and then its parking freed. So these two calls
+    # are not cancelled with the lot's call: it waits for them (one store call,
+    # bounded by the store's own timeouts) before the cancellation goes on.
 
-        A store call whose await is cancelled may still run to its end (on a
-        worker thread, or as a statement finishing in the background). Its claim
-        would then land after the cancelled park was over, perhaps after a retry
-        parked the vehicle and a remove freed it: a parking nobody knows about.
-        So the claim is not cancelled with the park: the park waits for it (one
-        store call, bounded by the store's own timeouts) and gives back a claim
-        it made before the cancellation goes on.
-        """
+    async def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
+        """A park's group claim; a cancelled park ends once it has, and holds nothing."""
         claim = self.store.claim(units, holder=vehicle_id)
         if self.store._inline:  # it cannot outlive its await: no task needed
             return await claim
@@ -187,10 +185,7 @@ class Lot(_Row):
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
-            undo = asyncio.ensure_future(self._give_back(call, vehicle_id))
-            while not undo.done():  # cancelled again meanwhile: still wait for it
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(undo)
+            await _waited_out(asyncio.ensure_future(self._give_back(call, vehicle_id)))
             raise
 
     async def _give_back(self, call: asyncio.Future[ClaimResult], vehicle_id: str) -> None:
@@ -207,3 +202,27 @@ class Lot(_Row):
                 await self.store.release(
                     result.claim.id, holder=vehicle_id, fence=result.claim.fence
                 )
+
+    async def _free(self, claim: Claim, vehicle_id: str) -> bool:
+        """A remove's release; a cancelled remove ends once it has (freed or not)."""
+        release = self.store.release(claim.id, holder=vehicle_id, fence=claim.fence)
+        if self.store._inline:
+            return await release
+        call = asyncio.ensure_future(release)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await _waited_out(call)
+            raise
+
+
+async def _waited_out(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` is done, however often the waiting task is cancelled meanwhile.
+
+    The caller raises its cancellation after this; ``task``'s own outcome is dropped.
+    """
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure here is not the caller's news
