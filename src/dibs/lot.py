@@ -345,7 +345,7 @@ class Lot(_Row):
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
             slots = self._slots[start : start + length]
-            result = self.store.claim([*slots, me], holder=vehicle_id)
+            result = self._take([*slots, me], vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -388,14 +388,14 @@ class Lot(_Row):
         if parked is not None:
             mine, start, length = parked
             try:
-                released = self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+                released = self._free(mine, vehicle_id)
             except ClaimNotFound:  # ended and purged since: ask the store
                 released = False
             if released:
                 self._forget(vehicle_id, start, length)
                 return start
         claim = self._claim_of(vehicle_id)
-        if claim is None or not self.store.release(claim.id, holder=vehicle_id, fence=claim.fence):
+        if claim is None or not self._free(claim, vehicle_id):
             raise self._not_parked(vehicle_id)
         start, length = self._placement(claim)
         self._forget(vehicle_id, start, length)
@@ -432,6 +432,14 @@ class Lot(_Row):
         return self._parking_in(self.store.claims_of(vehicle_id), vehicle_id)
 
     # --- end of the generated part ---
+
+    def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
+        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+        return self.store.claim(units, holder=vehicle_id)
+
+    def _free(self, claim: Claim, vehicle_id: str) -> bool:
+        """A remove's release (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+        return self.store.release(claim.id, holder=vehicle_id, fence=claim.fence)
 
 
 def _free_runs(occupied: Sequence[bool]) -> list[tuple[int, int]]:

@@ -66,6 +66,10 @@ class AsyncStore(abc.ABC):
     scheme: ClassVar[str]
     """The URL scheme this store answers to, for display (logs, metrics)."""
 
+    _inline: bool = False
+    """True when every call runs to its end within its await, never suspending (memory://
+    behind :class:`~dibs.aio.ThreadedStore`): a cancelled await never leaves one running."""
+
     def __init__(self) -> None:
         self._closed = False
         self._opened = False

@@ -10,7 +10,11 @@ rules they call (validation, the search, the hint, the errors) live in
 
 from __future__ import annotations
 
-from dibs._model import Claim
+import asyncio
+import contextlib
+from typing import Any
+
+from dibs._model import Claim, ClaimResult, Unit
 from dibs.aio._store import AsyncStore
 from dibs.exceptions import ClaimNotFound
 from dibs.lot import _VEHICLE_RACES, Fit, Occupancy, _Row
@@ -76,7 +80,7 @@ class Lot(_Row):
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
             slots = self._slots[start : start + length]
-            result = await self.store.claim([*slots, me], holder=vehicle_id)
+            result = await self._take([*slots, me], vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -119,16 +123,14 @@ class Lot(_Row):
         if parked is not None:
             mine, start, length = parked
             try:
-                released = await self.store.release(mine.id, holder=vehicle_id, fence=mine.fence)
+                released = await self._free(mine, vehicle_id)
             except ClaimNotFound:  # ended and purged since: ask the store
                 released = False
             if released:
                 self._forget(vehicle_id, start, length)
                 return start
         claim = await self._claim_of(vehicle_id)
-        if claim is None or not await self.store.release(
-            claim.id, holder=vehicle_id, fence=claim.fence
-        ):
+        if claim is None or not await self._free(claim, vehicle_id):
             raise self._not_parked(vehicle_id)
         start, length = self._placement(claim)
         self._forget(vehicle_id, start, length)
@@ -165,3 +167,62 @@ class Lot(_Row):
         return self._parking_in(await self.store.claims_of(vehicle_id), vehicle_id)
 
     # --- end of the shared part ---
+
+    # A store call whose await is cancelled may still run to its end (on a worker
+    # thread, or as a statement finishing in the background). A park's claim or a
+    # remove's release landing after the call was over would undo what a later
+    # call did: a retried park and remove, and then the vehicle parked again; a
+    # park that found the vehicle, and then its parking freed. So these two calls
+    # are not cancelled with the lot's call: it waits for them (one store call,
+    # bounded by the store's own timeouts) before the cancellation goes on.
+
+    async def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
+        """A park's group claim; a cancelled park ends once it has, and holds nothing."""
+        claim = self.store.claim(units, holder=vehicle_id)
+        if self.store._inline:  # it cannot outlive its await: no task needed
+            return await claim
+        call = asyncio.ensure_future(claim)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await _waited_out(asyncio.ensure_future(self._give_back(call, vehicle_id)))
+            raise
+
+    async def _give_back(self, call: asyncio.Future[ClaimResult], vehicle_id: str) -> None:
+        """Release the claim ``call`` made, if it made one; never raises.
+
+        A replay is a parking the vehicle held before this park, so it stays.
+        If the claim's outcome or its release is unknown (the store failed),
+        a claim it made holds the vehicle unit, so a retry of the park learns it.
+        """
+        with contextlib.suppress(Exception):
+            result = await call
+            if result and not result.replayed:
+                assert result.claim is not None
+                await self.store.release(
+                    result.claim.id, holder=vehicle_id, fence=result.claim.fence
+                )
+
+    async def _free(self, claim: Claim, vehicle_id: str) -> bool:
+        """A remove's release; a cancelled remove ends once it has (freed or not)."""
+        release = self.store.release(claim.id, holder=vehicle_id, fence=claim.fence)
+        if self.store._inline:
+            return await release
+        call = asyncio.ensure_future(release)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await _waited_out(call)
+            raise
+
+
+async def _waited_out(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` is done, however often the waiting task is cancelled meanwhile.
+
+    The caller raises its cancellation after this; ``task``'s own outcome is dropped.
+    """
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure here is not the caller's news
