@@ -564,6 +564,34 @@ def test_a_park_cancelled_again_and_again_still_takes_nothing(
     loop.run(run())
 
 
+def test_a_cancelled_exclusive_entry_leaves_the_resource_free(
+    faces: Faces, store_kind: str, loop: asyncio.Runner
+) -> None:
+    # An entry cancelled at any step of its claim holds nothing once the
+    # cancellation reaches the caller, so the next entry gets in at once
+    # (wait=0) instead of waiting out the stranded hold's TTL.
+    async def run() -> None:
+        async with faces.aio() as store:
+            for steps in range(1, 12):
+
+                async def enter() -> None:
+                    async with dibs.aio.booking.exclusive(store, "ledger", ttl=60.0, wait=0):
+                        await asyncio.sleep(3600)  # held until cancelled
+
+                task = asyncio.ensure_future(enter())
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                while not task.done():
+                    task.cancel()
+                    await asyncio.sleep(0)
+                unit = dibs.Unit("ledger", dibs.booking.EXCLUSIVE_SLOT)
+                assert await store.holder_of(unit) is None, steps
+                async with dibs.aio.booking.exclusive(store, "ledger", wait=0):
+                    pass
+
+    loop.run(run())
+
+
 # memory:// calls run inline, so no call can outlive its await there; the sync lot
 # that looks at once needs a file or a database the two faces share.
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])

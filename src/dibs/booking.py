@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
-from dibs._model import Claim, ClaimState, Unit
+from dibs._model import Claim, ClaimResult, ClaimState, Unit
 from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput
 from dibs.stores.base import Store
 
@@ -164,7 +164,7 @@ def exclusive(
     started = time.monotonic()
     delay = 0.001
     while True:
-        result = store.claim(unit, holder=me, ttl=ttl)
+        result = _claim(store, unit, me, ttl)
         # Linearization point: the store's claim on the conflict unit.
         if result:
             claim = result.claim
@@ -176,11 +176,21 @@ def exclusive(
         yield claim
     except BaseException:
         # The block's own failure is the news; give the resource back quietly.
-        store.release(claim.id, holder=me, fence=claim.fence)
+        _give_up(store, claim, me)
         raise
     if not store.release(claim.id, holder=me, fence=claim.fence):
         _check_lost(resource, claim, store.get(claim.id))
     # --- end of the generated part ---
+
+
+def _claim(store: Store, unit: Unit, me: str, ttl: float) -> ClaimResult:
+    """The entry's claim (the async face's version also cleans up after a cancel)."""
+    return store.claim(unit, holder=me, ttl=ttl)
+
+
+def _give_up(store: Store, claim: Claim, me: str) -> None:
+    """Release the hold when the block failed."""
+    store.release(claim.id, holder=me, fence=claim.fence)
 
 
 def _entry(resource: str, wait: float | None, holder: str) -> tuple[Unit, str]:

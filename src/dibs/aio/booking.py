@@ -9,12 +9,14 @@ faces: ``scripts/unasync.py`` makes :func:`dibs.booking.exclusive`'s from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from dibs._model import Claim
+from dibs._model import Claim, ClaimResult, Unit
 from dibs.aio._store import AsyncStore
+from dibs.aio.lot import _waited_out
 from dibs.booking import (
     EXCLUSIVE_SLOT,
     ResourceBusy,
@@ -50,7 +52,7 @@ async def exclusive(
     started = time.monotonic()
     delay = 0.001
     while True:
-        result = await store.claim(unit, holder=me, ttl=ttl)
+        result = await _claim(store, unit, me, ttl)
         # Linearization point: the store's claim on the conflict unit.
         if result:
             claim = result.claim
@@ -62,8 +64,49 @@ async def exclusive(
         yield claim
     except BaseException:
         # The block's own failure is the news; give the resource back quietly.
-        await asyncio.shield(store.release(claim.id, holder=me, fence=claim.fence))
+        await _give_up(store, claim, me)
         raise
     if not await store.release(claim.id, holder=me, fence=claim.fence):
         _check_lost(resource, claim, await store.get(claim.id))
     # --- end of the shared part ---
+
+
+async def _claim(store: AsyncStore, unit: Unit, me: str, ttl: float) -> ClaimResult:
+    """The entry's claim; a cancelled entry ends once it has, and holds nothing.
+
+    On a store whose calls can outlive their await (threads, a native driver's
+    inner task), a claim cancelled in flight may still land later and hold the
+    resource for its whole TTL; so the cancelled entry waits for it and gives
+    it back before the cancellation goes on (as :class:`dibs.aio.Lot`'s park).
+    """
+    claim = store.claim(unit, holder=me, ttl=ttl)
+    if store._inline:  # it cannot outlive its await: no task needed
+        return await claim
+    call = asyncio.ensure_future(claim)
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await _waited_out(asyncio.ensure_future(_give_back(store, call, me)))
+        raise
+
+
+async def _give_back(store: AsyncStore, call: asyncio.Future[ClaimResult], me: str) -> None:
+    """Release what ``call`` claimed, if it claimed anything; never raises."""
+    with contextlib.suppress(Exception):
+        result = await call
+        if result and result.claim is not None:
+            await store.release(result.claim.id, holder=me, fence=result.claim.fence)
+
+
+async def _give_up(store: AsyncStore, claim: Claim, me: str) -> None:
+    """Release the hold when the block failed; done before a cancellation goes on.
+
+    Cancelled again while it runs (a timeout, then a task group), it still waits
+    for the release, so the resource is free when the caller hears of the cancel.
+    """
+    call = asyncio.ensure_future(store.release(claim.id, holder=me, fence=claim.fence))
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await _waited_out(call)
+        raise
