@@ -8,6 +8,7 @@ the async face has: ``await``, ``async with``, tasks racing on one loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Iterator
@@ -398,3 +399,96 @@ def test_a_nan_ttl_is_refused_before_any_io() -> None:
         run(store.claim(Unit("x"), holder="a", ttl=math.nan))
     assert raised.value.field == "ttl"
     run(store.close())
+
+
+# --- loops, and closing under cancellation ------------------------------------------------------
+
+
+def test_a_store_belongs_to_its_loop(url: str) -> None:
+    # A call from a second loop that runs while the first is still open is refused
+    # with StoreClosed saying why, before any work is queued (a claim that ran on a
+    # worker anyway would be one nobody knows the ID of). memory:// belongs to none.
+    store = dibs.aio.open(url)
+    first = asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(store.claim(Unit("r", "1"), holder="a")).granted
+        second = asyncio.new_event_loop()
+        try:
+            call = second.run_until_complete
+            if url == "memory://":
+                assert call(store.claim(Unit("r", "2"), holder="a")).granted
+            else:
+                with pytest.raises(StoreClosed, match="event loop"):
+                    call(store.claim(Unit("r", "2"), holder="a"))
+        finally:
+            second.close()
+        assert first.run_until_complete(store.holder_of(Unit("r", "2"))) in (
+            ("a",) if url == "memory://" else (None,)
+        )
+        first.run_until_complete(store.close())
+    finally:
+        first.close()
+
+
+def test_a_threaded_store_moves_to_the_next_loop_once_the_first_has_closed(
+    tmp_path: Path,
+) -> None:
+    # One asyncio.run() after another: the first loop is gone, so the store's worker
+    # threads are replaced and the calls go on, on the same sync store.
+    store = dibs.aio.open(f"sqlite:///{tmp_path / 'moves.db'}")
+    assert run(store.claim(Unit("r", "1"), holder="a")).granted
+    assert run(store.holder_of(Unit("r", "1"))) == "a"
+    assert not run(store.claim(Unit("r", "1"), holder="b")).granted
+    run(store.close())
+    with pytest.raises(StoreClosed):
+        run(store.get("1"))
+
+
+def test_a_cancelled_close_still_closes_and_a_second_close_waits_for_it(url: str) -> None:
+    async def main() -> None:
+        store = await dibs.aio.open(url)
+        await store.claim(Unit("r", "1"), holder="a")
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await store.close()  # waits for the first close's end
+        if isinstance(store, ThreadedStore):
+            assert store.sync is None or store.sync.closed
+        pool = getattr(store, "_own_pool", None)
+        assert pool is None or pool.closed
+        with pytest.raises(StoreClosed):
+            await store.get("1")
+
+    run(main())
+
+
+def test_a_call_that_waited_for_the_open_meets_store_closed_after_close(url: str) -> None:
+    # Two first calls race the lazy open; close() comes between the open's end and
+    # the second call's turn: that call raises StoreClosed, never an internal error.
+    async def main() -> None:
+        store = dibs.aio.open(url)
+        first = asyncio.ensure_future(store.claim(Unit("r", "1"), holder="a"))
+        second = asyncio.ensure_future(store.claim(Unit("r", "2"), holder="b"))
+        await first
+        await store.close()
+        with contextlib.suppress(StoreClosed):
+            await second
+
+    run(main())
+
+
+def test_a_threaded_store_logs_as_its_sync_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with dibs.aio.open(f"sqlite:///{tmp_path / 'log.db'}") as store:
+            held = (await store.claim(Unit("r", "1"), holder="a", ttl=60.0)).claim
+            assert held is not None
+            with pytest.raises(dibs.HoldLost):
+                await store.confirm(held.id, holder="a", fence=held.fence + 1)
+
+    with caplog.at_level("DEBUG", logger="dibs.stores"):
+        run(main())
+    assert any(r.name == "dibs.stores.sqlite" and "hold lost" in r.message for r in caplog.records)

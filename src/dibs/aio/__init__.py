@@ -38,9 +38,11 @@ def open(url: str | None = None, **options: Any) -> AsyncStore:
     :attr:`dibs.Store.async_store` gets it; any other store runs on worker
     threads (:class:`ThreadedStore`, which also takes ``threads=``). Raises
     :class:`~dibs.UnknownScheme` and :class:`~dibs.InvalidInput` for a
-    malformed URL at once; what only opening can tell
-    (:class:`~dibs.StoreMisconfigured`, :class:`~dibs.StoreUnavailable`, a bad
-    option) is raised by the first ``await``.
+    malformed URL at once (and, for a native store such as PostgreSQL's, a
+    bad option); what only opening can tell (:class:`~dibs.StoreMisconfigured`,
+    :class:`~dibs.StoreUnavailable`, a threaded store's bad option) is raised
+    by the first ``await``. The store belongs to the event loop it is first
+    used on; close it there (``async with`` does).
     """
     from dibs.stores import default_url, store_class  # noqa: PLC0415
 

@@ -112,8 +112,9 @@ class AsyncPostgresStore(AsyncStore):
       statement is one transaction, so the claim either committed or did not;
       a retry with the same request ID learns which, and never makes a second
       claim. (A claim without a request ID that committed is a claim nobody
-      knows the ID of, as after :class:`~dibs.StoreUnavailable`: it expires
-      with its ``ttl``.)
+      knows the ID of, as after :class:`~dibs.StoreUnavailable`: a hold
+      expires with its ``ttl``; a claim confirmed at once stays until
+      released, and ``claims_of(holder)`` finds it.)
 
     :meth:`close` waits for such statements to finish before closing the pool.
 
@@ -223,15 +224,17 @@ class AsyncPostgresStore(AsyncStore):
         return self._own_pool
 
     async def _close(self) -> None:
+        pool = self._own_pool
+        if self._pid != os.getpid():
+            # Forked: the in-flight tasks and the pool are the parent's loop's; never
+            # wait on them here, and leave the parent's sessions alone.
+            if pool is not None:
+                abandon(pool)
+            return
         if self._inflight:  # statements whose callers were cancelled: let them finish
             await asyncio.wait(set(self._inflight))
-        pool = self._own_pool
-        if pool is None:
-            return
-        if self._pid == os.getpid():
+        if pool is not None:
             await pool.close()
-        else:  # the parent's pool, inherited and never used here: leave its sessions alone
-            abandon(pool)
 
     # --- the one boundary with the driver -------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import os
 from collections.abc import Generator, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -74,6 +75,9 @@ class AsyncStore(abc.ABC):
         self._closed = False
         self._opened = False
         self._opening: asyncio.Lock | None = None
+        self._closing: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_pid = 0
         self._logger = logging.getLogger("dibs.stores." + type(self).scheme)
 
     @classmethod
@@ -95,6 +99,7 @@ class AsyncStore(abc.ABC):
         """
         self._check_open()
         if not self._opened:
+            self._check_loop()
             if self._opening is None:
                 self._opening = asyncio.Lock()
             async with self._opening:
@@ -103,7 +108,8 @@ class AsyncStore(abc.ABC):
                     self._opened = True
                     if self._closed:  # closed while opening: close() saw nothing to close
                         await self._close()
-                        self._check_open()
+            # Waiting for the lock, it may have been closed meanwhile.
+            self._check_open()
         return self
 
     def __await__(self) -> Generator[Any, None, Self]:
@@ -121,11 +127,20 @@ class AsyncStore(abc.ABC):
         await self.close()
 
     async def close(self) -> None:
-        """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`."""
+        """Release the store's resources; later calls raise :class:`~dibs.StoreClosed`.
+
+        Close it on the loop it was used on. Closing runs to its end even if the
+        call is cancelled (a shutdown timeout), and every call of ``close()``
+        waits for that end. A PostgreSQL store left open keeps its pool's
+        connections and background tasks until the loop ends.
+        """
         if not self._closed:
             self._closed = True
             if self._opened:
-                await self._close()
+                self._check_loop()
+                self._closing = asyncio.ensure_future(self._close())
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
 
     @property
     def closed(self) -> bool:
@@ -148,6 +163,8 @@ class AsyncStore(abc.ABC):
         args = claim_args(targets, holder, request_id, ttl)
         if not self._opened:
             await self.open()
+        elif self._loop is not asyncio.get_running_loop():
+            self._check_loop()
         return await self._claim(*args)
 
     async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
@@ -242,10 +259,42 @@ class AsyncStore(abc.ABC):
     async def _ready(self) -> None:
         if not self._opened:
             await self.open()
+        elif self._loop is not asyncio.get_running_loop():
+            self._check_loop()
+
+    def _check_loop(self) -> None:
+        """Bind the store to the running loop on first use; refuse any other loop.
+
+        Its connections, futures and pool tasks belong to that loop: a call from
+        another loop would fail deep in the driver after its work was queued.
+        """
+        if self._inline:  # nothing of it belongs to a loop
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop is None or self._loop_pid != os.getpid():
+            # First use, or a forked child (its loop is its own; stores that hold
+            # connections open their own in the child).
+            self._loop, self._loop_pid = loop, os.getpid()
+        elif self._loop is not loop:
+            if self._loop.is_closed() and self._move_to(loop):
+                # One asyncio.run() after another: the old loop is gone for good.
+                self._loop, self._opening = loop, None
+                return
+            raise StoreClosed(
+                f"this {type(self).__name__} belongs to the event loop it was first used on, "
+                "not this one: open one store per loop, and close it there"
+            )
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    def _move_to(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Move to ``loop`` after the loop the store was used on has closed; False if it can't.
+
+        A backend whose resources can follow (worker threads) overrides this.
+        """
+        return False
 
     @abc.abstractmethod
     async def _open(self) -> None:

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
@@ -26,7 +27,7 @@ from typing import Any, Self, TypeVar
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
 from dibs.aio._store import AsyncStore
 from dibs.exceptions import InvalidInput, StoreClosed
-from dibs.stores.base import Store
+from dibs.stores.base import Store, _logger_name
 
 __all__ = ["DEFAULT_THREADS", "ThreadedStore"]
 
@@ -136,6 +137,7 @@ class ThreadedStore(AsyncStore):
         cls = store_class(url)
         self.scheme = cls.scheme  # type: ignore[misc]  # per instance: the wrapped store's
         super().__init__()
+        self._logger = logging.getLogger(_logger_name(cls))  # the sync face's logger
         if threads is None:
             threads = DEFAULT_THREADS
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -172,9 +174,19 @@ class ThreadedStore(AsyncStore):
             raise StoreClosed(f"this {type(self).__name__} is closed")
         return await workers.submit(fn, args)
 
+    def _move_to(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """New workers for ``loop``; the old loop's (idle: it is closed) stop off the loop."""
+        old, self._workers = self._workers, None
+        if old is not None:
+            self._workers = _Workers(loop, self._threads, f"dibs-{self.scheme}")
+            threading.Thread(target=old.close, name=f"dibs-{self.scheme}-close").start()
+        return True
+
     def _store(self) -> Store:
-        assert self.sync is not None
-        return self.sync
+        store = self.sync
+        if store is None:  # closed between a call's check and its start
+            raise StoreClosed(f"this {type(self).__name__} is closed")
+        return store
 
     async def _open(self) -> None:
         from dibs.stores import open_store  # noqa: PLC0415
