@@ -315,7 +315,12 @@ class AsyncPostgresStore(AsyncStore):
                 raise asyncio.CancelledError
             answered = False
             try:
-                cur = getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                # Many rows on a throwaway cursor: the kept one would pin them.
+                cur = (
+                    conn.cursor()
+                    if many
+                    else getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                )
                 await cur.execute(query, params)
                 answered = True
                 answer = await (cur.fetchall() if many else cur.fetchone())

@@ -240,7 +240,12 @@ class PostgresStore(Store):
             answered = False
             try:
                 with self._pool.connection() as conn:
-                    cur = getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                    # Many rows on a throwaway cursor: the kept one would pin them.
+                    cur = (
+                        conn.cursor()
+                        if fetch_all
+                        else getattr(conn, "_dibs_cursor", None) or cursor_of(conn)
+                    )
                     cur.execute(query, params)
                     answered = True
                     answer = cur.fetchall() if fetch_all else cur.fetchone()
