@@ -21,12 +21,13 @@ DECLARE
     v_locked boolean := false;
 BEGIN
     -- A single-unit claim in its row: judged on a plain read, changed by a
-    -- conditional UPDATE (as the plain statements do). A loss that depends on
-    -- the row's state (released, or dead) is judged again under the row lock,
-    -- with the clock read after it: a takeover in flight on this row (its
-    -- created_at read, its commit not yet visible) is waited for, so the
-    -- answer is taken_over, never an 'expired' dated after that takeover.
-    -- Holder and fence never change, so their answers need no lock.
+    -- conditional UPDATE (as the plain statements do). A dead hold is judged
+    -- again under the row lock, with the clock read after it: a takeover in
+    -- flight on this row (its created_at read, its commit not yet visible)
+    -- is waited for, so the answer is taken_over, never an 'expired' dated
+    -- after that takeover. The other answers need no lock (nor its WAL): holder
+    -- and fence never change, and a released claim stays 'released' when a
+    -- later claim replaces it.
     LOOP
         IF v_locked THEN
             SELECT * INTO v_u FROM {s}.units_v4 u
@@ -42,7 +43,7 @@ BEGIN
             v_status := 'not_holder';
         ELSIF v_u.fence <> p_fence THEN
             v_status := 'fence';
-        ELSIF NOT v_locked AND (v_u.state IN ('released', 'expired')
+        ELSIF NOT v_locked AND (v_u.state = 'expired'
                                 OR (v_u.state = 'held' AND v_u.expires_at <= v_now)) THEN
             v_locked := true;
             CONTINUE;  -- look again under the row lock
