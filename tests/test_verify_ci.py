@@ -65,12 +65,6 @@ def pg_server() -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.mark.xfail(
-    reason="issue 15, open: PostgreSQL schema v4 can stamp a takeover before a concurrent "
-    "confirm that still reports 'expired' (a timestamp/reason order anomaly; no double grant, "
-    "nothing lost); seen in 2 of 3 runs of this test",
-    strict=False,
-)
 def test_postgres_100k_ops_under_kills_terminations_and_restarts(
     pg_server: PostgresServer, tmp_path: Path
 ) -> None:

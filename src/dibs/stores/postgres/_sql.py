@@ -212,7 +212,10 @@ class Statements:
         # and the liveness check agree. Under a wait for the row, PostgreSQL
         # re-checks the conditions on the new row: a takeover, a release or a
         # sweep that changed it makes them fail; only the holder's own
-        # concurrent extend leaves it held and live.
+        # concurrent extend leaves it held and live. (A statement that finds
+        # the hold dead takes no lock: transition_v4 then judges the loss
+        # under the row lock, so it waits for a takeover in flight and
+        # answers taken_over, never an 'expired' dated after its stamp.)
         self.confirm = render(
             "UPDATE {s}.units_v4 u SET state = 'confirmed', expires_at = NULL, updated_at = t.n "
             "FROM (SELECT NOW AS n) t "

@@ -2,16 +2,18 @@ DROP FUNCTION IF EXISTS {s}.take_unit_v4({s}.units_v4, timestamptz);
 -- take_unit_v4: acquire one unit row for p_row (a single-unit claim, or a
 -- 'member' row of a group claim). The insert is the check; a released claim,
 -- a free row or a dead hold found there is replaced by a conditional UPDATE
--- on the row observed (never a bare row lock: a plain confirm waiting on this
--- row then always re-checks its conditions), and the claim replaced is copied
+-- on the row observed (never a bare row lock: the UPDATE follows any lock taken,
+-- so a plain confirm waiting on this row always re-checks its conditions), and
+-- the claim replaced is copied
 -- into claims_v4 (released, or expired and taken over) with its request ID
 -- moved to a reservation row. Outcomes: 'granted' (other = the dead group
 -- claim taken over, if any) or 'taken' (other = the live claim in the way).
 --
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
 -- A single-unit claim (p_ttl given or not, p_row.state not 'member') is dated
--- from a clock read after the row was looked at, so it never seems to begin
--- before a release it saw; p_clock is the test clock, or NULL.
+-- from a clock read after the row was looked at (and, to replace a claim,
+-- under its row lock), so it never seems to begin before a release it saw or
+-- a write it waited for; p_clock is the test clock, or NULL.
 CREATE OR REPLACE FUNCTION {s}.take_unit_v4(
     p_row {s}.units_v4, p_now timestamptz, p_clock timestamptz, p_ttl double precision,
     OUT outcome text, OUT other bigint
@@ -25,14 +27,14 @@ BEGIN
         -- succeed, so a refusal never spends one.
         SELECT * INTO v_o FROM {s}.units_v4 u
          WHERE u.resource = p_row.resource AND u.slot = p_row.slot;
-        IF p_row.state <> 'member' THEN
-            v_stamp := coalesce(p_clock, clock_timestamp());
-            p_row.created_at := v_stamp;
-            p_row.updated_at := v_stamp;
-            p_row.expires_at := CASE WHEN p_ttl IS NULL THEN NULL
-                                     ELSE v_stamp + make_interval(secs => p_ttl) END;
-        END IF;
         IF NOT FOUND THEN
+            IF p_row.state <> 'member' THEN
+                v_stamp := coalesce(p_clock, clock_timestamp());
+                p_row.created_at := v_stamp;
+                p_row.updated_at := v_stamp;
+                p_row.expires_at := CASE WHEN p_ttl IS NULL THEN NULL
+                                         ELSE v_stamp + make_interval(secs => p_ttl) END;
+            END IF;
             -- Linearization point for a free unit: the insert against the primary key.
             INSERT INTO {s}.units_v4 (resource, slot, id, holder, state, fence, expires_at,
                                       created_at, updated_at)
@@ -51,6 +53,26 @@ BEGIN
             outcome := 'taken';
             other := v_o.id;
             RETURN;
+        END IF;
+        IF p_row.state <> 'member' THEN
+            -- A single-unit claim is dated from a clock read under the row
+            -- lock, which the UPDATE below then keeps: whatever held the lock
+            -- before (a confirm of the dead hold answering 'expired' on its
+            -- clock, a sweep) read its clock earlier, so this claim never
+            -- seems to begin before a change it waited for. (The lock is not
+            -- left bare: the UPDATE, on the same conditions, follows.)
+            PERFORM 1 FROM {s}.units_v4 u
+             WHERE u.resource = v_o.resource AND u.slot = v_o.slot
+               AND u.id = v_o.id AND u.fence = v_o.fence
+               AND (u.state IN ('free', 'released', 'expired')
+                    OR (u.state IN ('held', 'member') AND u.expires_at <= p_now))
+               FOR UPDATE;
+            CONTINUE WHEN NOT FOUND;  -- it changed under us: look again
+            v_stamp := coalesce(p_clock, clock_timestamp());
+            p_row.created_at := v_stamp;
+            p_row.updated_at := v_stamp;
+            p_row.expires_at := CASE WHEN p_ttl IS NULL THEN NULL
+                                     ELSE v_stamp + make_interval(secs => p_ttl) END;
         END IF;
         -- Linearization point for a takeover or a reuse: the conditional write
         -- on the claim observed; the fence is drawn under its row lock.

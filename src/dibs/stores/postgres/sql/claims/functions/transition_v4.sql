@@ -18,18 +18,35 @@ DECLARE
     v_now timestamptz;
     v_status text := 'ok';
     v_expires timestamptz;
+    v_locked boolean := false;
 BEGIN
     -- A single-unit claim in its row: judged on a plain read, changed by a
-    -- conditional UPDATE (as the plain statements do), never row-locked alone.
+    -- conditional UPDATE (as the plain statements do). A dead hold is judged
+    -- again under the row lock, with the clock read after it: a takeover in
+    -- flight on this row (its created_at read, its commit not yet visible)
+    -- is waited for, so the answer is taken_over, never an 'expired' dated
+    -- after that takeover. The other answers need no lock (nor its WAL): holder
+    -- and fence never change, and a released claim stays 'released' when a
+    -- later claim replaces it.
     LOOP
-        SELECT * INTO v_u FROM {s}.units_v4 u
-         WHERE u.id = p_id AND u.state IN ('held', 'confirmed', 'released', 'expired');
+        IF v_locked THEN
+            SELECT * INTO v_u FROM {s}.units_v4 u
+             WHERE u.id = p_id AND u.state IN ('held', 'confirmed', 'released', 'expired')
+               FOR NO KEY UPDATE;
+        ELSE
+            SELECT * INTO v_u FROM {s}.units_v4 u
+             WHERE u.id = p_id AND u.state IN ('held', 'confirmed', 'released', 'expired');
+        END IF;
         EXIT WHEN NOT FOUND;  -- replaced (now in claims_v4), or never a unit claim
         v_now := coalesce(p_now, clock_timestamp());
         IF v_u.holder <> p_holder THEN
             v_status := 'not_holder';
         ELSIF v_u.fence <> p_fence THEN
             v_status := 'fence';
+        ELSIF NOT v_locked AND (v_u.state = 'expired'
+                                OR (v_u.state = 'held' AND v_u.expires_at <= v_now)) THEN
+            v_locked := true;
+            CONTINUE;  -- look again under the row lock
         ELSIF v_u.state = 'released' THEN
             v_status := 'released';
         ELSIF v_u.state = 'expired' OR (v_u.state = 'held' AND v_u.expires_at <= v_now) THEN
