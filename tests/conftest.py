@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg_pool.base
 import pytest
 
 import dibs
@@ -60,6 +62,13 @@ QUICK_MODULES = frozenset(
 every store, the patterns, in-process tasks. Tests marked ``slow`` (processes, long races)
 are left out, and so is every module not named here (the service, ``dibs verify``, the
 browser, the docs blocks and site): the whole suite, ``scripts/test``, runs those."""
+
+# psycopg_pool jitters each new connection's expiry with the global `random`, on its
+# own threads and tasks. Hypothesis checks that nothing moves the global generator
+# while it draws, and reports the pool's move as a strategy using `random`
+# (HypothesisDeprecationWarning, an error here): a flaky failure of any Hypothesis
+# test that runs beside a pool. In tests the pool gets a generator of its own.
+psycopg_pool.base.random = random.Random().random  # type: ignore[attr-defined]
 
 
 def pytest_configure(config: pytest.Config) -> None:
