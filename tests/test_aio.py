@@ -492,3 +492,25 @@ def test_a_threaded_store_logs_as_its_sync_store(
     with caplog.at_level("DEBUG", logger="dibs.stores"):
         run(main())
     assert any(r.name == "dibs.stores.sqlite" and "hold lost" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_threaded_face_over_an_open_store_leaves_it_to_its_owner(
+    kind: str, tmp_path: Path
+) -> None:
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'over.db'}"
+    sync = dibs.open(url)
+
+    async def main() -> None:
+        face = ThreadedStore.over(sync, threads=2)
+        assert face.sync is sync
+        assert (await face.claim(Unit("r", "1"), holder="a")).granted
+        await face.close()
+        assert not sync.closed and sync.holder_of(Unit("r", "1")) == "a"
+        again = await ThreadedStore.over(sync)
+        sync.close()  # by its owner: the face's calls now refuse, as the store's own do
+        with pytest.raises(StoreClosed):
+            await again.get("1")
+        await again.close()
+
+    run(main())

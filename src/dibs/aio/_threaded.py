@@ -131,10 +131,21 @@ class ThreadedStore(AsyncStore):
 
     scheme = "threaded"
 
-    def __init__(self, url: str, options: dict[str, Any], *, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        options: dict[str, Any],
+        *,
+        threads: int | None = None,
+        store: Store | None = None,
+    ) -> None:
         from dibs.stores import store_class  # noqa: PLC0415 (dibs.stores imports dibs.aio lazily)
 
-        cls = store_class(url)
+        if store is None:
+            assert url is not None
+            cls = store_class(url)
+        else:
+            cls = type(store)
         self.scheme = cls.scheme  # type: ignore[misc]  # per instance: the wrapped store's
         super().__init__()
         self._logger = logging.getLogger(_logger_name(cls))  # the sync face's logger
@@ -152,8 +163,19 @@ class ThreadedStore(AsyncStore):
         self._threads = threads
         self._workers: _Workers | None = None
         self._opening_sync: asyncio.Future[Store] | None = None
-        self.sync: Store | None = None
-        """The sync store behind this one, once opened."""
+        self._given = store is not None
+        self.sync: Store | None = store
+        """The sync store behind this one, once opened (or as given: see :meth:`over`)."""
+
+    @classmethod
+    def over(cls, store: Store, *, threads: int | None = None) -> Self:
+        """The async face of a sync store that is already open, which its owner closes.
+
+        :meth:`close` stops the face's workers (after the calls they accepted)
+        and leaves ``store`` open; once the owner closes ``store``, calls raise
+        :class:`~dibs.StoreClosed`, as the store's own do.
+        """
+        return cls(None, {}, threads=threads, store=store)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -184,20 +206,23 @@ class ThreadedStore(AsyncStore):
 
     def _store(self) -> Store:
         store = self.sync
-        if store is None:  # closed between a call's check and its start
+        if store is None or store.closed:  # closed by us meanwhile, or by its owner
             raise StoreClosed(f"this {type(self).__name__} is closed")
         return store
 
     async def _open(self) -> None:
         from dibs.stores import open_store  # noqa: PLC0415
 
+        if self._workers is None and not self._inline:
+            loop = asyncio.get_running_loop()
+            self._workers = _Workers(loop, self._threads, f"dibs-{self.scheme}")
+        if self._given:
+            return
         opener = functools.partial(open_store, self._url, **self._options)
         if self._inline:
             self.sync = opener()
             return
-        if self._workers is None:
-            loop = asyncio.get_running_loop()
-            self._workers = _Workers(loop, self._threads, f"dibs-{self.scheme}")
+        assert self._workers is not None
         if self._opening_sync is None:
             # Shielded: a cancelled open goes on on its worker, and the next await adopts
             # the store it opens instead of opening (and leaking) a second one.
@@ -286,7 +311,10 @@ class ThreadedStore(AsyncStore):
         return await self._run(self._store()._now)
 
     async def _close(self) -> None:
-        store, self.sync = self.sync, None
+        if self._given:  # its owner closes it
+            store = None
+        else:
+            store, self.sync = self.sync, None
         workers, self._workers = self._workers, None
         if self._inline:
             if store is not None:
