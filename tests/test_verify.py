@@ -418,6 +418,15 @@ def test_log_replay_finds_lost_confirmations_and_grants_over_live_claims() -> No
     assert "confirm-after-takeover" in [a.kind for a in taken]
 
 
+def test_log_replay_flags_a_grant_answered_without_its_claim() -> None:
+    # A broken store (the PostgreSQL check-then-act plant) replayed a request whose
+    # claim it had dropped: granted, but no claim. An anomaly, never a crash.
+    h = Recorder()
+    h.op("a", "claim", claim_args("a", "0"), 0, 1, granted=True, replayed=True, taken=[])
+    lost = replay_log(assemble(h.events).ops, [])
+    assert [a.kind for a in lost] == ["lost-grant"]
+
+
 def test_log_replay_finds_a_claim_released_by_nobody() -> None:
     # A blind overwrite that marks a live hold released: no release asked for it.
     h = Recorder()

@@ -127,12 +127,15 @@ def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
             continue
         v = op.value
         if op.fn == "claim" and v.get("granted"):
-            row = by_id.get(str(v["claim_id"]))
+            cid = v.get("claim_id")  # absent: a grant answered without its claim
+            row = None if cid is None else by_id.get(str(cid))
             if row is None:
                 anomalies.append(
                     LogAnomaly(
                         "lost-grant",
-                        f"acknowledged grant {v['claim_id']} is not in the log",
+                        f"acknowledged grant {cid} is not in the log"
+                        if cid is not None
+                        else "a grant was acknowledged without a claim",
                         [],
                         [op],
                     )
