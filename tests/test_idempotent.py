@@ -9,14 +9,12 @@ import os
 import pickle
 import random
 import re
-import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,6 @@ from conftest import StoreMaker
 from dibs import FakeClock, IdempotencyInProgress, InvalidInput, RequestConflict, Store
 from dibs.idempotency import RESULT_MAX_BYTES
 from dibs.testing.strategies import names
-from pg_fixtures import drop_schema, schema_url
 
 START = 1_800_000_000.0
 
@@ -895,21 +892,7 @@ def test_an_async_call_cancelled_mid_way_stores_nothing_and_frees_the_key(store:
 # thread). These run them on the async stores themselves: dibs.aio.open() on
 # memory:// (inline), SQLite (the store's own workers) and PostgreSQL (native).
 
-AIO_KINDS = ["memory", "sqlite", "postgresql"]
-
-
-@pytest.fixture(params=AIO_KINDS)
-def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A URL for dibs.aio.open(): a fresh place for each test (a schema on PostgreSQL)."""
-    if request.param == "memory":
-        yield "memory://"
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'dibs.db'}"
-    else:
-        pg_url: str = request.getfixturevalue("pg_url")
-        schema = f"t_{secrets.token_hex(6)}"
-        yield schema_url(pg_url, schema)
-        drop_schema(pg_url, schema)
+# aio_url: tests/conftest.py.
 
 
 def test_on_an_async_store_runs_once_replays_conflicts_and_forgets_failures(aio_url: str) -> None:
@@ -945,7 +928,7 @@ def test_on_an_async_store_runs_once_replays_conflicts_and_forgets_failures(aio_
     assert runs == ["o-1", "o-2", "o-2"]
 
 
-def test_on_an_async_store_a_duplicate_in_progress_raises_until_the_first_ends(aio_url: str) -> None:
+def test_on_an_async_store_a_duplicate_raises_while_the_first_runs(aio_url: str) -> None:
     clock = FakeClock(START)
 
     async def main() -> None:
