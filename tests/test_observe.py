@@ -218,12 +218,22 @@ def test_nothing_imports_opentelemetry_until_asked() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_the_observability_page_runs_as_pasted(index: int) -> None:
     page = (Path(__file__).resolve().parent.parent / "docs" / "observability.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-    assert len(blocks) == 3
-    subprocess.run([sys.executable, "-c", blocks[index]], check=True, timeout=60)
+    assert len(blocks) == 4
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[index]],
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    if index == 0:  # the DEBUG lines its comments show
+        assert "taken over" in done.stderr and "hold lost (taken_over)" in done.stderr
+    if index == 3:  # the async example prints what its comment says
+        assert done.stdout.splitlines() == ["['granted', 'taken']"]
 
 
 # --- the async stores (dibs.aio) ------------------------------------------------------------------
