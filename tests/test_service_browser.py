@@ -205,6 +205,9 @@ def test_one_buyer_picks_several_seats_and_confirms_them_together(
                 )
                 assert drawn > 0, "the favicon does not draw"
                 assert await page.text_content("#slot") == SHOW.slot
+                # Words for people: no snapshot versions ("live · v3") or other internals.
+                shown = await page.inner_text("body")
+                assert not re.search(r"\bv\d+\b|·\s*v\d|snapshot|undefined|null", shown), shown
 
                 # Record every seat that plays the "someone else took it" animation.
                 await page.evaluate(
