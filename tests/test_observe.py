@@ -396,3 +396,22 @@ def test_a_cancelled_async_call_is_an_error_span(telemetry: Telemetry, tmp_path:
     assert cancelled.attributes["error.type"] == "CancelledError"
     assert cancelled.status.status_code is StatusCode.ERROR
     assert retried.attributes["dibs.outcome"] in ("granted", "replayed")
+
+
+def test_idempotent_functions_run_on_an_instrumented_async_store(
+    telemetry: Telemetry, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        opened = dibs.aio.open(f"sqlite:///{tmp_path / 'dibs.db'}", request_retention=120)
+        async with instrument(opened, tracer_provider=telemetry.tracer_provider) as store:
+
+            @dibs.idempotent(store, key="k")
+            async def work(k: str) -> str:
+                return k * 2
+
+            assert await work("a") == await work("a") == "aa"
+            assert store.request_retention == 120  # type: ignore[attr-defined]  # the store's
+
+    asyncio.run(main())
+    outcomes = [(s.name, s.attributes["dibs.outcome"]) for s in telemetry.finished()]  # type: ignore[index]
+    assert outcomes.count(("dibs.claim", "granted")) == 2  # the run hold, then the result
