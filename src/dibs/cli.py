@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 
 import dibs
 from dibs._cli_options import (
-    STORE_DEFAULT,
     add_store_option,
     count,
+    open_existing,
     positive_int,
     seconds,
     seconds_or_zero,
@@ -28,7 +28,6 @@ from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured
 from dibs.service._cli import add_commands as add_service_commands
-from dibs.stores import default_url, redact, store_class
 from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
 from dibs.verify._cli import add_verify_command
@@ -200,15 +199,7 @@ def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _run_sweep(args: argparse.Namespace) -> int:
     # Sweeping maintains a store; a URL with a typo must not make a new, empty one.
-    url = args.store or default_url()
-    if store_class(url).exists(url) is False:
-        given = "" if args.store else f" (no --store given, so the default: {STORE_DEFAULT})"
-        raise StoreMisconfigured(
-            f"no dibs store at {redact(url)}{given}; sweep maintains an existing store and "
-            "never creates one",
-            cause="the store does not exist",
-        )
-    store = dibs.open(url)
+    store = open_existing(args.store, "sweep maintains")
     with store:
         result = store.sweep()
     counts = {
