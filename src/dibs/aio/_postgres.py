@@ -24,7 +24,13 @@ from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, che
 from dibs.aio._store import AsyncStore
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
-from dibs.stores.postgres._connect import AsyncRecordingPool, describe, first_connection
+from dibs.stores.postgres._connect import (
+    AsyncRecordingPool,
+    awatch_replication,
+    describe,
+    first_connection,
+    unreplicated,
+)
 from dibs.stores.postgres._ops import (
     RETRY,
     LeaveItToTheFunction,
@@ -191,6 +197,7 @@ class AsyncPostgresStore(AsyncStore):
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-aio-{self.schema}",
+            configure=awatch_replication,
             open=False,
             **self._pool_options,
         )
@@ -324,6 +331,9 @@ class AsyncPostgresStore(AsyncStore):
                 await cur.execute(query, params)
                 answered = True
                 answer = await (cur.fetchall() if many else cur.fetchone())
+                # A commit whose wait for the synchronous standbys was cancelled
+                # reports success: never pass it on as one.
+                lost = unreplicated(conn, self._where)
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     retry = retry or backoff(self.max_retries)
@@ -335,6 +345,9 @@ class AsyncPostgresStore(AsyncStore):
                 error = mapped or await self._translate(exc, params, answered=answered)
                 self._outage.failed(error)
                 raise error from exc
+            if lost is not None:
+                self._outage.failed(lost)
+                raise lost
             if self._outage.failing:
                 self._outage.answered()
             return answer

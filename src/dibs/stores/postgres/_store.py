@@ -52,7 +52,13 @@ from dibs.stores._retry import Backoff
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
-from dibs.stores.postgres._connect import RecordingPool, describe, first_connection
+from dibs.stores.postgres._connect import (
+    RecordingPool,
+    describe,
+    first_connection,
+    unreplicated,
+    watch_replication,
+)
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._ops import (
     RETRY,
@@ -148,6 +154,7 @@ class PostgresStore(Store):
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-{self.schema}",
+            configure=watch_replication,
             open=False,
             **self._pool_options,
         )
@@ -249,6 +256,9 @@ class PostgresStore(Store):
                     cur.execute(query, params)
                     answered = True
                     answer = cur.fetchall() if fetch_all else cur.fetchone()
+                    # A commit whose wait for the synchronous standbys was cancelled
+                    # reports success: never pass it on as one.
+                    lost = unreplicated(conn, self._where)
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     backoff = backoff or _backoff(self.max_retries)
@@ -260,6 +270,9 @@ class PostgresStore(Store):
                 error = mapped or self._translate(exc, params, answered=answered)
                 self._outage.failed(error)
                 raise error from exc
+            if lost is not None:
+                self._outage.failed(lost)
+                raise lost
             if self._outage.failing:
                 self._outage.answered()
             return answer
