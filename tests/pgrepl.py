@@ -93,12 +93,15 @@ class ReplicatedCluster:
 
     ``synchronous`` sets ``synchronous_standby_names`` on the primary (for
     example ``"ANY 1 (s1, s2)"``, or ``"ghost"`` for a standby that never
-    comes, so that every commit waits). Raises :class:`ServerSetupError`
+    comes, so that every commit waits). ``durable`` turns ``fsync`` and
+    ``full_page_writes`` on (see :class:`pgserver.PostgresServer`). Raises :class:`ServerSetupError`
     when a server cannot be set up.
     """
 
-    def __init__(self, standbys: int = 1, *, synchronous: str | None = None) -> None:
-        self.primary = PostgresServer(settings=dict(_REPLICATION))
+    def __init__(
+        self, standbys: int = 1, *, synchronous: str | None = None, durable: bool = False
+    ) -> None:
+        self.primary = PostgresServer(settings=dict(_REPLICATION), durable=durable)
         self.standbys: list[Standby] = []
         try:
             self.primary.start()
@@ -143,11 +146,24 @@ class ReplicatedCluster:
         return url.rsplit("/", 1)[1]
 
     def configure(self, server: PostgresServer, **settings: str) -> None:
-        """``ALTER SYSTEM SET`` each setting on ``server`` and reload its configuration."""
+        """``ALTER SYSTEM SET`` each setting on ``server``, reload, and wait until new sessions
+        see every value (the postmaster reloads a moment after the signal)."""
         with psycopg.connect(server.admin_url, autocommit=True) as conn:
             for key, value in settings.items():
                 conn.execute(f"ALTER SYSTEM SET {key} = '{value}'")
             conn.execute("SELECT pg_reload_conf()")
+        for _ in range(1200):
+            with psycopg.connect(server.admin_url, autocommit=True) as conn:
+                seen = dict(
+                    conn.execute(
+                        "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                        (list(settings),),
+                    ).fetchall()
+                )
+            if all(seen.get(k) == v for k, v in settings.items()):
+                return
+            time.sleep(0.05)
+        raise ServerSetupError(f"settings {settings} never took effect on {server.port}")
 
     def wait_streaming(self, standby: Standby) -> None:
         """Wait until the primary lists ``standby`` as streaming."""

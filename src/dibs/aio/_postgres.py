@@ -22,6 +22,7 @@ import psycopg
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
 from dibs.aio._store import AsyncStore
+from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 from dibs.stores.postgres._connect import (
@@ -191,6 +192,7 @@ class AsyncPostgresStore(AsyncStore):
     def _prepare(self) -> None:
         with first_connection(self._conninfo, self._pool_options["timeout"]) as conn:
             create_schema(conn, self.schema, self._create_extension)
+            warn_once(conn, self._where)  # what `dibs doctor` would flag, once per database
 
     def _new_pool(self) -> AsyncRecordingPool:
         return AsyncRecordingPool(

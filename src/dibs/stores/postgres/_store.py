@@ -47,6 +47,7 @@ from psycopg.rows import TupleRow
 
 from dibs._clock import Clock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores._retry import Backoff
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
@@ -146,6 +147,7 @@ class PostgresStore(Store):
         # with libpq's cause, where a pool would retry it quietly until pool_timeout.
         with first_connection(conninfo, self._pool_options["timeout"]) as conn:
             create_schema(conn, schema, create_extension)
+            warn_once(conn, self._where)  # what `dibs doctor` would flag, once per database
         self._own_pool = self._new_pool()
         logger.debug("opened the PostgreSQL store at %s, schema %r", self._where, schema)
 
