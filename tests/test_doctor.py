@@ -137,7 +137,7 @@ def test_the_store_logs_the_findings_once_at_open(
     with caplog.at_level(logging.WARNING, logger="dibs"):
         for schema in ("a", "b"):
             dibs.open(f"{url}&schema=w{schema}").close()
-    lines = [r for r in caplog.records if r.name == "dibs.stores.postgres"]
+    lines = [r for r in caplog.records if r.name == "dibs.stores.postgres.durability"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].levelno == logging.WARNING
     assert "synchronous_standby_names" in lines[0].getMessage()

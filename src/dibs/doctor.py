@@ -58,7 +58,9 @@ __all__ = [
     "warn_once",
 ]
 
-logger = logging.getLogger("dibs.stores.postgres")
+logger = logging.getLogger("dibs.stores.postgres.durability")
+"""Where the PostgreSQL store logs its findings at open: a child of the store's logger, so
+it can be silenced alone (a development server with fsync off)."""
 
 
 class Severity(enum.StrEnum):
