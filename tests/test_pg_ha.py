@@ -354,3 +354,20 @@ def test_a_backend_terminated_in_the_wait_is_store_unavailable(ghost: Ghost, fac
     assert isinstance(outcome, StoreUnavailable), outcome
     with dibs.open(ghost.url(schema, wait=False)) as setup:  # committed locally: replayed
         assert setup.claim(seat, holder="a", request_id="t", ttl=60).replayed
+
+
+@pytest.mark.parametrize("write", ["claim-unit", "claim-group"])
+def test_a_replay_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: str) -> None:
+    """The retry of a claim whose wait was cancelled replays it only once it is replicated."""
+    schema = f"gr_{secrets.token_hex(4)}"
+    clock = FakeClock()
+    with (
+        dibs.open(ghost.url(schema, wait=False), clock=clock) as setup,
+        dibs.open(ghost.url(schema), clock=clock) as store,
+    ):
+        call = WRITES[write](setup, clock)
+        assert isinstance(ghost.interrupt(lambda: call(store)), StoreUnavailable)
+        # The commit stands on the primary; the replay must wait for the (absent) standby
+        # like any commit, and a cancelled wait is StoreUnavailable again, never the claim.
+        assert isinstance(ghost.interrupt(lambda: call(store)), StoreUnavailable)
+        assert call(setup).replayed  # a session that does not wait for standbys replays

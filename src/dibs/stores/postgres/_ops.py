@@ -524,6 +524,8 @@ class Operations:
             lambda exc: _claim_error(exc, sent, request_id),
         )
         outcome, taken = row[0], row[1]
+        if outcome in ("replayed", "replayed_taken"):
+            yield from replicated()
         if outcome in ("granted", "replayed"):
             claim = claim_from_row(row[2:12], row[12]) if row[2] is not None else None
             return ClaimResult(True, claim, (), replayed=outcome == "replayed")
@@ -586,6 +588,8 @@ class Operations:
             created_at if new else updated.astimezone(UTC),
             bool(taken_over),
         )
+        if not new:
+            yield from replicated()
         return make_result(True, claim, (), replayed=not new)
 
     # --- transitions on one claim ---------------------------------------------------------------
@@ -708,6 +712,28 @@ class Operations:
                 return SweepResult(
                     expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
                 )
+
+
+# A transactional WAL message gives this statement's transaction an ID and a commit
+# record, written after every commit its snapshot sees; so its commit waits for the
+# synchronous standbys to have all of them. Without synchronous standbys it writes nothing.
+_REPLICATED = (
+    b"SELECT CASE WHEN current_setting('synchronous_standby_names') <> '' "
+    b"AND current_setting('synchronous_commit') NOT IN ('off', 'local') "
+    b"THEN pg_logical_emit_message(true, 'dibs', '') END"
+)
+
+
+def replicated() -> Plan[None]:
+    """Wait until the synchronous standbys have every commit this session can see.
+
+    A replay answers from a row it reads: the first attempt's commit, which
+    may stand on the primary alone (its wait for the standbys was cancelled,
+    or is still under way in another session). Acknowledging it then could
+    lose it in a failover; after this step it cannot. When the wait is
+    cancelled again, the driver raises :class:`~dibs.StoreUnavailable`.
+    """
+    yield (_REPLICATED, (), ONE, None)
 
 
 def _claim_error(
