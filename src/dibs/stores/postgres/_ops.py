@@ -71,7 +71,14 @@ from dibs.stores.base import (
     stored_claim,
 )
 from dibs.stores.postgres._connect import cause_of
-from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
+from dibs.stores.postgres._sql import (
+    CLAIMS,
+    REPLICATED,
+    SCHEMA_VERSION,
+    Statements,
+    schema_version,
+    upgrade,
+)
 
 __all__ = [
     "ALL",
@@ -588,8 +595,8 @@ class Operations:
             created_at if new else updated.astimezone(UTC),
             bool(taken_over),
         )
-        if not new:
-            yield from replicated()
+        # A replay here came from claim_unit, whose statement waited for the
+        # synchronous standbys itself (REPLICATED).
         return make_result(True, claim, (), replayed=not new)
 
     # --- transitions on one claim ---------------------------------------------------------------
@@ -714,14 +721,7 @@ class Operations:
                 )
 
 
-# A transactional WAL message gives this statement's transaction an ID and a commit
-# record, written after every commit its snapshot sees; so its commit waits for the
-# synchronous standbys to have all of them. Without synchronous standbys it writes nothing.
-_REPLICATED = (
-    b"SELECT CASE WHEN current_setting('synchronous_standby_names') <> '' "
-    b"AND current_setting('synchronous_commit') NOT IN ('off', 'local') "
-    b"THEN pg_logical_emit_message(true, 'dibs', '') END"
-)
+_REPLICATED = f"SELECT {REPLICATED}".encode()
 
 
 def replicated() -> Plan[None]:
@@ -730,8 +730,10 @@ def replicated() -> Plan[None]:
     A replay answers from a row it reads: the first attempt's commit, which
     may stand on the primary alone (its wait for the standbys was cancelled,
     or is still under way in another session). Acknowledging it then could
-    lose it in a failover; after this step it cannot. When the wait is
-    cancelled again, the driver raises :class:`~dibs.StoreUnavailable`.
+    lose it in a failover; after this step (see ``REPLICATED``) it cannot.
+    When the wait is cancelled again, the driver raises
+    :class:`~dibs.StoreUnavailable`. The plain single-unit statement does the
+    same inside its own statement, with no extra round trip.
     """
     yield (_REPLICATED, (), ONE, None)
 

@@ -82,6 +82,18 @@ def upgrade(conn: psycopg.Connection[TupleRow], schema: str, migrations: Migrati
         )
 
 
+REPLICATED = (
+    "(current_setting('synchronous_standby_names') = '' "
+    "OR current_setting('synchronous_commit') IN ('off', 'local') "
+    "OR pg_logical_emit_message(true, 'dibs', '') IS NOT NULL)"
+)
+"""True, and with synchronous standbys a transactional WAL message: it gives the
+statement's transaction an ID and a commit record, written after every commit its
+snapshot sees, so that its commit waits until the synchronous standbys have all of
+them (a replay must not acknowledge a commit the primary alone has). Without
+synchronous standbys it writes nothing."""
+
+
 class Statements:
     """The statements a store sends, rendered once for its schema.
 
@@ -110,7 +122,8 @@ class Statements:
             "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[])"
         )
         # One unit, in one statement. A replay of a live request is a plain
-        # read (nothing is written: no WAL, no commit record). A unit never
+        # read (nothing is written: no WAL, no commit record), except with
+        # synchronous standbys: then REPLICATED makes its commit wait for them. A unit never
         # claimed (or purged) is one INSERT against the primary key, the check;
         # the claim ID and fence are drawn only when the snapshot shows the
         # unit free, and an insert racing a first attempt in flight waits on
@@ -141,6 +154,7 @@ class Statements:
             "NOW FROM seen WHERE seen.state <> 'request' AND seen.resource = %(r)s "
             "AND seen.slot = %(sl)s "
             "AND seen.created_at > NOW - make_interval(secs => %(retention)s) "
+            f"AND {REPLICATED} "
             "UNION ALL SELECT 'reuse', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
             "FROM o WHERE NOT EXISTS (SELECT 1 FROM seen) "
             "AND (o.state IN ('released', 'free', 'expired') "
