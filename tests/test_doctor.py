@@ -207,6 +207,20 @@ def test_an_unknown_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 # --- etcd -------------------------------------------------------------------------------------
 
 
+ETCD_ENSURE = Path(__file__).resolve().parent.parent / "scripts" / "etcd-ensure.sh"
+
+
+def _etcd_binary() -> str:
+    """The etcd server, installed by scripts/etcd-ensure.sh when it is missing."""
+    found = shutil.which("etcd")
+    if found is None and ETCD_ENSURE.is_file():
+        subprocess.run([str(ETCD_ENSURE)], check=True, capture_output=True)
+        found = shutil.which("etcd")
+    if found is None:
+        raise RuntimeError(f"no etcd server: install Debian's etcd-server ({ETCD_ENSURE})")
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -240,8 +254,7 @@ class Etcd:
             }
             self.procs.append(
                 subprocess.Popen(
-                    [shutil.which("etcd") or "/usr/bin/etcd"]
-                    + [f"--{k}={v}" for k, v in flags.items()],
+                    [_etcd_binary()] + [f"--{k}={v}" for k, v in flags.items()],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -330,3 +343,13 @@ def test_etcd_rules_for_even_counts_and_lost_quorum() -> None:
 def test_no_etcd_endpoint_answering_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 1
     assert "StoreUnavailable" in capsys.readouterr().err
+
+
+def test_a_plugin_store_is_named_and_not_judged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugin_store"))
+    code, report = _doctor(capsys, "toy://")
+    assert code == 0
+    [found] = report["findings"]
+    assert found["severity"] == "warning" and "toy_store" in found["value"]

@@ -356,9 +356,9 @@ def test_a_backend_terminated_in_the_wait_is_store_unavailable(ghost: Ghost, fac
         assert setup.claim(seat, holder="a", request_id="t", ttl=60).replayed
 
 
-@pytest.mark.parametrize("write", ["claim-unit", "claim-group"])
-def test_a_replay_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: str) -> None:
-    """The retry of a claim whose wait was cancelled replays it only once it is replicated."""
+@pytest.mark.parametrize("write", ["claim-unit", "claim-group", "claim-span", "confirm", "release"])
+def test_a_retry_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: str) -> None:
+    """The retry of a write whose wait was cancelled answers only once it is replicated."""
     schema = f"gr_{secrets.token_hex(4)}"
     clock = FakeClock()
     with (
@@ -370,4 +370,10 @@ def test_a_replay_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: 
         # The commit stands on the primary; the replay must wait for the (absent) standby
         # like any commit, and a cancelled wait is StoreUnavailable again, never the claim.
         assert isinstance(ghost.interrupt(lambda: call(store)), StoreUnavailable)
-        assert call(setup).replayed  # a session that does not wait for standbys replays
+        answer = call(setup)  # a session that does not wait for the standbys answers
+        if write.startswith("claim"):
+            assert answer.replayed
+        elif write == "confirm":
+            assert answer.state == "confirmed"
+        else:
+            assert answer is False  # released by the first attempt

@@ -73,7 +73,6 @@ from dibs.stores.base import (
 from dibs.stores.postgres._connect import cause_of
 from dibs.stores.postgres._sql import (
     CLAIMS,
-    REPLICATED,
     SCHEMA_VERSION,
     Statements,
     schema_version,
@@ -531,8 +530,6 @@ class Operations:
             lambda exc: _claim_error(exc, sent, request_id),
         )
         outcome, taken = row[0], row[1]
-        if outcome in ("replayed", "replayed_taken"):
-            yield from replicated()
         if outcome in ("granted", "replayed"):
             claim = claim_from_row(row[2:12], row[12]) if row[2] is not None else None
             return ClaimResult(True, claim, (), replayed=outcome == "replayed")
@@ -595,8 +592,8 @@ class Operations:
             created_at if new else updated.astimezone(UTC),
             bool(taken_over),
         )
-        # A replay here came from claim_unit, whose statement waited for the
-        # synchronous standbys itself (REPLICATED).
+        # A replay came from claim_unit, whose commit waited for the synchronous
+        # standbys to have what it replays (REPLICATED).
         return make_result(True, claim, (), replayed=not new)
 
     # --- transitions on one claim ---------------------------------------------------------------
@@ -719,23 +716,6 @@ class Operations:
                 return SweepResult(
                     expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
                 )
-
-
-_REPLICATED = f"SELECT {REPLICATED}".encode()
-
-
-def replicated() -> Plan[None]:
-    """Wait until the synchronous standbys have every commit this session can see.
-
-    A replay answers from a row it reads: the first attempt's commit, which
-    may stand on the primary alone (its wait for the standbys was cancelled,
-    or is still under way in another session). Acknowledging it then could
-    lose it in a failover; after this step (see ``REPLICATED``) it cannot.
-    When the wait is cancelled again, the driver raises
-    :class:`~dibs.StoreUnavailable`. The plain single-unit statement does the
-    same inside its own statement, with no extra round trip.
-    """
-    yield (_REPLICATED, (), ONE, None)
 
 
 def _claim_error(

@@ -87,11 +87,13 @@ REPLICATED = (
     "OR current_setting('synchronous_commit') IN ('off', 'local') "
     "OR pg_logical_emit_message(true, 'dibs', '') IS NOT NULL)"
 )
-"""True, and with synchronous standbys a transactional WAL message: it gives the
-statement's transaction an ID and a commit record, written after every commit its
-snapshot sees, so that its commit waits until the synchronous standbys have all of
-them (a replay must not acknowledge a commit the primary alone has). Without
-synchronous standbys it writes nothing."""
+"""A condition that is always true, and with synchronous standbys writes a transactional
+WAL message: it gives the statement's transaction an ID and a commit record, written
+after every commit the statement saw, so that its commit waits until the synchronous
+standbys have all of them. An answer read from another commit (a replay, a confirm
+already done) must not be acknowledged while the primary alone has that commit: its
+wait for the standbys may have been cancelled, or still be under way in another
+session. Without synchronous standbys it writes nothing."""
 
 
 class Statements:
@@ -119,7 +121,8 @@ class Statements:
         self.claim = render(
             "SELECT * FROM {s}.claim_v4(%(holder)s, %(targets)s, %(ttl)s, %(rid)s, %(fp)s, "
             "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
-            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[])"
+            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[]) "
+            f"WHERE {REPLICATED}"  # a replay, a recorded refusal: see REPLICATED
         )
         # One unit, in one statement. A replay of a live request is a plain
         # read (nothing is written: no WAL, no commit record), except with
@@ -252,7 +255,10 @@ class Statements:
             "RETURNING true"
         )
         self.transition = render(
-            "SELECT * FROM {s}.transition_v4(%(op)s, %(id)s, %(h)s, %(f)s, %(ttl)s, %(now)s)"
+            "SELECT * FROM {s}.transition_v4(%(op)s, %(id)s, %(h)s, %(f)s, %(ttl)s, %(now)s) "
+            # A retried confirm or release that finds its first attempt done writes
+            # nothing, and answers from a commit the standbys may lack: see REPLICATED.
+            f"WHERE {REPLICATED}"
         )
         self.sweep = render("SELECT * FROM {s}.sweep_v4(%(now)s, %(retention)s, %(batch)s)")
         cols = (
