@@ -140,6 +140,68 @@ def test_a_failover_is_store_unavailable_then_retries_replay_the_first_outcome()
             loop.close()
 
 
+def test_a_claim_storm_across_a_failover_loses_no_acknowledged_claim() -> None:
+    """Threads claim contended units while the primary is killed; the standby is promoted.
+
+    Each unit is claimed for good (a long TTL, never released), so it can be
+    granted once in all history. Every call must answer or raise
+    StoreUnavailable; a request retried after StoreUnavailable keeps its ID
+    until it is answered. Afterwards every acknowledged grant is on the new
+    primary with its fence, and no unit was granted twice.
+    """
+    threads, units, per_thread = 4, 24, 40
+    with ReplicatedCluster(1, synchronous="s1") as cluster:
+        db = cluster.create_database()
+        store = dibs.open(_store_url(cluster.url(db), "storm", pool_timeout="1"), pool_max=threads)
+        granted: list[tuple[str, dibs.Claim]] = []
+        others: list[BaseException] = []
+        lock = threading.Lock()  # guards granted and others
+        acks = threading.Semaphore(0)
+        failed_over = threading.Event()
+
+        def claimant(n: int) -> None:
+            try:
+                for i in range(per_thread):
+                    rid = f"t{n}-{i}"
+                    unit = Unit("seat", str((n * 7 + i * 5) % units))
+                    while True:
+                        try:
+                            r = store.claim(unit, holder=f"h{n}", request_id=rid, ttl=3600)
+                            break
+                        except StoreUnavailable:
+                            failed_over.wait()  # retry the same request once a primary serves
+                            time.sleep(0.02)
+                    if r.granted:
+                        with lock:
+                            granted.append((rid, r.claim))
+                    acks.release()
+            except BaseException as exc:
+                with lock:
+                    others.append(exc)
+
+        workers = [threading.Thread(target=claimant, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for _ in range(threads * per_thread // 3):  # a third of the answers, then the crash
+            acks.acquire()
+        cluster.kill(cluster.primary)
+        cluster.promote(cluster.standbys[0], synchronous_standby_names="")
+        failed_over.set()
+        for w in workers:
+            w.join()
+        try:
+            assert not others, others
+            # A holder re-claiming a unit it holds gets its claim back: one claim per unit.
+            by_unit: dict[Unit | Span, set[str]] = {}
+            for rid, claim in granted:
+                by_unit.setdefault(claim.targets[0], set()).add(claim.id)
+                assert _until_served(lambda c=claim: store.get(c.id)) == claim, rid
+            assert all(len(ids) == 1 for ids in by_unit.values()), by_unit
+            assert len(by_unit) == units  # every unit was claimed by someone, once
+        finally:
+            store.close()
+
+
 # --- a cancelled wait for synchronous replication ---------------------------------------------
 
 
