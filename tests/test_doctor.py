@@ -353,3 +353,11 @@ def test_a_plugin_store_is_named_and_not_judged(
     assert code == 0
     [found] = report["findings"]
     assert found["severity"] == "warning" and "toy_store" in found["value"]
+
+
+def test_without_a_url_it_reads_dibs_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DIBS_URL", "memory://")
+    assert main(["doctor"]) == 1
+    assert "memory://" in capsys.readouterr().out

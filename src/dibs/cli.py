@@ -243,7 +243,12 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             "be read as configured."
         ),
     )
-    p.add_argument("url", metavar="URL", help="the store's URL, as dibs.open takes it")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        nargs="?",
+        help=f"the store's URL, as dibs.open takes it (default: {STORE_DEFAULT})",
+    )
     p.add_argument(
         "--timeout",
         type=seconds,
@@ -257,7 +262,7 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 def _run_doctor(args: argparse.Namespace) -> int:
     from dibs.doctor import examine, print_report  # noqa: PLC0415 (only when asked)
 
-    report = examine(args.url, timeout=args.timeout)
+    report = examine(args.url or default_url(), timeout=args.timeout)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
