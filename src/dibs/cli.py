@@ -217,6 +217,50 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- dibs doctor ---------------------------------------------------------------------------------
+
+
+def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="read a store's durability settings and say what could lose a claim",
+        description=(
+            "Connect to the store at URL, read its durability settings and print each one "
+            "with what it can cost and the fix. PostgreSQL: fsync, full_page_writes, "
+            "synchronous_commit, synchronous_standby_names against the streaming standbys. "
+            "SQLite: journal mode and synchronous. memory://: nothing survives a restart. "
+            "etcd: member count and quorum health. Exits 1 when a setting can lose an "
+            "acknowledged claim, 0 otherwise (warnings included), 2 when the store cannot "
+            "be read as configured."
+        ),
+    )
+    p.add_argument(
+        "url",
+        metavar="URL",
+        nargs="?",
+        help=f"the store's URL, as dibs.open takes it (default: {STORE_DEFAULT})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=5.0,
+        help="seconds to wait for each server (default 5)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from dibs.doctor import examine, print_report  # noqa: PLC0415 (only when asked)
+
+    report = examine(args.url or default_url(), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return EXIT_FAILED if report.loses_data else EXIT_OK
+
+
 # --- dibs worker ---------------------------------------------------------------------------------
 
 
@@ -267,6 +311,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_sweep,
+    _add_doctor,
     _add_worker,
     add_jobs_command,  # jobs list|show|retry|cancel|purge (dibs.tasks)
     add_service_commands,  # serve, keys (dibs.service; needs the service extra only to run)
