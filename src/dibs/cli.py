@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import dibs
 from dibs._cli_options import (
+    STORE_DEFAULT,
     add_store_option,
     count,
     open_existing,
@@ -252,6 +253,7 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _run_doctor(args: argparse.Namespace) -> int:
     from dibs.doctor import examine, print_report  # noqa: PLC0415 (only when asked)
+    from dibs.stores import default_url  # noqa: PLC0415
 
     report = examine(args.url or default_url(), timeout=args.timeout)
     if args.json:
