@@ -157,6 +157,10 @@ class DurableRunner:
         self._stopping = False  # True once the local work has drained: no more heartbeats
         self._woken = True  # a wake-up came since the poller last looked: look again
         self._reserved = {False: 0, True: 0}  # per lane (async?): slots a take in flight fills
+        # Per lane: a wake-up found the lane's free slots reserved by a refill in flight,
+        # whose take may have read the table before the job that woke us was committed.
+        # The refill looks again when it ends (else that job waits for the next poll).
+        self._deferred = {False: False, True: False}
         self._record_lock = threading.Lock()  # guards _to_record and _recording
         self._to_record: list[_Outcome] = []
         self._recording = False  # a worker thread is recording outcomes for all
@@ -255,6 +259,8 @@ class DurableRunner:
                     return
                 self._woken = False
                 lanes = [(is_async, self._free(is_async)) for is_async in (False, True)]
+                for is_async, free in lanes:
+                    self._defer(is_async, free)
             full = False
             # Two lanes: plain functions on the worker threads, async def on the event loop.
             for is_async, free in lanes:
@@ -281,6 +287,11 @@ class DurableRunner:
         running = sum(1 for r in self._running.values() if (r.token is not None) is is_async)
         return max(slots - running - self._reserved[is_async] + finishing, 0)
 
+    def _defer(self, is_async: bool, free: int) -> None:
+        """Under _lock: a wake-up the lane cannot act on while a refill holds its slots."""
+        if free <= 0 and self._reserved[is_async] > 0:
+            self._deferred[is_async] = True
+
     def _names(self, is_async: bool) -> list[str]:
         """The registered task names a lane runs."""
         return [name for name, task in self.tasks.items() if task.is_async is is_async]
@@ -288,6 +299,7 @@ class DurableRunner:
     def _take_some(self, free: int, names: list[str], is_async: bool = False) -> int:
         with self._lock:
             free = min(free, self._free(is_async))
+            self._defer(is_async, free)
             self._reserved[is_async] += free
         try:
             if free <= 0:
@@ -511,8 +523,14 @@ class DurableRunner:
             for waiting in batch:
                 waiting.error = exc
         finally:
-            with self._lock:
+            with self._wake:
                 self._reserved[is_async] -= free
+                if self._deferred[is_async]:
+                    # A wake-up came while this transaction held the slots: its take may
+                    # have missed the job (read before its commit). The poller looks again.
+                    self._deferred[is_async] = False
+                    self._woken = True
+                    self._wake.notify_all()
             for waiting in batch:
                 waiting.done.set()
 
