@@ -283,6 +283,27 @@ def test_a_job_enqueued_in_the_callers_transaction_exists_iff_it_commits(
         assert ran == []
 
 
+def test_a_job_committed_by_the_caller_wakes_this_processs_workers(
+    make_store: StoreMaker, processors: Callable[..., TaskProcessor]
+) -> None:
+    """The enqueue's own wake-up runs before the caller commits, so the commit's wake-up
+    (NOTIFY; SQLite's data_version) must reach this process too: with an hour's poll, the
+    job would wait for it. (This process's own adds skip their NOTIFY, except these.)"""
+    if make_store.kind == "memory":
+        return  # takes no connection
+    ran: list[tuple[str, Any]] = []
+    worker = processors(poll=3600)
+    register(worker, ran)
+    for n in range(5):
+        conn = _caller_connection(make_store)
+        try:
+            job_id = worker.enqueue("echo", n, connection=conn)
+            _end(conn, commit=True)
+        finally:
+            conn.close()
+        assert worker.result(job_id, timeout=GUARD) == n
+
+
 def test_a_foreign_connection_is_invalid_input(
     make_store: StoreMaker, processors: Callable[..., TaskProcessor]
 ) -> None:
