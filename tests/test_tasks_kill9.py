@@ -224,8 +224,13 @@ def test_a_job_that_kills_every_worker_is_failed_as_a_poison_pill(fleet: Fleet) 
     while (record := fleet.client.job(job_id)) is not None and not record.finished:
         proc_pid = fleet.start("run", lease=1.0)
         proc = next(p for p in fleet.procs if p.pid == proc_pid)
-        # Either it takes the job and dies, or it finds the job failed (it stays up).
-        wait_for(lambda: proc.poll() is not None or fleet.client.job(job_id).finished)  # type: ignore[union-attr]
+
+        def over(proc: subprocess.Popen[str] = proc) -> bool:
+            # Either it took the job and died, or it found the job failed (it stays up).
+            record = fleet.client.job(job_id)
+            return proc.poll() is not None or (record is not None and record.finished)
+
+        wait_for(over)
         deaths += proc.poll() is not None
         assert deaths <= 8, "the job is retried forever"
     assert record is not None and record.state == "failed"
