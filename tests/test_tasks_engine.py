@@ -193,6 +193,44 @@ def test_an_enqueue_while_a_finish_refills_the_slot_still_wakes_a_worker(url: st
         store.close()
 
 
+def test_a_take_skips_the_rows_another_take_holds(url: str) -> None:
+    """Worker A's take has locked its rows and not committed. On PostgreSQL worker B's
+    take does not wait for A: it skips A's rows (FOR UPDATE SKIP LOCKED) and gets
+    others at once. On SQLite the same statement runs under the file's write lock, so B
+    waits for A's commit and then gets others. Either way, no job is handed out twice."""
+    store = dibs.open(url)
+    table = store.job_table()
+    assert table is not None
+    try:
+        table.add_many([_job(f"j{n:02}", n) for n in range(20)])
+        holding, release = threading.Event(), threading.Event()
+        by_a: list[Job] = []
+        by_b: list[Job] = []
+
+        def take_and_hold(conn: object) -> None:
+            statement, params = table._take_args(None, 5, 30.0, "a", None, None)  # type: ignore[attr-defined]
+            by_a.extend(table._take_on(conn, statement, params))  # type: ignore[attr-defined]
+            holding.set()
+            assert release.wait(GUARD)
+
+        a = threading.Thread(target=table._atomic, args=(take_and_hold,))  # type: ignore[attr-defined]
+        a.start()
+        assert holding.wait(GUARD)
+        b = threading.Thread(target=lambda: by_b.extend(table.take(None, 5, 30.0, "b")))
+        b.start()
+        if url.startswith("postgresql"):
+            b.join(GUARD)  # while A still holds its rows
+            assert not b.is_alive(), "B waited for A's rows instead of skipping them"
+        release.set()
+        a.join(GUARD)
+        b.join(GUARD)
+        assert len(by_a) == len(by_b) == 5
+        assert not {j.id for j in by_a} & {j.id for j in by_b}
+        assert {j.holder for j in table.find(states=["running"])} == {"a", "b"}
+    finally:
+        store.close()
+
+
 # --- commits per job ------------------------------------------------------------------------
 
 
