@@ -132,8 +132,8 @@ class Fleet:
              json.dumps(queues), str(lease)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+        self.procs.append(proc)  # stopped and its pipes closed even if it never gets ready
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        self.procs.append(proc)
         return proc.pid
 
     def starts(self, job_id: str) -> list[int]:

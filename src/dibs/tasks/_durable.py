@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -85,11 +85,12 @@ class RegisteredTask:
     retries: int
     backoff: Backoff
     timeout: float | None
+    is_async: bool = field(init=False)
+    """Whether its attempts run on the processor's event loop (an ``async def``); read
+    per job, so worked out once."""
 
-    @property
-    def is_async(self) -> bool:
-        """Whether its attempts run on the processor's event loop (an ``async def``)."""
-        return inspect.iscoroutinefunction(self.fn)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
 
 @dataclass(slots=True)
@@ -149,6 +150,9 @@ class DurableRunner:
         self.lane = AsyncLane("dibs-tasks-async", async_workers)
         self.locks = LockKeys(store, self.holder, lease)
         self.tasks: dict[str, RegisteredTask] = {}
+        """By name; add through :meth:`register`."""
+        self._lane_names: dict[bool, tuple[int, list[str]]] = {}  # by lane: (version, names)
+        self._tasks_version = 0
         self.schedules: dict[str, DurableSchedule] = {}
         self._lock = threading.Lock()  # guards _running, _reserved, _taking, _stopping, _woken
         self._wake = threading.Condition(self._lock)
@@ -292,9 +296,20 @@ class DurableRunner:
         if free <= 0 and self._reserved[is_async] > 0:
             self._deferred[is_async] = True
 
+    def register(self, task: RegisteredTask) -> None:
+        """Run jobs named ``task.name`` with it (replacing an earlier one of that name)."""
+        self.tasks[task.name] = task
+        self._tasks_version += 1  # after the task is in: a reader of the new version sees it
+
     def _names(self, is_async: bool) -> list[str]:
-        """The registered task names a lane runs."""
-        return [name for name, task in self.tasks.items() if task.is_async is is_async]
+        """The registered task names a lane runs (read per job, so kept until a register)."""
+        version = self._tasks_version  # before reading the tasks: a register after it shows
+        cached = self._lane_names.get(is_async)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        names = [task.name for task in list(self.tasks.values()) if task.is_async is is_async]
+        self._lane_names[is_async] = (version, names)
+        return names
 
     def _take_some(self, free: int, names: list[str], is_async: bool = False) -> int:
         with self._lock:
