@@ -155,7 +155,10 @@ class DurableRunner:
         self._tasks_version = 0
         self.schedules: dict[str, DurableSchedule] = {}
         self._lock = threading.Lock()  # guards _running, _reserved, _taking, _stopping, _woken
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)  # the poller waits on it
+        # The heartbeat waits on a condition of its own, woken only to stop: sharing the
+        # poller's woke it at every wake-up (each commit seen, each slot freed).
+        self._beat = threading.Condition(self._lock)
         self._running: dict[tuple[str, int | None], _Running] = {}  # by (job ID, fence)
         self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
@@ -180,7 +183,7 @@ class DurableRunner:
     def _notify(self) -> None:
         with self._wake:
             self._woken = True
-            self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._wake.notify_all()
 
     # --- enqueueing -----------------------------------------------------------------------
 
@@ -243,6 +246,7 @@ class DurableRunner:
             self._taking = False
             self._stopping = True
             self._wake.notify_all()
+            self._beat.notify_all()
         for thread in self._threads:
             thread.join()
         self._unlisten()
@@ -411,7 +415,7 @@ class DurableRunner:
             self._running.pop((job.id, job.fence), None)
             if not refilled:
                 self._woken = True  # a slot is free: the poller fills it
-            self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._wake.notify_all()
 
     def _start_async(self, task: RegisteredTask, running: _Running) -> None:
         """Run an ``async def`` attempt on the lane's loop; record it on a finisher thread."""
@@ -554,10 +558,9 @@ class DurableRunner:
     def _heartbeat_loop(self) -> None:
         while True:
             beat = time.monotonic() + self.lease / 3
-            with self._wake:
-                # The condition is shared with the poller: sleep out the whole beat.
+            with self._beat:
                 while not self._stopping and (left := beat - time.monotonic()) > 0:
-                    self._wake.wait(left)
+                    self._beat.wait(left)
                 if self._stopping:
                     return
                 running = list(self._running.values())
