@@ -151,6 +151,21 @@ def test_dibs_worker_queue_option_selects_the_apps_queues(
             processors()
 
 
+def test_registering_a_task_takes_its_due_jobs_without_waiting_for_the_poll(
+    processors: Callable[..., TaskProcessor],
+) -> None:
+    """A processor's tasks are registered after it starts (the decorator runs in its block):
+    jobs already due must start then, not at the next poll (an hour here). They waited
+    for it before the fix: half a second per worker start with the default poll."""
+    ran: list[tuple[str, Any]] = []
+    client = processors(take_jobs=False)
+    register(client, ran)
+    ids = [client.enqueue("echo", n) for n in range(3)]
+    worker = processors(poll=3600)
+    register(worker, ran)
+    assert [client.result(job_id, timeout=GUARD) for job_id in ids] == [0, 1, 2]
+
+
 def test_higher_priority_runs_first(processors: Callable[..., TaskProcessor]) -> None:
     ran: list[tuple[str, Any]] = []
     client = processors(take_jobs=False)

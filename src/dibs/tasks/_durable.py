@@ -304,6 +304,9 @@ class DurableRunner:
         """Run jobs named ``task.name`` with it (replacing an earlier one of that name)."""
         self.tasks[task.name] = task
         self._tasks_version += 1  # after the task is in: a reader of the new version sees it
+        # Its jobs may be due already: look now, not at the next poll (a processor's tasks
+        # are registered after it starts, so its first jobs waited up to `poll` for it).
+        self._notify()
 
     def _names(self, is_async: bool) -> list[str]:
         """The registered task names a lane runs (read per job, so kept until a register)."""
