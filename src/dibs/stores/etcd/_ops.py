@@ -666,7 +666,7 @@ class Operations:
             self._require_live(record, live_key, fence)
             if record.state is _CONFIRMED:
                 return record.claim(_CONFIRMED)
-            changed = replace(record, state=_CONFIRMED, expires=None, lease=0)
+            changed = replace(record, state=_CONFIRMED, expires=None, lease=0, updated=self.now_us())
             # The live key loses its lease: a confirmed claim never expires.
             live = put(self.keys.live(holder, claim_id), b"")
             answer = yield self._change(record, changed, fence, [live])
@@ -695,7 +695,7 @@ class Operations:
                 expires = self.now_us() + lease_seconds(ttl) * 1_000_000
             else:
                 expires = self.now_us() + round(ttl * 1_000_000)
-            changed = replace(record, expires=expires, lease=lease)
+            changed = replace(record, expires=expires, lease=lease, updated=self.now_us())
             live = put(self.keys.live(holder, claim_id), b"", lease)
             try:
                 answer = yield self._change(record, changed, fence, [live])
@@ -718,7 +718,7 @@ class Operations:
                     if lost.reason is HoldLostReason.FENCE:
                         raise
                 return False
-            changed = replace(record, state=_RELEASED, expires=None, lease=0)
+            changed = replace(record, state=_RELEASED, expires=None, lease=0, updated=self.now_us())
             ops = [delete(self.keys.live(holder, claim_id))]
             ops += [delete(self.keys.unit(u)) for u in record.unit_list]
             ops += [
@@ -811,14 +811,18 @@ class Operations:
         live_ids = {self.keys.id_of_live(kv.key) for kv in lives}
         now = self.now_us()
         retention = round(self._retention() * 1_000_000)
+        # Like every store, keep the newest claim (etcd never reuses a revision anyway).
+        newest = max((kv.create for kv in records), default=0)
         for kv in records:
             record = _Record.of(kv, kv.key[len(self.keys.records) :].decode())
             if record.state is _HELD and not self._live(record, record.id in live_ids):
-                if (yield from self._mark_dead(record, taken_over=False)):
-                    expired += 1
-            elif record.state in (_RELEASED, _EXPIRED) and record.updated + retention <= now:
-                if (yield from self._purge(record)):
-                    purged_claims += 1
+                expired += yield from self._mark_dead(record, taken_over=False)
+            elif (
+                record.state in (_RELEASED, _EXPIRED)
+                and record.updated + retention <= now
+                and record.fence != newest
+            ):
+                purged_claims += yield from self._purge(record)
         for kv in (yield from self._scan(self.keys.requests)):
             if json.loads(kv.value)["a"] + retention <= now:
                 answer = yield _txn([unchanged(kv.key, kv.mod)], [delete(kv.key)], [])
