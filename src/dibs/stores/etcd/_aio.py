@@ -42,7 +42,7 @@ class AsyncEtcdStore(AsyncStore):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
-        """Make the store for ``url`` without I/O; raises :class:`~dibs.InvalidInput` for a bad one."""
+        """Make the store without I/O; raises :class:`~dibs.InvalidInput` for a bad URL."""
         settings, rest = open_settings(url, dict(options))
         return cls(settings, **rest)
 

@@ -300,7 +300,7 @@ class Settings:
 def _positive(kind: Callable[[str], Any], low: float) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         value = kind(text)
-        if not value >= low or value != value or value == float("inf"):
+        if not (low <= value < float("inf")):  # NaN fails both
             raise ValueError(text)
         return value
 

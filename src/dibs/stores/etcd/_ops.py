@@ -244,7 +244,7 @@ class Operations:
     # --- liveness ------------------------------------------------------------------------------
 
     def _live(self, record: _Record, live_key: bool) -> bool:
-        """Whether a claim is live: its live key exists (and, under a test clock, it is unexpired)."""
+        """Whether a claim is live: its live key exists (and under a test clock, unexpired)."""
         if record.state not in (_HELD, _CONFIRMED) or not live_key:
             return False
         if record.state is _HELD and not self.leases:
@@ -420,9 +420,12 @@ class Operations:
             for key, mod, claim_id, _owner, entry in hits:
                 blocker = blockers[claim_id]
                 if blocker.live:
-                    if isinstance(entry, Span) and isinstance(target, Span):
-                        if entry.kind != target.kind:
-                            raise span_kind_mismatch(target, entry.kind)
+                    if (
+                        isinstance(entry, Span)
+                        and isinstance(target, Span)
+                        and entry.kind != target.kind
+                    ):
+                        raise span_kind_mismatch(target, entry.kind)
                     if target not in taken:
                         taken.append(target)
                     live_ids.add(claim_id)
@@ -666,7 +669,9 @@ class Operations:
             self._require_live(record, live_key, fence)
             if record.state is _CONFIRMED:
                 return record.claim(_CONFIRMED)
-            changed = replace(record, state=_CONFIRMED, expires=None, lease=0, updated=self.now_us())
+            changed = replace(
+                record, state=_CONFIRMED, expires=None, lease=0, updated=self.now_us()
+            )
             # The live key loses its lease: a confirmed claim never expires.
             live = put(self.keys.live(holder, claim_id), b"")
             answer = yield self._change(record, changed, fence, [live])
@@ -741,7 +746,9 @@ class Operations:
 
     def holder_of(self, target: Unit | Span) -> Plan[str | None]:
         if isinstance(target, Unit):
-            found = kvs((yield Call("read", "/v3/kv/range", get(self.keys.unit(target))["request_range"])))
+            found = kvs(
+                (yield Call("read", "/v3/kv/range", get(self.keys.unit(target))["request_range"]))
+            )
             candidates = []
             if found:
                 owner, claim_id = parse_owner(found[0].value)

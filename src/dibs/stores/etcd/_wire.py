@@ -19,7 +19,10 @@ import threading
 import time
 from typing import Any, TypeVar
 
-import httpx
+try:
+    import httpx
+except ImportError as missing:  # pragma: no cover - the extra is not installed
+    raise ImportError("the etcd:// store needs httpx: pip install 'dibs[etcd]'") from missing
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores.etcd._keys import Settings
