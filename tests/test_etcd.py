@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.server
 import itertools
 import random
 import socket
@@ -24,7 +25,16 @@ import pytest
 import dibs
 import dibs.aio
 from conftest import drop_etcd_prefix
-from dibs import ClaimState, HoldLost, HoldLostReason, InvalidInput, Span, StoreUnavailable, Unit
+from dibs import (
+    ClaimState,
+    HoldLost,
+    HoldLostReason,
+    InvalidInput,
+    Span,
+    StoreMisconfigured,
+    StoreUnavailable,
+    Unit,
+)
 from dibs.stores.etcd import AsyncEtcdStore, EtcdStore
 from dibs.stores.etcd._keys import parse_url
 from etcdserver import fresh_prefix
@@ -109,6 +119,25 @@ def test_no_member_answering_is_store_unavailable() -> None:
         port = s.getsockname()[1]  # closed once the block ends: nobody listens
     with pytest.raises(StoreUnavailable):
         dibs.open(f"etcd://127.0.0.1:{port}?connect_timeout=0.2&timeout=0.5")
+
+
+def test_a_server_that_is_not_etcd_is_misconfigured() -> None:
+    class NotEtcd(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotEtcd) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(StoreMisconfigured):
+                dibs.open(f"etcd://127.0.0.1:{server.server_address[1]}")
+        finally:
+            server.shutdown()
 
 
 def test_async_face_is_the_native_twin(url: str) -> None:

@@ -24,7 +24,7 @@ try:
 except ImportError as missing:  # pragma: no cover - the extra is not installed
     raise ImportError("the etcd:// store needs httpx: pip install 'dibs[etcd]'") from missing
 
-from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
 from dibs.stores.etcd._keys import Settings
 from dibs.stores.etcd._ops import Call, LeaseGone, Plan
 
@@ -62,7 +62,12 @@ def _verdict(call: Call, response: httpx.Response | None, exc: Exception | None)
     except ValueError:
         answer = {}
     if response.status_code == 200:
-        return answer
+        if isinstance(answer, dict) and "header" in answer:
+            return answer
+        raise StoreMisconfigured(
+            f"{response.url} answered, but not as etcd's v3 JSON gateway does",
+            cause=response.text[:200],
+        )
     message = str(answer.get("error") or answer.get("message") or response.text[:200])
     if "lease not found" in message:
         raise LeaseGone(message)
