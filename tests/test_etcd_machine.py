@@ -43,7 +43,7 @@ TestEtcdMachine = EtcdMachine.TestCase
 # Fewer runs than the SQL stores': each step's invariants read every unit, span and claim,
 # about 30 round trips to etcd (the CI budget, DIST.md).
 TestEtcdMachine.settings = settings(
-    max_examples=25,
+    max_examples=15,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -57,4 +57,4 @@ class AioEtcdMachine(EtcdMachine):
 
 
 TestAioEtcdMachine = AioEtcdMachine.TestCase
-TestAioEtcdMachine.settings = settings(TestEtcdMachine.settings, max_examples=10)
+TestAioEtcdMachine.settings = settings(TestEtcdMachine.settings, max_examples=6)
