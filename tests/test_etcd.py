@@ -301,3 +301,20 @@ def test_racing_span_claims_never_overlap(store: EtcdStore) -> None:
     ordered = sorted(granted, key=lambda s: s.start)
     for a, b in itertools.pairwise(ordered):
         assert not a.overlaps(b), (a, b)
+
+
+def test_a_big_claim_taking_over_many_dead_holds_marks_every_one(url: str) -> None:
+    """More takeovers than fit beside 120 units in one transaction are marked right after."""
+    clock = dibs.FakeClock()
+    with dibs.open(url, clock=clock) as store:
+        units = [Unit("row", str(i)) for i in range(120)]
+        holds = [store.claim(u, holder=f"h{i}", ttl=10).claim for i, u in enumerate(units[:60])]
+        clock.advance(11)
+        big = store.claim(units, holder="bus", request_id="bus-1")
+        assert big and big.claim is not None
+        for hold in holds:
+            assert hold is not None
+            with pytest.raises(HoldLost) as raised:
+                store.confirm(hold.id, holder=hold.holder, fence=hold.fence)
+            assert raised.value.reason is HoldLostReason.TAKEN_OVER
+        assert store.sweep().expired == 0

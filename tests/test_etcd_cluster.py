@@ -29,12 +29,15 @@ def three() -> Iterator[EtcdCluster]:
         yield running
 
 
-def _claim_retrying(store: dibs.Store, unit: Unit, holder: str) -> dibs.ClaimResult:
+def _claim_retrying(
+    store: dibs.Store, unit: Unit, holder: str, unavailable: list[int]
+) -> dibs.ClaimResult:
     request_id = f"{holder}:{unit.slot}"
     while True:
         try:
             return store.claim(unit, holder=holder, request_id=request_id)
         except StoreUnavailable:
+            unavailable.append(1)  # list.append is atomic: a counter for every thread
             time.sleep(0.05)
 
 
@@ -48,11 +51,13 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
     granted: list[tuple[str, dibs.Claim]] = []
     lock = threading.Lock()  # guards granted
     done = threading.Event()
+    unavailable: list[int] = []
+    injected: list[str] = []
 
     def racer(n: int) -> None:
         holder = f"t{n}"
         for i in range(UNITS):
-            result = _claim_retrying(store, units[(i * 7 + n * 61) % UNITS], holder)
+            result = _claim_retrying(store, units[(i * 7 + n * 61) % UNITS], holder, unavailable)
             if result and result.claim is not None and result.claim.holder == holder:
                 with lock:
                     granted.append((holder, result.claim))
@@ -78,6 +83,7 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
                 paused.pause()
             else:
                 paused.resume()
+            injected.append(fault)
 
     threads = [threading.Thread(target=racer, args=(n,)) for n in range(THREADS)]
     injector = threading.Thread(target=faults)
@@ -92,6 +98,8 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
         member.resume()
     three.wait_ready()
 
+    assert injected == ["kill", "restart", "pause", "resume"], injected
+    print(f"{len(unavailable)} calls met StoreUnavailable and were retried")
     winners: dict[Unit, list[str]] = {}
     fences: list[int] = []
     for holder, claim in granted:
