@@ -17,7 +17,8 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, TypeVar
+from collections.abc import Generator
+from typing import Any, TypeAlias, TypeVar
 
 try:
     import httpx
@@ -87,6 +88,40 @@ def _verdict(call: Call, response: httpx.Response | None, exc: Exception | None)
     )
 
 
+Exchange: TypeAlias = Generator[
+    tuple[str, float], tuple["httpx.Response | None", "Exception | None"], Any
+]
+
+
+def _exchange(members: _Members, call: Call) -> Exchange:
+    """Which member to send ``call`` to next, and what its answer means; both drivers run this.
+
+    Yields ``(url, pause)``: the driver waits ``pause`` seconds, posts the call
+    there and sends back ``(response, None)`` or ``(None, exception)``. Returns
+    the answer's JSON, or raises :class:`LeaseGone`, :class:`~dibs.InvalidInput`
+    or :class:`~dibs.StoreUnavailable`. A revoke never fails: a lease left
+    behind expires on its own.
+    """
+    last: BaseException | None = None
+    for attempt in range(_PASSES):
+        for i, url in enumerate(members.order()):
+            response, exc = yield url, (_PAUSE if attempt and not i else 0.0)
+            try:
+                return _verdict(call, response, exc)
+            except _Retry as retry:
+                last = retry.__cause__ or retry
+                members.failed(url)
+            except (StoreUnavailable, LeaseGone, StoreMisconfigured) as failed:
+                if not isinstance(failed, LeaseGone):
+                    members.failed(url)
+                if call.kind == "revoke":
+                    return {}
+                raise
+    if call.kind == "revoke":
+        return {}
+    raise _unreachable(members.settings, last)
+
+
 def _unreachable(settings: Settings, last: BaseException | None) -> StoreUnavailable:
     return StoreUnavailable(
         f"no etcd member answered (tried {', '.join(settings.endpoints)}): {last}"
@@ -154,34 +189,19 @@ class SyncDriver:
 
     def send(self, call: Call) -> Any:
         client = self._http()
-        last: BaseException | None = None
-        for attempt in range(_PASSES):
-            if attempt:
-                time.sleep(_PAUSE)
-            for url in self.members.order():
-                response = None
-                exc: Exception | None = None
-                try:
-                    response = client.post(url + call.path, json=call.body)
-                except httpx.HTTPError as failed:
-                    exc = failed
-                try:
-                    return _verdict(call, response, exc)
-                except _Retry as retry:
-                    last = retry.__cause__ or retry
-                    self.members.failed(url)
-                except StoreUnavailable:
-                    self.members.failed(url)
-                    if call.kind == "revoke":
-                        return {}
-                    raise
-                except LeaseGone:
-                    if call.kind == "revoke":
-                        return {}
-                    raise
-        if call.kind == "revoke":
-            return {}
-        raise _unreachable(self.members.settings, last)
+        steps = _exchange(self.members, call)
+        outcome: tuple[httpx.Response | None, Exception | None] | None = None
+        while True:
+            try:
+                url, pause = steps.send(outcome)  # type: ignore[arg-type]  # None starts it
+            except StopIteration as done:
+                return done.value
+            if pause:
+                time.sleep(pause)
+            try:
+                outcome = (client.post(url + call.path, json=call.body), None)
+            except httpx.HTTPError as exc:
+                outcome = (None, exc)
 
     def close(self) -> None:
         with self._lock:
@@ -224,34 +244,19 @@ class AsyncDriver:
 
     async def send(self, call: Call) -> Any:
         client = self._http()
-        last: BaseException | None = None
-        for attempt in range(_PASSES):
-            if attempt:
-                await asyncio.sleep(_PAUSE)
-            for url in self.members.order():
-                response = None
-                exc: Exception | None = None
-                try:
-                    response = await client.post(url + call.path, json=call.body)
-                except httpx.HTTPError as failed:
-                    exc = failed
-                try:
-                    return _verdict(call, response, exc)
-                except _Retry as retry:
-                    last = retry.__cause__ or retry
-                    self.members.failed(url)
-                except StoreUnavailable:
-                    self.members.failed(url)
-                    if call.kind == "revoke":
-                        return {}
-                    raise
-                except LeaseGone:
-                    if call.kind == "revoke":
-                        return {}
-                    raise
-        if call.kind == "revoke":
-            return {}
-        raise _unreachable(self.members.settings, last)
+        steps = _exchange(self.members, call)
+        outcome: tuple[httpx.Response | None, Exception | None] | None = None
+        while True:
+            try:
+                url, pause = steps.send(outcome)  # type: ignore[arg-type]  # None starts it
+            except StopIteration as done:
+                return done.value
+            if pause:
+                await asyncio.sleep(pause)
+            try:
+                outcome = (await client.post(url + call.path, json=call.body), None)
+            except httpx.HTTPError as exc:
+                outcome = (None, exc)
 
     async def close(self) -> None:
         if self._client is not None and self._pid == os.getpid():
