@@ -222,6 +222,9 @@ class _Plan:
     claim_id: str
     known_dead: set[tuple[bytes, int]] = field(default_factory=set)
     lease: int = 0
+    lease_from: int = 0
+    """When the lease grant was sent (µs, the store's clock): the lease ends no sooner than
+    its TTL after this."""
     hints: list[tuple[str, str]] = field(default_factory=list)
     """The claims read with the last view (see :meth:`Operations._view_ops`)."""
 
@@ -357,8 +360,15 @@ class Operations:
                     state = self._view_of(p, (yield self._view_call(p)))
                     continue
                 marks = verdict
-            if p.ttl is not None and self.leases and not p.lease:
-                p.lease = yield from self._grant(lease_seconds(p.ttl))
+            if p.ttl is not None and self.leases:
+                if p.lease and not self._lasts(p.lease_from, p.ttl):
+                    # Rounds of contention used the lease up: the hold would live less
+                    # than its TTL from now, so take a fresh one.
+                    yield from self._revoke(p.lease)
+                    p.lease = 0
+                if not p.lease:
+                    p.lease_from = self.now_us()
+                    p.lease = yield from self._grant(lease_seconds(p.ttl))
             call, record, late_marks = self._grant_call(p, state, marks)
             try:
                 answer = yield call
@@ -539,7 +549,8 @@ class Operations:
         if ttl is None:
             expires = None
         elif self.leases:
-            expires = now + lease_seconds(ttl) * 1_000_000
+            # From before the grant was sent: the lease cannot end earlier than that.
+            expires = p.lease_from + lease_seconds(ttl) * 1_000_000
         else:
             expires = now + round(ttl * 1_000_000)
         record = _Record(
@@ -630,6 +641,10 @@ class Operations:
                 if live[old.id].live:
                     return False
 
+    def _lasts(self, lease_from: int, ttl: float) -> bool:
+        """Whether a lease granted at ``lease_from`` outlives ``ttl`` seconds from now."""
+        return lease_from + lease_seconds(ttl) * 1_000_000 - self.now_us() >= ttl * 1_000_000
+
     def _grant(self, seconds: int) -> Plan[int]:
         answer = yield Call("grant", "/v3/lease/grant", {"TTL": seconds})
         return int(answer["ID"])
@@ -716,7 +731,7 @@ class Operations:
                 return changed.claim(_CONFIRMED)
 
     def extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Plan[Claim]:
-        lease = 0
+        lease = lease_from = 0
         while True:
             record, live_key = yield from self._owned(claim_id, holder)
             try:
@@ -729,9 +744,13 @@ class Operations:
                 return record.claim(_CONFIRMED)
             if self.leases:
                 # A lease's TTL cannot change: the live key moves to a new lease.
+                if lease and not self._lasts(lease_from, ttl):
+                    yield from self._revoke(lease)
+                    lease = 0
                 if not lease:
+                    lease_from = self.now_us()
                     lease = yield from self._grant(lease_seconds(ttl))
-                expires = self.now_us() + lease_seconds(ttl) * 1_000_000
+                expires = lease_from + lease_seconds(ttl) * 1_000_000
             else:
                 expires = self.now_us() + round(ttl * 1_000_000)
             changed = replace(record, expires=expires, lease=lease, updated=self.now_us())
