@@ -94,6 +94,9 @@ _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
 _STATES = {s.value: s for s in ClaimState}
 _PAGE = 500
+LEASE_SLACK = 1
+"""Seconds a hold's lease runs past its ``expires_at``: room for the round trips between
+the lease grant and the transaction that uses it."""
 _HINTED_UNITS = 8  # claims of up to this many units read their units' last owners with the view
 _OWNERS_MAX = 65536
 
@@ -361,14 +364,14 @@ class Operations:
                     continue
                 marks = verdict
             if p.ttl is not None and self.leases:
-                if p.lease and not self._lasts(p.lease_from, p.ttl):
+                if p.lease and not self._lasts(p.lease_from):
                     # Rounds of contention used the lease up: the hold would live less
                     # than its TTL from now, so take a fresh one.
                     yield from self._revoke(p.lease)
                     p.lease = 0
                 if not p.lease:
                     p.lease_from = self.now_us()
-                    p.lease = yield from self._grant(lease_seconds(p.ttl))
+                    p.lease = yield from self._grant(lease_seconds(p.ttl) + LEASE_SLACK)
             call, record, late_marks = self._grant_call(p, state, marks)
             try:
                 answer = yield call
@@ -549,8 +552,9 @@ class Operations:
         if ttl is None:
             expires = None
         elif self.leases:
-            # From before the grant was sent: the lease cannot end earlier than that.
-            expires = p.lease_from + lease_seconds(ttl) * 1_000_000
+            # The lease is LEASE_SLACK seconds longer than this, and was asked for less
+            # than that long ago (see _lasts): the hold lasts at least until expires_at.
+            expires = now + lease_seconds(ttl) * 1_000_000
         else:
             expires = now + round(ttl * 1_000_000)
         record = _Record(
@@ -641,9 +645,13 @@ class Operations:
                 if live[old.id].live:
                     return False
 
-    def _lasts(self, lease_from: int, ttl: float) -> bool:
-        """Whether a lease granted at ``lease_from`` outlives ``ttl`` seconds from now."""
-        return lease_from + lease_seconds(ttl) * 1_000_000 - self.now_us() >= ttl * 1_000_000
+    def _lasts(self, lease_from: int) -> bool:
+        """Whether a lease asked for at ``lease_from`` outlives a hold that starts now.
+
+        Rounds of contention (or a stall) may use its slack up; then the caller takes a
+        fresh lease rather than promise an expiry the lease would not keep.
+        """
+        return self.now_us() - lease_from <= LEASE_SLACK * 1_000_000
 
     def _grant(self, seconds: int) -> Plan[int]:
         answer = yield Call("grant", "/v3/lease/grant", {"TTL": seconds})
@@ -744,16 +752,18 @@ class Operations:
                 return record.claim(_CONFIRMED)
             if self.leases:
                 # A lease's TTL cannot change: the live key moves to a new lease.
-                if lease and not self._lasts(lease_from, ttl):
+                if lease and not self._lasts(lease_from):
                     yield from self._revoke(lease)
                     lease = 0
                 if not lease:
                     lease_from = self.now_us()
-                    lease = yield from self._grant(lease_seconds(ttl))
-                expires = lease_from + lease_seconds(ttl) * 1_000_000
+                    lease = yield from self._grant(lease_seconds(ttl) + LEASE_SLACK)
+                now = self.now_us()
+                expires = now + lease_seconds(ttl) * 1_000_000
             else:
-                expires = self.now_us() + round(ttl * 1_000_000)
-            changed = replace(record, expires=expires, lease=lease, updated=self.now_us())
+                now = self.now_us()
+                expires = now + round(ttl * 1_000_000)
+            changed = replace(record, expires=expires, lease=lease, updated=now)
             live = put(self.keys.live(holder, claim_id), b"", lease)
             try:
                 answer = yield self._change(record, changed, fence, [live])
