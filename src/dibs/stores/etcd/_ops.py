@@ -30,9 +30,9 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from dibs._clock import Clock
 from dibs._model import (
@@ -43,7 +43,6 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
-    claim_from_micros,
     fingerprint,
     make_result,
     targets_from_text,
@@ -83,8 +82,19 @@ from dibs.stores.etcd._keys import (
     unchanged,
     value_is,
 )
+from dibs.stores.etcd._parts import (
+    Blocker,
+    Call,
+    ClaimPlan,
+    LeaseGone,
+    Plan,
+    Record,
+    View,
+    read_call,
+    txn_call,
+)
 
-__all__ = ["Call", "LeaseGone", "Operations", "Plan"]
+__all__ = ["Call", "LeaseGone", "Operations", "Plan"]  # Call, LeaseGone, Plan: from _parts
 
 _T = TypeVar("_T")
 
@@ -92,144 +102,12 @@ _HELD = ClaimState.HELD
 _CONFIRMED = ClaimState.CONFIRMED
 _RELEASED = ClaimState.RELEASED
 _EXPIRED = ClaimState.EXPIRED
-_STATES = {s.value: s for s in ClaimState}
 _PAGE = 500
 LEASE_SLACK = 1
 """Seconds a hold's lease runs past its ``expires_at``: room for the round trips between
 the lease grant and the transaction that uses it."""
 _HINTED_UNITS = 8  # claims of up to this many units read their units' last owners with the view
 _OWNERS_MAX = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One request to the gateway.
-
-    ``kind`` tells the driver what a failure means: ``read`` and ``grant`` may
-    be sent again to another member, ``write`` may not once sent (its outcome
-    is unknown: :class:`~dibs.StoreUnavailable`), and ``revoke`` is best effort
-    (a lease left behind expires on its own).
-    """
-
-    kind: str
-    path: str
-    body: dict[str, Any]
-
-
-class LeaseGone(Exception):
-    """A transaction named a lease etcd no longer has (it expired while the caller stalled)."""
-
-
-Plan: TypeAlias = Generator[Call, Any, _T]
-
-
-def _txn(
-    compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: list[dict[str, Any]]
-) -> Call:
-    return Call("write", "/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
-
-
-def _read(ops: list[dict[str, Any]]) -> Call:
-    return Call("read", "/v3/kv/txn", {"success": ops})
-
-
-@dataclass(slots=True)
-class _Record:
-    """A claim record as stored, with the revisions that fence it."""
-
-    id: str
-    fence: int
-    mod: int
-    holder: str
-    targets: str
-    state: ClaimState
-    request_id: str | None
-    created: int
-    updated: int
-    expires: int | None
-    taken_over: bool
-    lease: int
-
-    @classmethod
-    def of(cls, kv: KV, claim_id: str) -> _Record:
-        d = json.loads(kv.value)
-        return cls(
-            claim_id, kv.create, kv.mod, d["h"], d["t"], _STATES[d["s"]], d["r"],
-            d["c"], d["u"], d["x"], d["o"], d["l"],
-        )  # fmt: skip
-
-    def value(self) -> bytes:
-        return json.dumps(
-            {
-                "h": self.holder, "t": self.targets, "s": self.state.value, "r": self.request_id,
-                "c": self.created, "u": self.updated, "x": self.expires, "o": self.taken_over,
-                "l": self.lease,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode()  # fmt: skip
-
-    def claim(self, state: ClaimState) -> Claim:
-        return claim_from_micros(
-            {
-                "id": self.id, "holder": self.holder, "targets": targets_from_text(self.targets),
-                "state": state, "fence": self.fence, "request_id": self.request_id,
-                "taken_over": self.taken_over, "_expires_at_us": self.expires,
-                "_created_at_us": self.created, "_updated_at_us": self.updated,
-            }
-        )  # fmt: skip
-
-    @property
-    def unit_list(self) -> list[Unit]:
-        return [t for t in targets_from_text(self.targets) if isinstance(t, Unit)]
-
-    @property
-    def span_resources(self) -> list[str]:
-        return sorted({t.resource for t in targets_from_text(self.targets) if isinstance(t, Span)})
-
-
-@dataclass(slots=True)
-class _Blocker:
-    """A claim found on a target, read after the view: live, or dead for good."""
-
-    record: _Record | None
-    live: bool
-
-
-@dataclass(slots=True)
-class _View:
-    """What a claim's keys held at one revision."""
-
-    units: list[KV | None]
-    request: KV | None
-    guards: dict[str, KV | None]
-    entries: dict[str, list[KV]]
-    known: dict[str, _Blocker] = field(default_factory=dict)
-    """Claims read at the view's own revision (the owners this store last saw on the units)."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """Everything one claim call fixes before its first request."""
-
-    targets: tuple[Target, ...]
-    holder: str
-    request_id: str | None
-    ttl: float | None
-    units: list[Unit]
-    spans: list[Span]
-    resources: list[str]
-    unit_keys: list[bytes]
-    request_key: bytes | None
-    fingerprint: str | None
-    claim_id: str
-    known_dead: set[tuple[bytes, int]] = field(default_factory=set)
-    lease: int = 0
-    lease_from: int = 0
-    """When the lease grant was sent (µs, the store's clock): the lease ends no sooner than
-    its TTL after this."""
-    hints: list[tuple[str, str]] = field(default_factory=list)
-    """The claims read with the last view (see :meth:`Operations._view_ops`)."""
 
 
 class Operations:
@@ -260,7 +138,7 @@ class Operations:
 
     # --- liveness ------------------------------------------------------------------------------
 
-    def _live(self, record: _Record, live_key: bool) -> bool:
+    def _live(self, record: Record, live_key: bool) -> bool:
         """Whether a claim is live: its live key exists (and under a test clock, unexpired)."""
         if record.state not in (_HELD, _CONFIRMED) or not live_key:
             return False
@@ -268,17 +146,17 @@ class Operations:
             return record.expires is not None and record.expires > self.now_us()
         return True
 
-    def _snapshot(self, record: _Record, live_key: bool) -> Claim:
+    def _snapshot(self, record: Record, live_key: bool) -> Claim:
         dead = record.state is _HELD and not self._live(record, live_key)
         return record.claim(_EXPIRED if dead else record.state)
 
-    def _read_claims(self, ids: Sequence[tuple[str, str | None]]) -> Plan[dict[str, _Blocker]]:
+    def _read_claims(self, ids: Sequence[tuple[str, str | None]]) -> Plan[dict[str, Blocker]]:
         """Each claim's record and live key, in as few reads as the limits allow.
 
         ``ids`` pairs a claim ID with its holder when known (so its live key is read
         in the same request); otherwise the live key is read after the record.
         """
-        found: dict[str, _Blocker] = {}
+        found: dict[str, Blocker] = {}
         pending = list(dict.fromkeys(ids))
         while pending:
             batch, pending = pending[: self.max_ops // 2], pending[self.max_ops // 2 :]
@@ -287,23 +165,23 @@ class Operations:
                 ops.append(get(self.keys.record(claim_id)))
                 if holder is not None:
                     ops.append(get(self.keys.live(holder, claim_id)))
-            answers = responses((yield _read(ops)))
+            answers = responses((yield read_call(ops)))
             i = 0
             late: list[tuple[str, str]] = []
             for claim_id, holder in batch:
                 record_kvs = kvs(answers[i])
                 i += 1
-                record = _Record.of(record_kvs[0], claim_id) if record_kvs else None
+                record = Record.of(record_kvs[0], claim_id) if record_kvs else None
                 if holder is None:
                     if record is not None and record.state in (_HELD, _CONFIRMED):
                         late.append((claim_id, record.holder))
-                    found[claim_id] = _Blocker(record, False)
+                    found[claim_id] = Blocker(record, False)
                     continue
                 live_key = bool(kvs(answers[i]))
                 i += 1
                 if record is not None and record.holder != holder:
                     live_key = False
-                found[claim_id] = _Blocker(
+                found[claim_id] = Blocker(
                     record, record is not None and self._live(record, live_key)
                 )
             if late:
@@ -318,7 +196,7 @@ class Operations:
         """Claim every target or none; see the module docstring for the linearization."""
         units = [t for t in targets if isinstance(t, Unit)]
         spans = [t for t in targets if isinstance(t, Span)]
-        p = _Plan(
+        p = ClaimPlan(
             targets=targets,
             holder=holder,
             request_id=request_id,
@@ -342,13 +220,13 @@ class Operations:
             yield from self._revoke(p.lease)
         return result
 
-    def _claim_rounds(self, p: _Plan) -> Plan[ClaimResult]:
+    def _claim_rounds(self, p: ClaimPlan) -> Plan[ClaimResult]:
         # A unit-only claim goes straight to its transaction, betting every unit is
         # free; span claims (and every later round) start from a read.
         view = (yield self._view_call(p)) if p.spans else None
         state = self._view_of(p, view) if view is not None else None
         while True:
-            marks: list[_Record] = []
+            marks: list[Record] = []
             if state is not None:
                 if state.request is not None and self._fresh(state.request):
                     return (yield from self._replay(p, state.request))
@@ -385,7 +263,7 @@ class Operations:
                 return make_result(True, record.claim(record.state))
             state = self._view_of(p, {"responses": answer.get("responses", [])})
 
-    def _view_ops(self, p: _Plan) -> list[dict[str, Any]]:
+    def _view_ops(self, p: ClaimPlan) -> list[dict[str, Any]]:
         ops = [get(k) for k in p.unit_keys]
         if p.request_key is not None:
             ops.append(get(p.request_key))
@@ -401,10 +279,10 @@ class Operations:
                 ops.append(get(self.keys.live(owner, claim_id)))
         return ops
 
-    def _view_call(self, p: _Plan) -> Call:
-        return _read(self._view_ops(p))
+    def _view_call(self, p: ClaimPlan) -> Call:
+        return read_call(self._view_ops(p))
 
-    def _view_of(self, p: _Plan, answer: dict[str, Any]) -> _View:
+    def _view_of(self, p: ClaimPlan, answer: dict[str, Any]) -> View:
         answers = [kvs(a) for a in responses(answer)]
         i = len(p.unit_keys)
         units = [found[0] if found else None for found in answers[:i]]
@@ -418,20 +296,20 @@ class Operations:
             guards[resource] = answers[i][0] if answers[i] else None
             entries[resource] = answers[i + 1]
             i += 2
-        known: dict[str, _Blocker] = {}
+        known: dict[str, Blocker] = {}
         for claim_id, owner in p.hints:
-            record = _Record.of(answers[i][0], claim_id) if answers[i] else None
+            record = Record.of(answers[i][0], claim_id) if answers[i] else None
             live_key = bool(answers[i + 1]) and record is not None and record.holder == owner
-            known[claim_id] = _Blocker(record, record is not None and self._live(record, live_key))
+            known[claim_id] = Blocker(record, record is not None and self._live(record, live_key))
             i += 2
         if len(self._owners) > _OWNERS_MAX:
             self._owners.clear()
         for key, kv in zip(p.unit_keys, units, strict=True):
             if kv is not None:
                 self._owners[key] = parse_owner(kv.value)
-        return _View(units, request, guards, entries, known)
+        return View(units, request, guards, entries, known)
 
-    def _judge(self, p: _Plan, view: _View) -> Plan[ClaimResult | list[_Record] | None]:
+    def _judge(self, p: ClaimPlan, view: View) -> Plan[ClaimResult | list[Record] | None]:
         """Decide from a view: a refusal (or natural-key replay), the dead holds to take over,
         or None when a blocker died after the view (so the view cannot decide either way)."""
         # Each target's candidate blockers: (view key, mod, claim ID, holder, span of the entry).
@@ -459,7 +337,7 @@ class Operations:
         taken: list[Target] = []
         live_ids: set[str] = set()
         fresh_dead = False
-        dead: dict[str, _Record] = {}
+        dead: dict[str, Record] = {}
         for target, hits in zip(targets, found, strict=True):
             for key, mod, claim_id, _owner, entry in hits:
                 blocker = blockers[claim_id]
@@ -502,7 +380,7 @@ class Operations:
         return make_result(False, None, tuple(taken))
 
     def _record_outcome(
-        self, p: _Plan, view: _View, verdict: ClaimResult
+        self, p: ClaimPlan, view: View, verdict: ClaimResult
     ) -> Plan[ClaimResult | None]:
         """Write the request record of a refusal or a natural-key replay; None if one came first."""
         if p.request_key is None:
@@ -515,7 +393,7 @@ class Operations:
             "a": self.now_us(),
         }
         seen = view.request.mod if view.request is not None else 0
-        answer = yield _txn(
+        answer = yield txn_call(
             [unchanged(p.request_key, seen)],
             [put(p.request_key, json.dumps(record, ensure_ascii=False).encode())],
             [],
@@ -526,7 +404,7 @@ class Operations:
         created = json.loads(request.value)["a"]
         return bool(created + round(self._retention() * 1_000_000) > self.now_us())
 
-    def _replay(self, p: _Plan, request: KV) -> Plan[ClaimResult]:
+    def _replay(self, p: ClaimPlan, request: KV) -> Plan[ClaimResult]:
         prior = json.loads(request.value)
         if prior["f"] != p.fingerprint:
             raise RequestConflict(
@@ -543,8 +421,8 @@ class Operations:
         return make_result(True, claim, (), replayed=True)
 
     def _grant_call(
-        self, p: _Plan, view: _View | None, marks: list[_Record]
-    ) -> tuple[Call, _Record, list[_Record]]:
+        self, p: ClaimPlan, view: View | None, marks: list[Record]
+    ) -> tuple[Call, Record, list[Record]]:
         """The claim transaction, the record it writes, and the dead holds left to mark after."""
         now = self.now_us()
         keys = self.keys
@@ -557,7 +435,7 @@ class Operations:
             expires = now + lease_seconds(ttl) * 1_000_000
         else:
             expires = now + round(ttl * 1_000_000)
-        record = _Record(
+        record = Record(
             p.claim_id, 0, 0, p.holder, targets_value(p.targets),
             _CONFIRMED if ttl is None else _HELD, p.request_id, now, now, expires, False, p.lease,
         )  # fmt: skip
@@ -588,7 +466,7 @@ class Operations:
             success.append(put(p.request_key, json.dumps(request).encode()))
         body = {"compare": compare, "success": success, "failure": self._view_ops(p)}
         size = encoded_size(body)
-        late: list[_Record] = []
+        late: list[Record] = []
         for old in marks:
             # Taking over a dead hold marks it in the same transaction while etcd's
             # limits allow; the rest are marked right after the grant (see docs/stores.md).
@@ -605,10 +483,10 @@ class Operations:
                 size += extra_size
             else:
                 late.append(old)
-        return _txn(compare, success, body["failure"]), record, late
+        return txn_call(compare, success, body["failure"]), record, late
 
-    def _dead_ops(self, old: _Record, *, taken_over: bool, now: int) -> list[dict[str, Any]]:
-        marked = _Record(
+    def _dead_ops(self, old: Record, *, taken_over: bool, now: int) -> list[dict[str, Any]]:
+        marked = Record(
             old.id, old.fence, old.mod, old.holder, old.targets, _EXPIRED, old.request_id,
             old.created, now, old.expires, old.taken_over or taken_over, old.lease,
         )  # fmt: skip
@@ -619,13 +497,13 @@ class Operations:
             ops.append(delete(self.keys.live(old.holder, old.id)))
         return ops
 
-    def _mark_dead(self, old: _Record, *, taken_over: bool) -> Plan[bool]:
+    def _mark_dead(self, old: Record, *, taken_over: bool) -> Plan[bool]:
         """Mark a dead hold expired (and taken over); False if it is already marked so."""
         while True:
             compare = [unchanged(self.keys.record(old.id), old.mod)]
             if self.leases:
                 compare.append(absent(self.keys.live(old.holder, old.id)))
-            answer = yield _txn(
+            answer = yield txn_call(
                 compare,
                 self._dead_ops(old, taken_over=taken_over, now=self.now_us()),
                 [get(self.keys.record(old.id))],
@@ -635,7 +513,7 @@ class Operations:
             found = kvs(responses(answer)[0])
             if not found:
                 return False
-            old = _Record.of(found[0], old.id)
+            old = Record.of(found[0], old.id)
             if not (
                 old.state is _HELD or (old.state is _EXPIRED and taken_over and not old.taken_over)
             ):
@@ -660,7 +538,7 @@ class Operations:
     def _revoke(self, lease: int) -> Plan[None]:
         yield Call("revoke", "/v3/lease/revoke", {"ID": str(lease)})
 
-    def _check_limits(self, p: _Plan) -> None:
+    def _check_limits(self, p: ClaimPlan) -> None:
         """Refuse a claim etcd would refuse, before sending it (docs/stores.md, etcd limits)."""
         writes = len(p.units) + len(p.spans) + len(p.resources) + 2 + (p.request_key is not None)
         if writes > self.max_ops:
@@ -686,20 +564,24 @@ class Operations:
 
     # --- transitions ---------------------------------------------------------------------------
 
-    def _owned(self, claim_id: str, holder: str) -> Plan[tuple[_Record, bool]]:
+    def _owned(self, claim_id: str, holder: str) -> Plan[tuple[Record, bool]]:
         """The claim's record and whether its live key exists; raises if not this holder's."""
         answers = responses(
-            (yield _read([get(self.keys.record(claim_id)), get(self.keys.live(holder, claim_id))]))
+            (
+                yield read_call(
+                    [get(self.keys.record(claim_id)), get(self.keys.live(holder, claim_id))]
+                )
+            )
         )
         found = kvs(answers[0])
         if not found:
             raise claim_not_found(claim_id)
-        record = _Record.of(found[0], claim_id)
+        record = Record.of(found[0], claim_id)
         if record.holder != holder:
             raise not_holder(claim_id, holder)
         return record, bool(kvs(answers[1]))
 
-    def _require_live(self, record: _Record, live_key: bool, fence: int) -> None:
+    def _require_live(self, record: Record, live_key: bool, fence: int) -> None:
         reason = lost_reason(
             real_fence=record.fence,
             fence=fence,
@@ -711,10 +593,10 @@ class Operations:
             raise hold_lost(record.id, reason, fence)
 
     def _change(
-        self, record: _Record, changed: _Record, fence: int, extra: list[dict[str, Any]]
+        self, record: Record, changed: Record, fence: int, extra: list[dict[str, Any]]
     ) -> Call:
         live = self.keys.live(record.holder, record.id)
-        return _txn(
+        return txn_call(
             [created_at(live, fence), unchanged(self.keys.record(record.id), record.mod)],
             [put(self.keys.record(record.id), changed.value()), *extra],
             [],
@@ -860,7 +742,7 @@ class Operations:
     def log(self) -> Plan[list[Claim]]:
         """Every claim record as stored (held, not derived), in fence order."""
         records = yield from self._scan(self.keys.records)
-        claims = [_Record.of(kv, kv.key[len(self.keys.records) :].decode()) for kv in records]
+        claims = [Record.of(kv, kv.key[len(self.keys.records) :].decode()) for kv in records]
         return sorted((r.claim(r.state) for r in claims), key=lambda c: c.fence)
 
     def token(self) -> Plan[object]:
@@ -884,7 +766,7 @@ class Operations:
         # Like every store, keep the newest claim (etcd never reuses a revision anyway).
         newest = max((kv.create for kv in records), default=0)
         for kv in records:
-            record = _Record.of(kv, kv.key[len(self.keys.records) :].decode())
+            record = Record.of(kv, kv.key[len(self.keys.records) :].decode())
             if record.state is _HELD and not self._live(record, record.id in live_ids):
                 expired += yield from self._mark_dead(record, taken_over=False)
             elif (
@@ -895,14 +777,14 @@ class Operations:
                 purged_claims += yield from self._purge(record)
         for kv in (yield from self._scan(self.keys.requests)):
             if json.loads(kv.value)["a"] + retention <= now:
-                answer = yield _txn([unchanged(kv.key, kv.mod)], [delete(kv.key)], [])
+                answer = yield txn_call([unchanged(kv.key, kv.mod)], [delete(kv.key)], [])
                 if answer.get("succeeded"):
                     purged_requests += 1
         return SweepResult(
             expired=expired, purged_requests=purged_requests, purged_claims=purged_claims
         )
 
-    def _purge(self, record: _Record) -> Plan[bool]:
+    def _purge(self, record: Record) -> Plan[bool]:
         owner = owner_value(record.holder, record.id)
         ops = [
             delete(self.keys.record(record.id)),
@@ -914,5 +796,5 @@ class Operations:
             ops.append(nested([value_is(key, owner)], [delete(key)]))
         for resource in record.span_resources:
             ops.append(delete_prefix(self.keys.claim_spans(resource, record.id)))
-        answer = yield _txn([unchanged(self.keys.record(record.id), record.mod)], ops, [])
+        answer = yield txn_call([unchanged(self.keys.record(record.id), record.mod)], ops, [])
         return bool(answer.get("succeeded"))

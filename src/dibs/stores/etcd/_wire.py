@@ -27,7 +27,7 @@ except ImportError as missing:  # pragma: no cover - the extra is not installed
 
 from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
 from dibs.stores.etcd._keys import Settings
-from dibs.stores.etcd._ops import Call, LeaseGone, Plan
+from dibs.stores.etcd._parts import Call, LeaseGone, Plan
 
 __all__ = ["AsyncDriver", "SyncDriver"]
 
