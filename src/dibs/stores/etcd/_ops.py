@@ -566,13 +566,8 @@ class Operations:
 
     def _owned(self, claim_id: str, holder: str) -> Plan[tuple[Record, bool]]:
         """The claim's record and whether its live key exists; raises if not this holder's."""
-        answers = responses(
-            (
-                yield read_call(
-                    [get(self.keys.record(claim_id)), get(self.keys.live(holder, claim_id))]
-                )
-            )
-        )
+        keys = [get(self.keys.record(claim_id)), get(self.keys.live(holder, claim_id))]
+        answers = responses((yield read_call(keys)))
         found = kvs(answers[0])
         if not found:
             raise claim_not_found(claim_id)
