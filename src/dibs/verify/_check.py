@@ -50,6 +50,11 @@ BOOKKEEPING = {
     "settle": "killed clients' server work seen ended",
     "cont": "paused clients resumed",
     "integrity_check": "store integrity checks",
+    "standbys-behind": "standbys held behind before a failover",
+    "promoted": "standbys promoted",
+    "elected": "leaders elected",
+    "rejoined": "killed members started again",
+    "resumed": "paused members resumed",
 }
 """Nemesis events that are no faults: what the runner did around one."""
 
