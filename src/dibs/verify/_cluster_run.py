@@ -14,7 +14,8 @@ Clusters (:func:`parse_cluster`):
   ``failover`` (the primary's member dies with ``kill -9``, with its standbys
   held ``lag`` seconds behind; Patroni promotes one).
 
-A plan waits ``warmup`` seconds, injects its faults (``rounds`` times for
+A plan waits until the clients have invoked ``warmup_ops`` ops and ``warmup``
+seconds have passed since their first, injects its faults (``rounds`` times for
 etcd), lets the clients run ``after`` seconds more on the healed cluster, and
 then stops them. The history records every step, and :func:`outage` measures
 the write outage around a failover from it.
@@ -34,7 +35,7 @@ from dibs.exceptions import InvalidInput
 from dibs.verify._cluster import EtcdCluster
 from dibs.verify._cluster_pg import REPLICATION, PostgresHA
 from dibs.verify._history import OK, History
-from dibs.verify._runner import Progress, Record, run_workload
+from dibs.verify._runner import Plan, Progress, Record, run_workload
 from dibs.verify._workload import Workload
 
 __all__ = [
@@ -65,6 +66,9 @@ class ClusterRun:
     lag: float = 1.0
     """postgresql-ha: seconds the standbys are held behind before the primary dies."""
     warmup: float = 2.0
+    """Seconds of workload before the first fault, counted from the clients' first ops."""
+    warmup_ops: int = 200
+    """...and at least this many ops invoked: a client process takes a while to start."""
     after: float = 3.0
     rounds: int = 1
     """etcd: how many times the fault list is run through."""
@@ -140,7 +144,7 @@ def run_on_cluster(
     Raises :class:`~dibs.verify._cluster.ClusterSetupError` when the cluster
     cannot be started.
     """
-    header = {
+    header: dict[str, Any] = {
         "cluster": {
             "kind": run.kind,
             "members": run.members,
@@ -157,6 +161,9 @@ def run_on_cluster(
             return run_workload(
                 work, history, progress=progress, plan=_pg_plan(run, pg), header=header
             )
+    # Any store on etcd holds claims as leases, and a lease restarts its TTL on a
+    # leader change: its holds may outlive their TTL (never end before it).
+    header["holds_outlive_ttl"] = True
     with EtcdCluster(run.members) as etcd:
         url = etcd.url(f"dibs-verify-{workload.run}")
         if started is not None:
@@ -167,9 +174,21 @@ def run_on_cluster(
         )
 
 
-def _pg_plan(run: ClusterRun, pg: PostgresHA) -> Callable[[Record], None]:
-    def plan(record: Record) -> None:
-        time.sleep(run.warmup)
+def _warm_up(run: ClusterRun, invoked: Callable[[], int], patience: float = 120.0) -> None:
+    """Wait until the clients are running: their first op, then ``warmup`` s and ``warmup_ops``."""
+    deadline = time.monotonic() + patience
+    while invoked() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    began = time.monotonic()
+    while time.monotonic() < deadline and (
+        invoked() < run.warmup_ops or time.monotonic() - began < run.warmup
+    ):
+        time.sleep(0.05)
+
+
+def _pg_plan(run: ClusterRun, pg: PostgresHA) -> Plan:
+    def plan(record: Record, invoked: Callable[[], int]) -> None:
+        _warm_up(run, invoked)
         if "failover" in run.faults:
             pg.fail_primary(lag=run.lag, record=record)
         time.sleep(run.after)
@@ -177,11 +196,11 @@ def _pg_plan(run: ClusterRun, pg: PostgresHA) -> Callable[[Record], None]:
     return plan
 
 
-def _etcd_plan(run: ClusterRun, etcd: EtcdCluster) -> Callable[[Record], None]:
+def _etcd_plan(run: ClusterRun, etcd: EtcdCluster) -> Plan:
     rng = random.Random(0)
 
-    def plan(record: Record) -> None:
-        time.sleep(run.warmup)
+    def plan(record: Record, invoked: Callable[[], int]) -> None:
+        _warm_up(run, invoked)
         for _ in range(run.rounds if run.faults else 0):
             for fault in run.faults:
                 leader = etcd.wait_leader()

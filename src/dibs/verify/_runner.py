@@ -73,8 +73,10 @@ Progress = Callable[[int, int], None]
 Record = Callable[[dict[str, Any]], None]
 """Records one nemesis event (``{"f": kind, ...}``); the runner stamps it."""
 
-Plan = Callable[[Record], None]
-"""A fault plan: injects faults, records each, returns when the run should end."""
+Plan = Callable[[Record, Callable[[], int]], None]
+"""A fault plan: injects faults, records each, returns when the run should end.
+
+Its second argument counts the ops the clients have invoked so far."""
 
 STOP_FILE = "stop"
 """Created in the clients' directory when a plan ends: each client stops after its op."""
@@ -460,7 +462,7 @@ def _run_processes(
 ) -> None:
     settings = {**asdict(workload), "admin_url": None}
     slots = [_Slot(i) for i in range(workload.clients)]
-    planner = None if plan is None else _Planner(plan, nemesis, scratch / STOP_FILE)
+    planner = None if plan is None else _Planner(plan, nemesis, scratch)
 
     def start(slot: _Slot, count: int) -> None:
         path = scratch / f"c{slot.index}.{slot.incarnation}.jsonl"
@@ -555,16 +557,21 @@ def _run_processes(
 class _Planner:
     """A fault plan on a thread; when it returns, the clients are told to stop."""
 
-    def __init__(self, plan: Plan, nemesis: list[dict[str, Any]], stop: Path) -> None:
+    def __init__(self, plan: Plan, nemesis: list[dict[str, Any]], scratch: Path) -> None:
         self.plan = plan
         self.nemesis = nemesis
-        self.stop = stop
+        self.scratch = scratch
+        self.stop = scratch / STOP_FILE
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="dibs-verify-plan", daemon=True)
 
     def _run(self) -> None:
         try:
-            self.plan(lambda event: self.nemesis.append(_stamp({"e": "nemesis", **event})))
+            counter = _Counter()  # its own: the main loop's is not shared across threads
+            self.plan(
+                lambda event: self.nemesis.append(_stamp({"e": "nemesis", **event})),
+                lambda: counter.count(self.scratch),
+            )
         except BaseException as exc:
             self.error = exc
         finally:
