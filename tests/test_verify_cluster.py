@@ -199,3 +199,14 @@ def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
     assert kinds.get("lost-grant", 0) > 0
     assert kinds.get("fence-reissued", 0) > 0 or kinds.get("fence-backwards", 0) > 0
     assert figures["cluster"]["replication"] == "async"
+
+
+@pytest.mark.parametrize("cluster", ["etcd:3", "postgresql-ha"])
+def test_a_missing_package_is_a_setup_error_naming_it_not_a_verdict(
+    cluster: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["verify", "--cluster", cluster, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "etcd-server" in err if cluster == "etcd:3" else "patroni" in err
+    assert "cluster-ensure.sh" in err

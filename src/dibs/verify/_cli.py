@@ -1,8 +1,9 @@
 """``dibs verify``: run a workload under faults and check it; ``dibs verify check FILE``.
 
 Exit codes: 0 when both checkers pass, 1 on any anomaly, 2 for bad
-arguments, 3 when no anomaly was found but some resource's search ran out
-of time (inconclusive: never reported as a pass).
+arguments (or a ``--cluster`` that cannot be installed or started), 3 when
+no anomaly was found but some resource's search ran out of time
+(inconclusive: never reported as a pass).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dibs._cli_options import (
 from dibs.exceptions import InvalidInput
 from dibs.stores import redact
 from dibs.verify._check import Report, check_history
+from dibs.verify._cluster import ClusterSetupError
 from dibs.verify._cluster_pg import REPLICATION
 from dibs.verify._cluster_run import (
     CLUSTER_FAULTS,
@@ -44,7 +46,7 @@ from dibs.verify._workload import Workload, parse_mix
 
 __all__ = ["add_verify_command"]
 
-EXIT_OK, EXIT_ANOMALY, EXIT_INCONCLUSIVE = 0, 1, 3
+EXIT_OK, EXIT_ANOMALY, EXIT_SETUP, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 ETCD_TTL, ETCD_SPREAD = 2.0, (1.0, 2.0)
 """etcd leases are whole seconds, at least 2: holds of 2 s and 4 s."""
@@ -384,7 +386,12 @@ def _run_cluster(
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(args.history) if args.history else Path(scratch) / "history.jsonl"
-        run_on_cluster(cluster, workload, path, progress=progress, started=started)
+        try:
+            run_on_cluster(cluster, workload, path, progress=progress, started=started)
+        except ClusterSetupError as exc:
+            # A missing package or a cluster that would not start: no verdict (exit 2).
+            print(f"dibs: error: {exc}", file=sys.stderr)
+            return EXIT_SETUP
         return _finish(path, args, time.monotonic() - began)
 
 
