@@ -172,6 +172,7 @@ def run(tmp_path: Path, replication: str) -> tuple[Any, dict[str, float] | None]
     path = run_on_cluster(cluster, workload, tmp_path / "h.jsonl")
     history = read_history(path)
     report = check_history(history, budget=60, shrink_budget=0, max_witnesses=0)
+    acknowledged_while_behind(history)  # both standbys were held behind
     return report, outage(history)
 
 
@@ -185,13 +186,28 @@ def test_a_patroni_failover_with_synchronous_standbys_loses_nothing(tmp_path: Pa
     assert gap is not None
 
 
+def acknowledged_while_behind(history: Any) -> int:
+    """Writes acknowledged while the standbys were held behind, before the primary died."""
+    (behind,) = [e for e in history.nemesis if e["f"] == "standbys-behind"]
+    (kill,) = [e for e in history.nemesis if e["f"] == "failover"]
+    assert behind["receivers"] == 2  # both standbys' WAL receivers were stopped
+    return sum(
+        1
+        for op in history.ops
+        if op.fn in ("claim", "confirm", "extend", "release")
+        and op.status == "ok"
+        and behind["t"] <= op.end <= kill["t"]
+    )
+
+
 @pytest.mark.timeout(CLUSTER_TIMEOUT)
 def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    path = tmp_path / "h.jsonl"
     argv = ["verify", "--cluster", "postgresql-ha", "--replication", "async"]
     argv += ["--faults", "failover", "--after", "2", "--quiet", "--json", "--shrink", "0"]
-    code = main([*argv, "--witnesses", "0", "--budget", "60"])
+    code = main([*argv, "--witnesses", "0", "--budget", "60", "--history", str(path)])
     figures = json.loads(capsys.readouterr().out)
     kinds = figures["anomaly_kinds"]
     print(f"\nasync failover: {figures['anomalies']} anomalies {kinds}, {figures['cluster']}")
@@ -199,6 +215,8 @@ def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
     assert kinds.get("lost-grant", 0) > 0
     assert kinds.get("fence-reissued", 0) > 0 or kinds.get("fence-backwards", 0) > 0
     assert figures["cluster"]["replication"] == "async"
+    # The harness made the loss certain: the primary acknowledged writes nobody received.
+    assert acknowledged_while_behind(read_history(path)) > 0
 
 
 @pytest.mark.parametrize("cluster", ["etcd:3", "postgresql-ha"])

@@ -352,7 +352,7 @@ class PostgresHA:
         kill and the promotion Patroni reported.
         """
         note = record if record is not None else (lambda event: None)
-        old = wait_for("a primary to fail", lambda: (self.primary() or 0) + 1, patience) - 1
+        old = self._wait_primary("a primary to fail", patience)
         stopped: list[int] = []
         if lag > 0:
             for i, m in enumerate(self.members):
@@ -368,18 +368,20 @@ class PostgresHA:
         # What the stopped receivers had not written dies with them.
         signal_all(stopped, signal.SIGKILL)
         signal_all(stopped, signal.SIGCONT)
-        new = (
-            wait_for(
-                "Patroni to promote a standby",
-                lambda: (p + 1) if (p := self.primary()) is not None and p != old else None,
-                patience,
-                interval=0.05,
-            )
-            - 1
-        )
+        new = self._wait_primary("Patroni to promote a standby", patience, not_=old)
         promoted = time.monotonic() - killed
         note({"f": "promoted", "member": f"pg{new}", "seconds": round(promoted, 3)})
         return {"old": old, "new": new, "promoted_after": promoted}
+
+    def _wait_primary(self, what: str, patience: float, *, not_: int | None = None) -> int:
+        """Wait until one member (other than ``not_``) runs as primary; its index."""
+
+        def probe() -> int | None:
+            p = self.primary()
+            return None if p is None or p == not_ else p + 1  # index 0 is falsy
+
+        index: int = wait_for(what, probe, patience, interval=0.05) - 1
+        return index
 
     def _kill_strays_of(self, i: int) -> None:
         pidfile = self.root / f"pg{i}.data" / "postmaster.pid"
