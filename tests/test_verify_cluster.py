@@ -147,6 +147,7 @@ def test_concurrent_grants_may_take_fences_in_either_order() -> None:
         ["--cluster", "etcd:3", "--replication", "async"],
         ["--replication", "async"],
         ["--cluster", "postgresql-ha", "--store", "sqlite:///x.db"],
+        ["--cluster", "postgresql-ha", "--rounds", "2"],
     ],
 )
 def test_cli_rejects_a_cluster_option_that_cannot_apply(

@@ -127,6 +127,13 @@ def parse_cluster(
             field="replication",
             value=replication,
         )
+    if kind == "postgresql-ha" and timing.get("rounds", 1) != 1:
+        raise InvalidInput(
+            "--rounds applies to etcd: postgresql-ha fails over once (the old primary's "
+            "machine stays dead)",
+            field="rounds",
+            value=timing["rounds"],
+        )
     return ClusterRun(kind, members, faults, replication or "sync", **timing)
 
 
