@@ -229,3 +229,17 @@ def test_a_missing_package_is_a_setup_error_naming_it_not_a_verdict(
     err = capsys.readouterr().err
     assert "etcd-server" in err if cluster == "etcd:3" else "patroni" in err
     assert "cluster-ensure.sh" in err
+
+
+def test_an_outliving_extend_counts_its_ttl_from_inside_the_op_not_from_its_write() -> None:
+    def history(counted_from: float) -> Recorder:
+        h = outliving(Recorder())
+        h.grant("a", "0", 0, 1, "1", at=0.5, ttl=0.01)
+        extended = {"state": "held", "updated_at": us(4.5), "expires_at": us(counted_from + 10)}
+        h.op("a", "extend", {**on_claim("a", "1"), "ttl": 0.01}, 3, 5, **extended)
+        return h
+
+    # The lease was granted at 3.5 ms, the write made at 4.5 ms: fine.
+    assert history(3.5).check().verdict == "ok"
+    # An expiry counted from before the op began is no lower bound of the hold's end.
+    assert history(2.0).check().verdict == "anomaly"

@@ -192,7 +192,9 @@ def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = Fa
     :attr:`dibs.Store.holds_outlive_ttl`): a hold lives *at least* until its
     expiry, and from then on may be live or dead at any time; so it may still
     block a claim, or be confirmed, long after ``expires_at``, but it is never
-    taken over, or seen expired, before it.
+    taken over, or seen expired, before it. An extend's new ``expires_at``
+    minus its TTL must then lie inside the op (a lease counts from its grant,
+    before the write), not at the write's instant.
     """
     targets = op_targets(op)
     # A read takes no lock: its snapshot may predate a write that read the
@@ -202,6 +204,12 @@ def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = Fa
     floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
     a, b = lo, hi
     exact = _exact_time(op)
+    if exact is not None and outlive and op.fn == "extend":
+        # A lease counts from its grant, before the write that serializes: the new
+        # expiry is a lower bound of the hold's end, from inside the op, not its instant.
+        if not (lo - TOLERANCE <= exact <= hi + TOLERANCE):
+            return []
+        exact = None
     if exact is not None:
         # The store said when it decided: judge at that instant, if it fits the window.
         if not (max(floor, lo) - TOLERANCE <= exact <= hi + TOLERANCE):
