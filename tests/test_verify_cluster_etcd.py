@@ -2,15 +2,17 @@
 
 The members run Debian's ``etcd`` on free loopback ports (``scripts/cluster-ensure.sh``
 installs it); the leader is found through each member's gateway
-``/v3/maintenance/status``. One cluster per test.
+``/v3/maintenance/status``. One cluster per test, a few seconds of workload.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from dibs.cli import main
 from dibs.verify._cluster import EtcdCluster
 
 CLUSTER_TIMEOUT = 300
@@ -49,3 +51,27 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().lower()
     except OSError:
         return "zombie"
+
+
+@pytest.mark.timeout(CLUSTER_TIMEOUT)
+@pytest.mark.xfail(
+    reason=(
+        "the etcd store stamps a claim's created_at (and a release's updated_at) on the "
+        "client before its Txn, so a grant serialized after a release can carry the earlier "
+        "time: grant-over-live-claim in the log and a store time going back on a unit "
+        "(docs/reliability.md, 'what serializes'); clean in some runs, so not strict"
+    ),
+    strict=False,
+)
+def test_verify_on_etcd_under_leader_kills_pauses_and_restarts_is_clean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["verify", "--cluster", "etcd:3", "--faults", "kill-leader,pause-member,restart-member"]
+    argv += ["--after", "2", "--quiet", "--json", "--shrink", "1", "--witnesses", "1"]
+    code = main([*argv, "--budget", "60"])
+    figures = json.loads(capsys.readouterr().out)
+    print(f"\netcd:3 run: {figures['anomalies']} anomalies {figures['anomaly_kinds']}")
+    print(f"faults {figures['faults']}, outage {figures['cluster']['write_outage']}")
+    assert figures["verdict"] == "ok" and code == 0, figures["evidence"][:3]
+    for fault in ("kill-leader", "pause-member", "restart-member"):
+        assert figures["faults"].get(fault) == 1
