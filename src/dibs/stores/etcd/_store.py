@@ -43,6 +43,7 @@ class EtcdStore(Store):
 
     scheme = "etcd"
     async_store = "dibs.stores.etcd._aio:AsyncEtcdStore"
+    holds_outlive_ttl = True  # a lease restarts its TTL on a leader change (dibs verify's rule)
 
     def __init__(
         self,
