@@ -146,12 +146,25 @@ def drop_etcd_prefix(url: str, prefix: str) -> None:
     )
 
 
-PATTERN_STORE_KINDS = [kind for kind in STORE_KINDS if kind != "etcd"]
-"""The stores the pattern and feature modules run on (the default ``store_kind``). etcd runs
-the contract and the input domain on both faces (test_contract.py, test_domain.py), the state
-machine and its own tests (test_etcd*.py), but not every module: durable tasks need a job
-table etcd does not offer, and its network round trips would take the suite past its CI
-budget."""
+PATTERN_STORE_KINDS = STORE_KINDS
+"""The stores the pattern and feature modules run on (the default ``store_kind``): every
+store. A module that needs a capability a store may lack selects its stores by that
+capability (:func:`kinds_offering`), never by a list of names."""
+
+
+def kinds_offering(capability: str, kinds: list[str] = STORE_KINDS) -> list[str]:
+    """The store kinds whose store class offers ``capability`` (``"job_table"``,
+    ``"change_feed"``, ``"claim_log"``): it overrides :class:`dibs.Store`'s method, whose
+    default answer is ``None`` ("not supported"). Decided without opening a store, so
+    collection needs no server."""
+    from dibs.stores import store_class
+
+    base = getattr(dibs.Store, capability)
+    return [
+        kind
+        for kind in kinds
+        if getattr(store_class(f"{kind.removeprefix('aio-')}://"), capability) is not base
+    ]
 
 
 @pytest.fixture(params=PATTERN_STORE_KINDS)

@@ -365,7 +365,7 @@ def _until_done(fn: Any, *args: Any) -> Any:
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("fine_switching")
 def test_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
-    rounds = {"memory": 150, "sqlite": 30, "postgresql": 30}[store_kind]
+    rounds = {"memory": 150, "sqlite": 30, "postgresql": 30, "etcd": 30}[store_kind]
     runs: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -708,7 +708,7 @@ def _name_of(fn: Any) -> str:
 def test_with_wait_concurrent_duplicates_all_get_the_one_result(
     store: Store, store_kind: str
 ) -> None:
-    rounds = {"memory": 50, "sqlite": 10, "postgresql": 10}[store_kind]
+    rounds = {"memory": 50, "sqlite": 10, "postgresql": 10, "etcd": 10}[store_kind]
     runs: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -834,7 +834,7 @@ def test_any_bytes_round_trip_whatever_the_serializer_makes(data: bytes) -> None
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("fine_switching")
 def test_async_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
-    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30}[store_kind]
+    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30, "etcd": 30}[store_kind]
     runs: Counter[str] = Counter()
 
     @dibs.idempotent(store, key="k", payload=lambda k, task: k, wait=60)

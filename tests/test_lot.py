@@ -29,7 +29,7 @@ from dibs import (
 # Park/remove rounds per thread in the churn test. memory:// gets the full
 # 16 x 2,000 of the issue; the SQL stores commit every claim to a database, so
 # they get fewer rounds at the same thread count (still thousands of races).
-CHURN_ROUNDS = {"memory": 2000, "sqlite": 600, "postgresql": 150}
+CHURN_ROUNDS = {"memory": 2000, "sqlite": 600, "postgresql": 150, "etcd": 100}
 
 
 def test_cars_and_trucks_fill_left_to_right(store: Store) -> None:
