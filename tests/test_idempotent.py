@@ -772,9 +772,19 @@ def _stored_result_slots(store: Store, name: str, key: str) -> list[str]:
     return [u.slot for u in claim.units if u.resource == f"dibs.idempotent.result:{name}"]
 
 
-def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store: Store) -> None:
+ETCD_RESULT_UNITS = 124
+"""docs/stores.md: an etcd claim takes at most 125 units with a request ID, so a stored
+result (the done unit and its slots, one claim) has 124 slots there: about 120 kB."""
+
+
+def test_the_largest_result_round_trips_on_every_store_in_full_size_names(
+    store: Store, store_kind: str
+) -> None:
     # JSON of "x" * n is n + 2 bytes: this is RESULT_MAX_BYTES serialized, the most kept.
     longest = "x" * (RESULT_MAX_BYTES - 2)
+    if store_kind == "etcd":  # one claim holds fewer units: the documented limit, a typed error
+        _etcd_refuses_a_result_over_its_limit_and_runs_the_next_call(store, longest)
+        return
 
     @dibs.idempotent(store, key="k", name="limits.largest")
     def largest(k: str) -> str:
@@ -796,6 +806,31 @@ def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store:
         one_over("a")
     assert info.value.field == "result"
     assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.one_over", "a")) is None
+
+
+def _etcd_refuses_a_result_over_its_limit_and_runs_the_next_call(store: Store, big: str) -> None:
+    runs: list[int] = []
+
+    @dibs.idempotent(store, key="k", name="limits.etcd", ttl=300)
+    def result(k: str, size: int) -> str:
+        runs.append(size)
+        return big[:size]
+
+    # What fits: each slot keeps NAME_MAX_BYTES - 40 bytes, one of them the tag.
+    fits = ETCD_RESULT_UNITS * (dibs.limits.NAME_MAX_BYTES - 40) - 1 - 2
+    assert result("a", fits) == big[:fits]
+    assert result("a", fits) == big[:fits]  # replayed from 124 slots
+    assert len(_stored_result_slots(store, "limits.etcd", "a")) == ETCD_RESULT_UNITS
+    for size in (fits + 1, len(big)):  # one byte over, and the most any store keeps
+        with pytest.raises(InvalidInput, match="more than one claim on EtcdStore takes") as info:
+            result(f"b{size}", size)
+        slots = -(-(size + 3) // (dibs.limits.NAME_MAX_BYTES - 40))  # JSON quotes, the tag
+        assert info.value.field == "result" and info.value.value == slots > ETCD_RESULT_UNITS
+        assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.etcd", f"b{size}")) is None
+        # Nothing was stored and the run hold was let go: the next call runs again, at once.
+        with pytest.raises(InvalidInput):
+            result(f"b{size}", size)
+    assert runs == [fits, fits + 1, fits + 1, len(big), len(big)]
 
 
 class _Raw:
