@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import dibs
 import dibs.aio
-from conftest import drop_etcd_prefix
+from conftest import SHARED_STORE_KINDS, drop_etcd_prefix
 from dibs import FakeClock, InvalidInput, Store, Unit, booking
 from dibs.aio import AsyncStore
 from dibs.testing import strategies as ds
@@ -608,7 +608,7 @@ def test_a_cancelled_exclusive_entry_leaves_the_resource_free(
 
 # memory:// calls run inline, so no call can outlive its await there; the sync lot
 # that looks at once needs a file or a database the two faces share.
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_cancelled_remove_is_over_when_the_caller_hears_of_it(
     faces: Faces, loop: asyncio.Runner
 ) -> None:
@@ -742,7 +742,7 @@ def test_bad_lots_raise_the_same_errors_on_both_faces(
 
 
 # Each memory:// store is a world of its own: only a file or a database is shared.
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_sync_and_async_lots_share_one_row(faces: Faces, loop: asyncio.Runner) -> None:
     url = faces.url()
     with dibs.open(url) as sync_store:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import dibs
 import dibs.aio
 from _race import race
-from conftest import StoreMaker
+from conftest import SHARED_STORE_KINDS, StoreMaker
 from dibs import FakeClock, IdempotencyInProgress, InvalidInput, RequestConflict, Store
 from dibs.idempotency import RESULT_MAX_BYTES
 from dibs.testing.strategies import names
@@ -419,7 +419,7 @@ def _python(*args: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_concurrent_duplicates_in_processes_run_once(
     make_store: StoreMaker, tmp_path: Path
 ) -> None:
@@ -460,7 +460,7 @@ work("order-1")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
     make_store: StoreMaker, tmp_path: Path
 ) -> None:
@@ -961,6 +961,32 @@ def test_on_an_async_store_runs_once_replays_conflicts_and_forgets_failures(aio_
 
     asyncio.run(main())
     assert runs == ["o-1", "o-2", "o-2"]
+
+
+def test_on_async_etcd_a_result_over_its_limit_is_refused_and_frees_the_key(
+    aio_url: str,
+) -> None:
+    runs: list[int] = []
+    over = (ETCD_RESULT_UNITS * (dibs.limits.NAME_MAX_BYTES - 40) - 3) + 1  # one byte over
+
+    async def main() -> None:
+        async with dibs.aio.open(aio_url) as store:
+
+            @dibs.idempotent(store, key="k", ttl=300)
+            async def work(k: str) -> str:
+                runs.append(len(runs))
+                return "x" * over
+
+            if not aio_url.startswith("etcd://"):
+                assert await work("a") == "x" * over  # the other stores keep 256 kB
+                return
+            for _ in range(2):  # nothing stored, the run hold let go: it runs again at once
+                with pytest.raises(InvalidInput, match="more than one claim") as info:
+                    await work("a")
+                assert info.value.field == "result"
+
+    asyncio.run(main())
+    assert len(runs) == (2 if aio_url.startswith("etcd://") else 1)
 
 
 def test_on_an_async_store_a_duplicate_raises_while_the_first_runs(aio_url: str) -> None:
