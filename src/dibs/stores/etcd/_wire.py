@@ -160,6 +160,7 @@ connections, and a connection just handed to a waiting request still counts as i
 until that request sends: another thread (or task) closed it under its new owner, whose
 write then failed with "Bad file descriptor" -- an unknown outcome, StoreUnavailable, on a
 healthy cluster. Each connection is one caller in flight, so threads and tasks bound them.
+This made that failure rarer under 50 threads, not gone: it is still open (tests/test_etcd.py).
 """
 
 
