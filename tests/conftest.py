@@ -19,6 +19,7 @@ import pytest
 import dibs
 from aio_face import open_face
 from dibs import FakeClock, Store
+from dibs.stores import store_class
 from etcdserver import etcd_url, fresh_prefix  # the session's etcd member (tests/etcdserver.py)
 from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
     drop_schema,
@@ -146,12 +147,27 @@ def drop_etcd_prefix(url: str, prefix: str) -> None:
     )
 
 
-PATTERN_STORE_KINDS = [kind for kind in STORE_KINDS if kind != "etcd"]
-"""The stores the pattern and feature modules run on (the default ``store_kind``). etcd runs
-the contract and the input domain on both faces (test_contract.py, test_domain.py), the state
-machine and its own tests (test_etcd*.py), but not every module: durable tasks need a job
-table etcd does not offer, and its network round trips would take the suite past its CI
-budget."""
+PATTERN_STORE_KINDS = STORE_KINDS
+"""The stores the pattern and feature modules run on (the default ``store_kind``): every
+store. A module that needs a capability a store may lack selects its stores by that
+capability (:func:`kinds_offering`), never by a list of names."""
+
+
+def kinds_offering(capability: str, kinds: list[str] = STORE_KINDS) -> list[str]:
+    """The store kinds whose store class offers ``capability`` (``"job_table"``,
+    ``"change_feed"``, ``"claim_log"``): it overrides :class:`dibs.Store`'s method, whose
+    default answer is ``None`` ("not supported"). Decided without opening a store, so
+    collection needs no server."""
+    base = getattr(dibs.Store, capability)
+    return [
+        kind
+        for kind in kinds
+        if getattr(store_class(f"{kind.removeprefix('aio-')}://"), capability) is not base
+    ]
+
+
+SHARED_STORE_KINDS = [kind for kind in STORE_KINDS if not store_class(f"{kind}://").in_process]
+"""The stores other processes share (not ``in_process``): the tests with processes run there."""
 
 
 @pytest.fixture(params=PATTERN_STORE_KINDS)
@@ -171,16 +187,22 @@ def make_store(
     maker.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=STORE_KINDS)
 def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL for :func:`dibs.aio.open` on each store: a fresh place per test (a schema on
-    PostgreSQL), for tests of the async stores themselves rather than their sync face."""
+    PostgreSQL, a key prefix on etcd), for tests of the async stores themselves rather than
+    their sync face."""
     if request.param == "memory":
         yield "memory://"
     elif request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'dibs.db'}"
+    elif request.param == "etcd":
+        url: str = request.getfixturevalue("etcd_url")
+        prefix = fresh_prefix()
+        yield f"{url}/{prefix}"
+        drop_etcd_prefix(url, prefix)
     else:
-        url: str = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("pg_url")
         schema = f"t_{secrets.token_hex(6)}"
         yield schema_url(url, schema)
         drop_schema(url, schema)

@@ -27,23 +27,29 @@ from hypothesis import strategies as st
 
 import dibs
 import dibs.aio
+from conftest import SHARED_STORE_KINDS, drop_etcd_prefix
 from dibs import FakeClock, InvalidInput, Store, Unit, booking
 from dibs.aio import AsyncStore
 from dibs.testing import strategies as ds
+from etcdserver import fresh_prefix
 from pg_fixtures import drop_schema, schema_url
 
 # Tasks x rounds of the race tests per store: the SQL stores commit every call.
-ROUNDS = {"memory": 400, "sqlite": 40, "postgresql": 25}
+ROUNDS = {"memory": 400, "sqlite": 40, "postgresql": 25, "etcd": 8}  # etcd: CI time
 
 
 class Faces:
     """Fresh stores of one kind, sync and async, each on a place of its own."""
 
-    def __init__(self, kind: str, tmp_path: Path, pg_url: str | None) -> None:
+    def __init__(
+        self, kind: str, tmp_path: Path, pg_url: str | None, etcd_url: str | None = None
+    ) -> None:
         self.kind = kind
         self.tmp_path = tmp_path
         self.pg_url = pg_url
+        self.etcd_url = etcd_url
         self.schemas: list[str] = []
+        self.prefixes: list[str] = []
         self.synced: list[Store] = []
         self._n = itertools.count()
 
@@ -52,6 +58,10 @@ class Faces:
             return "memory://"
         if self.kind == "sqlite":
             return f"sqlite:///{self.tmp_path / f'dibs-{next(self._n)}.db'}"
+        if self.kind == "etcd":
+            assert self.etcd_url is not None
+            self.prefixes.append(fresh_prefix())
+            return f"{self.etcd_url}/{self.prefixes[-1]}"
         assert self.pg_url is not None
         schema = f"t_{secrets.token_hex(6)}"
         self.schemas.append(schema)
@@ -72,12 +82,16 @@ class Faces:
         for schema in self.schemas:
             assert self.pg_url is not None
             drop_schema(self.pg_url, schema)
+        for prefix in self.prefixes:
+            assert self.etcd_url is not None
+            drop_etcd_prefix(self.etcd_url, prefix)
 
 
 @pytest.fixture
 def faces(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Faces]:
     pg_url = request.getfixturevalue("pg_url") if store_kind == "postgresql" else None
-    made = Faces(store_kind, tmp_path, pg_url)
+    etcd_url = request.getfixturevalue("etcd_url") if store_kind == "etcd" else None
+    made = Faces(store_kind, tmp_path, pg_url, etcd_url)
     yield made
     made.close()
 
@@ -594,7 +608,7 @@ def test_a_cancelled_exclusive_entry_leaves_the_resource_free(
 
 # memory:// calls run inline, so no call can outlive its await there; the sync lot
 # that looks at once needs a file or a database the two faces share.
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_cancelled_remove_is_over_when_the_caller_hears_of_it(
     faces: Faces, loop: asyncio.Runner
 ) -> None:
@@ -728,7 +742,7 @@ def test_bad_lots_raise_the_same_errors_on_both_faces(
 
 
 # Each memory:// store is a world of its own: only a file or a database is shared.
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_sync_and_async_lots_share_one_row(faces: Faces, loop: asyncio.Runner) -> None:
     url = faces.url()
     with dibs.open(url) as sync_store:

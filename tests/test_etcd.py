@@ -319,3 +319,33 @@ def test_a_big_claim_taking_over_many_dead_holds_marks_every_one(url: str) -> No
                 store.confirm(hold.id, holder=hold.holder, fence=hold.fence)
             assert raised.value.reason is HoldLostReason.TAKEN_OVER
         assert store.sweep().expired == 0
+
+
+@pytest.mark.xfail(
+    reason="known bug, not fixed: under many threads an etcd write sometimes fails with "
+    "httpx ReadError 'Bad file descriptor' (StoreUnavailable on a healthy cluster); "
+    "uncapping the pool made it rarer, not gone",
+    strict=False,
+)
+def test_many_threads_on_one_store_never_see_a_pooled_connection_closed_under_them(
+    store: EtcdStore, fine_switching: None
+) -> None:
+    # More threads than httpcore keeps idle connections (20 by default): its pool then
+    # closed a connection another thread had just been handed ("Bad file descriptor"),
+    # a write with an unknown outcome on a healthy cluster. Every claim here must decide.
+    threads_n, rounds = 50, 40
+    failures: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            for r in range(rounds):
+                assert store.claim(Unit(f"t{w}", f"r{r}"), holder=f"h{w}", request_id=f"{w}-{r}")
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import dibs
 import dibs.aio
 from _race import race
-from conftest import StoreMaker
+from conftest import SHARED_STORE_KINDS, StoreMaker
 from dibs import FakeClock, IdempotencyInProgress, InvalidInput, RequestConflict, Store
 from dibs.idempotency import RESULT_MAX_BYTES
 from dibs.testing.strategies import names
@@ -365,7 +365,7 @@ def _until_done(fn: Any, *args: Any) -> Any:
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("fine_switching")
 def test_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
-    rounds = {"memory": 150, "sqlite": 30, "postgresql": 30}[store_kind]
+    rounds = {"memory": 150, "sqlite": 30, "postgresql": 30, "etcd": 30}[store_kind]
     runs: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -419,13 +419,13 @@ def _python(*args: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_concurrent_duplicates_in_processes_run_once(
     make_store: StoreMaker, tmp_path: Path
 ) -> None:
     make_store().close()  # create the schema before the processes race to
     log = tmp_path / "runs.log"
-    keys = 60
+    keys = 20 if make_store.kind == "etcd" else 60  # etcd: CI time
     procs = [
         subprocess.Popen(
             _python(_WORKER, make_store.url, str(log), str(keys)),
@@ -460,7 +460,7 @@ work("order-1")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
     make_store: StoreMaker, tmp_path: Path
 ) -> None:
@@ -708,7 +708,7 @@ def _name_of(fn: Any) -> str:
 def test_with_wait_concurrent_duplicates_all_get_the_one_result(
     store: Store, store_kind: str
 ) -> None:
-    rounds = {"memory": 50, "sqlite": 10, "postgresql": 10}[store_kind]
+    rounds = {"memory": 50, "sqlite": 10, "postgresql": 10, "etcd": 10}[store_kind]
     runs: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -772,9 +772,19 @@ def _stored_result_slots(store: Store, name: str, key: str) -> list[str]:
     return [u.slot for u in claim.units if u.resource == f"dibs.idempotent.result:{name}"]
 
 
-def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store: Store) -> None:
+ETCD_RESULT_UNITS = 124
+"""docs/stores.md: an etcd claim takes at most 125 units with a request ID, so a stored
+result (the done unit and its slots, one claim) has 124 slots there: about 120 kB."""
+
+
+def test_the_largest_result_round_trips_on_every_store_in_full_size_names(
+    store: Store, store_kind: str
+) -> None:
     # JSON of "x" * n is n + 2 bytes: this is RESULT_MAX_BYTES serialized, the most kept.
     longest = "x" * (RESULT_MAX_BYTES - 2)
+    if store_kind == "etcd":  # one claim holds fewer units: the documented limit, a typed error
+        _etcd_refuses_a_result_over_its_limit_and_runs_the_next_call(store, longest)
+        return
 
     @dibs.idempotent(store, key="k", name="limits.largest")
     def largest(k: str) -> str:
@@ -796,6 +806,31 @@ def test_the_largest_result_round_trips_on_every_store_in_full_size_names(store:
         one_over("a")
     assert info.value.field == "result"
     assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.one_over", "a")) is None
+
+
+def _etcd_refuses_a_result_over_its_limit_and_runs_the_next_call(store: Store, big: str) -> None:
+    runs: list[int] = []
+
+    @dibs.idempotent(store, key="k", name="limits.etcd", ttl=300)
+    def result(k: str, size: int) -> str:
+        runs.append(size)
+        return big[:size]
+
+    # What fits: each slot keeps NAME_MAX_BYTES - 40 bytes, one of them the tag.
+    fits = ETCD_RESULT_UNITS * (dibs.limits.NAME_MAX_BYTES - 40) - 1 - 2
+    assert result("a", fits) == big[:fits]
+    assert result("a", fits) == big[:fits]  # replayed from 124 slots
+    assert len(_stored_result_slots(store, "limits.etcd", "a")) == ETCD_RESULT_UNITS
+    for size in (fits + 1, len(big)):  # one byte over, and the most any store keeps
+        with pytest.raises(InvalidInput, match="more than one claim on EtcdStore takes") as info:
+            result(f"b{size}", size)
+        slots = -(-(size + 3) // (dibs.limits.NAME_MAX_BYTES - 40))  # JSON quotes, the tag
+        assert info.value.field == "result" and info.value.value == slots > ETCD_RESULT_UNITS
+        assert store.holder_of(dibs.Unit("dibs.idempotent.done:limits.etcd", f"b{size}")) is None
+        # Nothing was stored and the run hold was let go: the next call runs again, at once.
+        with pytest.raises(InvalidInput):
+            result(f"b{size}", size)
+    assert runs == [fits, fits + 1, fits + 1, len(big), len(big)]
 
 
 class _Raw:
@@ -834,7 +869,7 @@ def test_any_bytes_round_trip_whatever_the_serializer_makes(data: bytes) -> None
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("fine_switching")
 def test_async_concurrent_duplicates_run_the_function_once(store: Store, store_kind: str) -> None:
-    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30}[store_kind]
+    rounds = {"memory": 800, "sqlite": 30, "postgresql": 30, "etcd": 30}[store_kind]
     runs: Counter[str] = Counter()
 
     @dibs.idempotent(store, key="k", payload=lambda k, task: k, wait=60)
@@ -926,6 +961,32 @@ def test_on_an_async_store_runs_once_replays_conflicts_and_forgets_failures(aio_
 
     asyncio.run(main())
     assert runs == ["o-1", "o-2", "o-2"]
+
+
+def test_on_async_etcd_a_result_over_its_limit_is_refused_and_frees_the_key(
+    aio_url: str,
+) -> None:
+    runs: list[int] = []
+    over = (ETCD_RESULT_UNITS * (dibs.limits.NAME_MAX_BYTES - 40) - 3) + 1  # one byte over
+
+    async def main() -> None:
+        async with dibs.aio.open(aio_url) as store:
+
+            @dibs.idempotent(store, key="k", ttl=300)
+            async def work(k: str) -> str:
+                runs.append(len(runs))
+                return "x" * over
+
+            if not aio_url.startswith("etcd://"):
+                assert await work("a") == "x" * over  # the other stores keep 256 kB
+                return
+            for _ in range(2):  # nothing stored, the run hold let go: it runs again at once
+                with pytest.raises(InvalidInput, match="more than one claim") as info:
+                    await work("a")
+                assert info.value.field == "result"
+
+    asyncio.run(main())
+    assert len(runs) == (2 if aio_url.startswith("etcd://") else 1)
 
 
 def test_on_an_async_store_a_duplicate_raises_while_the_first_runs(aio_url: str) -> None:
@@ -1043,7 +1104,8 @@ def test_on_an_async_store_concurrent_duplicates_run_the_function_once(aio_url: 
     # Planting the classic bug (the winner of the run hold does not look for a result
     # stored meanwhile) fails this on SQLite and PostgreSQL every run. memory:// runs
     # its calls inline, so no other task can run between a read and a claim there.
-    rounds = 300 if aio_url == "memory://" else 25
+    # etcd waits out real round trips: fewer rounds there keeps CI time (16 tasks each).
+    rounds = 300 if aio_url == "memory://" else 5 if aio_url.startswith("etcd://") else 25
     tasks = 16
     runs: Counter[str] = Counter()
 

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import dibs
+from conftest import STORE_KINDS, StoreMaker, kinds_offering
 from dibs import InvalidInput, Store
 from dibs.stores.jobs import Job, JobTable
+from dibs.tasks import TaskProcessor
 from dibs.testing.strategies import names
+
+
+@pytest.fixture(params=kinds_offering("job_table"))
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """The stores with a job table (a capability; etcd has none): durable jobs live there."""
+    return str(request.param)
+
 
 T = 1_000.0
 
@@ -33,6 +44,29 @@ def _table(store: Store) -> JobTable:
 def test_every_store_offers_one_job_table(store: Store) -> None:
     table = store.job_table()
     assert table is not None and store.job_table() is table
+
+
+@pytest.mark.parametrize(
+    "kind", [k for k in STORE_KINDS if k not in kinds_offering("job_table")] or ["none"]
+)
+def test_durable_tasks_on_a_store_without_one_raise_a_typed_error_naming_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # etcd offers no job table: asking it for durable tasks is a mistake, told at once.
+    assert kind != "none", "every store offers a job table: drop this test"
+    url = request.getfixturevalue("etcd_url") if kind == "etcd" else None
+    maker = StoreMaker(kind, tmp_path, etcd_url=url)
+    try:
+        store = maker()
+        assert store.job_table() is None
+        with pytest.raises(
+            InvalidInput, match="durable tasks need a store with a job table"
+        ) as info:
+            TaskProcessor(store=store)
+        assert info.value.field == "store" and info.value.value is store
+        assert not isinstance(info.value, dibs.StoreUnavailable)  # a mistake, never retryable
+    finally:
+        maker.close()
 
 
 def test_find_lists_every_row_or_one_schedules(store: Store) -> None:

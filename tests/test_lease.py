@@ -21,6 +21,7 @@ import dibs
 import dibs._lease
 import dibs.aio
 import dibs.lease
+from conftest import SHARED_STORE_KINDS, kinds_offering
 from dibs import (
     ClaimState,
     FakeClock,
@@ -404,7 +405,9 @@ def _claims_while_waiting(store: Store) -> int:
     return counting.claims
 
 
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])  # the stores with a change feed
+@pytest.mark.parametrize(
+    "store_kind", [k for k in SHARED_STORE_KINDS if k in kinds_offering("change_feed")]
+)  # a feed that moves
 def test_a_waiters_own_claims_do_not_defeat_its_backoff(make_store: Any) -> None:
     # Each failed claim writes (its request record), which moves the waiter's own change feed
     # (and on PostgreSQL any write in the cluster does): a change may shorten a pause, never end
@@ -568,7 +571,7 @@ with store.lease(dibs.Unit("report", "2026-11-30"), holder="doomed", ttl=1.0) as
 """
 
 
-@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])  # stores other processes share
+@pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_killed_workers_lease_expires_and_a_waiter_gets_it(make_store: Any) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     worker = subprocess.Popen(

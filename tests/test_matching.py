@@ -216,7 +216,8 @@ def test_bad_arguments(store: Store, kwargs: dict[str, Any], field: str) -> None
 def test_fifty_dispatchers_never_double_assign_a_driver(
     store: Store, clock: FakeClock, store_kind: str
 ) -> None:
-    rides_each = 40 if store_kind == "memory" else 8
+    # etcd: fewer rides (network round trips) to keep CI time; still 50 racing dispatchers.
+    rides_each = {"memory": 40, "etcd": 2}.get(store_kind, 8)
     guard = threading.Lock()
     # Guarded by `guard`: every claim granted per driver, and the claim per ride.
     history: dict[Unit, list[Claim]] = defaultdict(list)

@@ -16,12 +16,19 @@ from typing import Any
 
 import pytest
 
-from conftest import StoreMaker
+from conftest import StoreMaker, kinds_offering
 from dibs import FakeClock, InvalidInput, Store, Unit
 from dibs.stores.jobs import Job
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._triggers import EveryTrigger
+
+
+@pytest.fixture(params=kinds_offering("job_table"))
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """The stores with a job table (a capability; etcd has none): durable jobs live there."""
+    return str(request.param)
+
 
 T0 = 1_800_000_000.0
 GUARD = 30.0

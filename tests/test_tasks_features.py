@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import StoreMaker
+from conftest import StoreMaker, kinds_offering
 from dibs import InvalidInput, Store
 from dibs.stores.jobs import Job
 from dibs.tasks import (
@@ -39,6 +39,13 @@ from dibs.tasks._jobs import job_table
 from dibs.tasks._locks import LockKeys
 from dibs.tasks._records import PRIORITY_MAX, PRIORITY_MIN
 from dibs.testing import strategies
+
+
+@pytest.fixture(params=kinds_offering("job_table"))
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """The stores with a job table (a capability; etcd has none): durable jobs live there."""
+    return str(request.param)
+
 
 GUARD = 60.0
 

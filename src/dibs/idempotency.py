@@ -274,6 +274,19 @@ def _claim(
     raise AssertionError("unreachable")
 
 
+def _unstorable(
+    record: _Record, result: list[Unit], store: object, refused: InvalidInput
+) -> InvalidInput:
+    """The store refused the claim that keeps a result (more units than one of its claims
+    takes: etcd's transactions): the result's fault, told as such; nothing was stored."""
+    return InvalidInput(
+        f"the result of {record.name!r} needs {len(result)} units of up to {_CHUNK} bytes, "
+        f"more than one claim on {type(store).__name__} takes ({refused}); return less",
+        field="result",
+        value=len(result),
+    )
+
+
 def _release(record: _Record, run: Claim) -> Generator[_Call, Any, None]:
     yield ("release", (run.id,), {"holder": record.holder, "fence": run.fence})
 
@@ -513,7 +526,11 @@ def idempotent(
                 except BaseException:
                     await _abandon_async(record, started)
                     raise
-                await _drive_async(_finish(record, started, result, retention()), store)
+                try:
+                    await _drive_async(_finish(record, started, result, retention()), store)
+                except InvalidInput as refused:
+                    await _abandon_async(record, started)
+                    raise _unstorable(record, result, store, refused) from refused
                 return value
 
             return cast(Callable[P, R], run_async)
@@ -530,7 +547,11 @@ def idempotent(
             except BaseException:
                 _abandon(record, started)
                 raise
-            _drive(_finish(record, started, result, retention()), store)
+            try:
+                _drive(_finish(record, started, result, retention()), store)
+            except InvalidInput as refused:
+                _abandon(record, started)
+                raise _unstorable(record, result, store, refused) from refused
             return value
 
         return run

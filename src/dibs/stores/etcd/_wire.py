@@ -152,6 +152,18 @@ class _Members:
         return httpx.Timeout(self.settings.timeout, connect=self.settings.connect_timeout)
 
 
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+"""No cap on connections, so httpcore's pool never closes an idle one to make room.
+
+With a cap (httpx's default keeps 20 idle of 100), a pool past it closes "surplus idle"
+connections, and a connection just handed to a waiting request still counts as idle
+until that request sends: another thread (or task) closed it under its new owner, whose
+write then failed with "Bad file descriptor" -- an unknown outcome, StoreUnavailable, on a
+healthy cluster. Each connection is one caller in flight, so threads and tasks bound them.
+This made that failure rarer under 50 threads, not gone: it is still open (tests/test_etcd.py).
+"""
+
+
 class SyncDriver:
     """Runs plans on a blocking ``httpx.Client`` (one per process: a fork gets its own)."""
 
@@ -165,7 +177,7 @@ class SyncDriver:
         with self._lock:
             if self._client is None or self._pid != os.getpid():
                 # A forked child never uses the parent's sockets.
-                self._client = httpx.Client(timeout=self.members.timeout())
+                self._client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS)
                 self._pid = os.getpid()
             return self._client
 
@@ -220,7 +232,7 @@ class AsyncDriver:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._pid != os.getpid():
-            self._client = httpx.AsyncClient(timeout=self.members.timeout())
+            self._client = httpx.AsyncClient(timeout=self.members.timeout(), limits=_LIMITS)
             self._pid = os.getpid()
         return self._client
 
