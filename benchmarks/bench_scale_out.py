@@ -60,10 +60,10 @@ def _postgresql() -> Iterator[str]:
 
 @contextmanager
 def _postgresql_sync() -> Iterator[str]:
-    from pgrepl import ReplicatedPostgres
+    from pgrepl import ReplicatedCluster
 
-    with ReplicatedPostgres(standbys=2, synchronous="ANY 1", durable=True) as cluster:
-        yield cluster.url("dibs_scale")
+    with ReplicatedCluster(2, synchronous="ANY 1 (s1, s2)", durable=True) as cluster:
+        yield cluster.url(cluster.create_database("dibs_scale"))
 
 
 def _etcd(members: int) -> Starter:
@@ -72,7 +72,10 @@ def _etcd(members: int) -> Starter:
         from etcdserver import EtcdCluster
 
         with EtcdCluster(members) as cluster:
-            yield cluster.url
+            # On disk, as PostgreSQL's and SQLite's data are, not in /dev/shm.
+            cluster.root = Path(tempfile.mkdtemp(prefix="dibs-scale-etcd-", dir="/var/tmp"))
+            cluster.start()
+            yield cluster.url()
 
     return start
 
