@@ -141,6 +141,21 @@ def make_store(
     maker.close()
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL for :func:`dibs.aio.open` on each store: a fresh place per test (a schema on
+    PostgreSQL), for tests of the async stores themselves rather than their sync face."""
+    if request.param == "memory":
+        yield "memory://"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dibs.db'}"
+    else:
+        url: str = request.getfixturevalue("pg_url")
+        schema = f"t_{secrets.token_hex(6)}"
+        yield schema_url(url, schema)
+        drop_schema(url, schema)
+
+
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -116,7 +116,21 @@ REFERENCE = {
     "reference/model": ["dibs.Unit", "dibs.Span", "dibs.ClaimResult", "dibs.FakeClock"],
     "reference/errors": ["HoldLost", "StoreUnavailable", "InvalidInput"],
     "reference/limits": ["NAME_MAX_BYTES", "TTL_MAX"],
-    "reference/patterns": ["dibs.lot.Lot", "dibs.matching.match", "dibs.singleflight.SingleFlight"],
+    "reference/patterns": [
+        "dibs.lot.Lot",
+        "dibs.matching.match",
+        "dibs.singleflight.SingleFlight",
+        "dibs.lease",
+        "dibs.idempotency.idempotent",
+        "dibs.aio.lot.Lot",
+        "dibs.aio.matching.match",
+    ],
+    "reference/aio": ["dibs.aio.open", "dibs.aio.AsyncStore", "dibs.aio.ThreadedStore"],
+    "reference/observe": [
+        "dibs.observe.instrument",
+        "dibs.observe.InstrumentedStore",
+        "dibs.observe.InstrumentedAsyncStore",
+    ],
     "reference/tasks": ["dibs.tasks.TaskProcessor", "dibs.tasks.TaskHandle", "dibs.tasks.current"],
     "reference/testing": ["dibs.testing.StoreContract", "dibs.testing.strategies"],
 }

@@ -145,7 +145,8 @@ def test_commands_refuse_a_sqlite_store_that_does_not_exist(
     missing = tmp_path / "missing.db"
     for argv in (["list"], ["show", "j-1"], ["retry", "j-1"], ["cancel", "j-1"], ["purge"]):
         code, _, err = run(capsys, "jobs", *argv, "--store", f"sqlite:///{missing}")
-        assert code == 2 and "no dibs store exists" in err
+        assert code == 2 and "no dibs store at" in err and "never creates one" in err
+        assert "create=False" not in err  # the API's words, not the command line's
         assert not missing.exists()
     code, _, err = run(capsys, "jobs", "list", "--store", "memory://")
     assert code == 2 and "memory://" in err

@@ -221,12 +221,26 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_sweep_without_a_store_refuses_and_creates_nothing(
-    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+READ_OR_MAINTAIN = [
+    ["sweep"],
+    ["jobs", "list"],
+    ["jobs", "show", "j-1"],
+    ["jobs", "retry", "j-1"],
+    ["jobs", "cancel", "j-1"],
+    ["jobs", "purge"],
+]
+"""Every command that only reads or maintains a store (the others serve, race or run one)."""
+
+
+@pytest.mark.parametrize("argv", READ_OR_MAINTAIN, ids=" ".join)
+def test_read_or_maintain_without_a_store_refuses_and_creates_nothing(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    assert main(["sweep"]) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "no dibs store at sqlite:///dibs.db" in err and "--store" in err
+    assert "no dibs store at sqlite:///dibs.db (no --store given" in err
+    assert "never creates one" in err and "create=False" not in err
+    assert "Traceback" not in err
     assert list(elsewhere.iterdir()) == []
 
 

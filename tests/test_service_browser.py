@@ -2,8 +2,10 @@
 
 Two people click the same seat at once; one person picks several seats and
 confirms them together, watches another buyer take a seat, switches identity
-and showing. Screenshots go to ``test-artifacts/seatmap/`` (gitignored) for a
-person to look at.
+and showing. Screenshots go to ``test-artifacts/seatmap/`` at the checkout's
+root (gitignored; ``$DIBS_TEST_ARTIFACTS/seatmap/`` when that is set), for a
+person or a CI job to keep: the module empties the folder first, so what is
+there after a run is that run's.
 
 Set-up installs what it needs: Debian's ``chromium`` through apt-get when
 ``/usr/bin/chromium`` is missing (the Playwright Python package, from the
@@ -13,6 +15,7 @@ test extra, drives it; its own browser download is never used).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +32,15 @@ from test_service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(600)
 
+ROOT = Path(__file__).resolve().parent.parent
 SHOW = Showing("show-7", 5, 8)
 OTHER = Showing("show-8", 4, 6)
 SEAT = "seat-C5"
 WAIT = 90_000  # ms: an upper bound for a loaded CI machine, not a timing claim
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "seatmap"
+ARTIFACTS = (
+    Path(os.environ.get("DIBS_TEST_ARTIFACTS") or ROOT / "test-artifacts").resolve() / "seatmap"
+)
+PNG = b"\x89PNG\r\n\x1a\n"
 
 VIEWPORTS: dict[str, dict[str, Any]] = {
     "desktop": {"viewport": {"width": 1280, "height": 800}},
@@ -44,6 +51,14 @@ VIEWPORTS: dict[str, dict[str, Any]] = {
         "has_touch": True,
     },
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_artifacts() -> None:
+    """This run's screenshots only: an earlier run's would pass for this one's."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):
+        old.unlink()
 
 
 @pytest.fixture
@@ -69,6 +84,13 @@ async def _shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True, animations="disabled")
+    # A PNG as wide as the viewport in device pixels: the page drew, at this size.
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG, f"{path} is not a PNG"
+    viewport = page.viewport_size
+    scale = await page.evaluate("window.devicePixelRatio")
+    assert viewport is not None
+    assert int.from_bytes(head[16:20], "big") == round(viewport["width"] * scale), path
     print(f"screenshot: {path}")
 
 
@@ -183,6 +205,9 @@ def test_one_buyer_picks_several_seats_and_confirms_them_together(
                 )
                 assert drawn > 0, "the favicon does not draw"
                 assert await page.text_content("#slot") == SHOW.slot
+                # Words for people: no snapshot versions ("live · v3") or other internals.
+                shown = await page.inner_text("body")
+                assert not re.search(r"\bv\d+\b|·\s*v\d|snapshot|undefined|null", shown), shown
 
                 # Record every seat that plays the "someone else took it" animation.
                 await page.evaluate(

@@ -4,16 +4,24 @@ Claims are silent at INFO however many there are; a sweep that did something
 is one INFO line; a lost hold and every retry are DEBUG; an outage is one
 WARNING when it starts and one INFO line when it ends (see
 tests/test_open_errors.py for PostgreSQL's).
+
+The tests that take ``store`` run on every store and again on its async face
+(:func:`dibs.aio.open`, driven through tests/aio_face.py), which logs under
+the sync store's logger by the same rules; the async faces' retries and
+outages are tested in tests/test_aio_postgres.py and below.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 
 import pytest
 
 import dibs
+import dibs.aio
+from conftest import ALL_STORE_KINDS
 from dibs import FakeClock, HoldLost, StoreUnavailable, Unit
 from dibs.stores._retry import retrying
 
@@ -24,8 +32,20 @@ LOGGERS = {
 }
 
 
+@pytest.fixture(params=ALL_STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store, and every store again through :func:`dibs.aio.open`."""
+    return str(request.param)
+
+
 def _ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("dibs.")]
+
+
+def _scheme(store: object) -> str:
+    """The store's scheme; for the async face (tests/aio_face.py), the async store's."""
+    scheme: str = getattr(store, "aio", store).scheme
+    return scheme
 
 
 def test_claims_are_silent_at_info(store: dibs.Store, caplog: pytest.LogCaptureFixture) -> None:
@@ -45,14 +65,14 @@ def test_a_sweep_that_did_something_is_one_info_line(
     with caplog.at_level(logging.DEBUG, logger="dibs"):
         store.sweep()
         idle = _ours(caplog)
-        assert [(r.name, r.levelno) for r in idle] == [(LOGGERS[store.scheme], logging.DEBUG)]
+        assert [(r.name, r.levelno) for r in idle] == [(LOGGERS[_scheme(store)], logging.DEBUG)]
         caplog.clear()
         for i in range(3):
             assert store.claim(Unit(f"seat-{i}"), holder="alice", ttl=5)
         clock.advance(10)
         assert store.sweep().expired == 3
     [line] = _ours(caplog)
-    assert line.name == LOGGERS[store.scheme] and line.levelno == logging.INFO
+    assert line.name == LOGGERS[_scheme(store)] and line.levelno == logging.INFO
     assert "expired 3 dead holds" in line.getMessage()
 
 
@@ -149,5 +169,29 @@ def test_a_sqlite_outage_is_one_warning_then_one_info(
             blocker.close()
             assert store.claim(Unit("seat-9"), holder="alice")
             assert store.claim(Unit("seat-8"), holder="alice")
+    lines = [(r.name, r.levelno) for r in _ours(caplog)]
+    assert lines == [("dibs.stores.sqlite", logging.WARNING), ("dibs.stores.sqlite", logging.INFO)]
+
+
+def test_an_async_sqlite_outage_is_one_warning_then_one_info(
+    tmp_path: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = f"{tmp_path}/x.db"
+
+    async def main() -> None:
+        async with dibs.aio.open(f"sqlite:///{path}?busy_timeout=0.05") as store:
+            await store.sweep()  # opened
+            blocker = sqlite3.connect(path, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            with caplog.at_level(logging.INFO, logger="dibs"):
+                for i in range(5):
+                    with pytest.raises(StoreUnavailable):
+                        await store.claim(Unit(f"seat-{i}"), holder="alice")
+                blocker.execute("ROLLBACK")
+                blocker.close()
+                assert await store.claim(Unit("seat-9"), holder="alice")
+                assert await store.claim(Unit("seat-8"), holder="alice")
+
+    asyncio.run(main())
     lines = [(r.name, r.levelno) for r in _ours(caplog)]
     assert lines == [("dibs.stores.sqlite", logging.WARNING), ("dibs.stores.sqlite", logging.INFO)]

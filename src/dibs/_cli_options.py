@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from dibs.stores import DEFAULT_URL
+from dibs.exceptions import StoreMisconfigured
+from dibs.stores import DEFAULT_URL, default_url, open_store, redact, store_class
+
+if TYPE_CHECKING:
+    from dibs.stores.base import Store
 
 __all__ = [
     "STORE_DEFAULT",
     "add_store_option",
     "count",
+    "open_existing",
     "port",
     "positive_int",
     "positive_number",
@@ -44,6 +50,24 @@ def add_store_option(
         help=f"{what}: memory://, sqlite:///path.db, postgresql://user@host/db or a "
         f"plug-in store's URL (default: {default_help})",
     )
+
+
+def open_existing(store: str | None, doing: str) -> Store:
+    """Open the store ``--store`` names (or the default), refusing one that does not exist.
+
+    For commands that only read or maintain a store: a URL with a typo must
+    not make a new, empty store. ``doing`` says what the command does with it,
+    for the message ("sweep maintains", "dibs jobs reads").
+    """
+    url = store or default_url()
+    if store_class(url).exists(url) is False:
+        given = "" if store else f" (no --store given, so the default: {STORE_DEFAULT})"
+        raise StoreMisconfigured(
+            f"no dibs store at {redact(url)}{given}; {doing} an existing store and never "
+            "creates one",
+            cause="the store does not exist",
+        )
+    return open_store(url, create=False)
 
 
 # --- option types: argparse prints their message as is, so it speaks to the user ---------------

@@ -19,6 +19,7 @@ from dibs._cli_options import (
     STORE_DEFAULT,
     add_store_option,
     count,
+    open_existing,
     positive_int,
     seconds,
     seconds_or_zero,
@@ -28,7 +29,6 @@ from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
 from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured
 from dibs.service._cli import add_commands as add_service_commands
-from dibs.stores import default_url, redact, store_class
 from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
 from dibs.verify._cli import add_verify_command
@@ -200,15 +200,7 @@ def _add_sweep(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _run_sweep(args: argparse.Namespace) -> int:
     # Sweeping maintains a store; a URL with a typo must not make a new, empty one.
-    url = args.store or default_url()
-    if store_class(url).exists(url) is False:
-        given = "" if args.store else f" (no --store given, so the default: {STORE_DEFAULT})"
-        raise StoreMisconfigured(
-            f"no dibs store at {redact(url)}{given}; sweep maintains an existing store and "
-            "never creates one",
-            cause="the store does not exist",
-        )
-    store = dibs.open(url)
+    store = open_existing(args.store, "sweep maintains")
     with store:
         result = store.sweep()
     counts = {
@@ -224,6 +216,51 @@ def _run_sweep(args: argparse.Namespace) -> int:
             f"records and {result.purged_claims} ended claims"
         )
     return EXIT_OK
+
+
+# --- dibs doctor ---------------------------------------------------------------------------------
+
+
+def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="read a store's durability settings and say what could lose a claim",
+        description=(
+            "Connect to the store at URL, read its durability settings and print each one "
+            "with what it can cost and the fix. PostgreSQL: fsync, full_page_writes, "
+            "synchronous_commit, synchronous_standby_names against the streaming standbys. "
+            "SQLite: journal mode and synchronous. memory://: nothing survives a restart. "
+            "etcd: member count and quorum health. Exits 1 when a setting can lose an "
+            "acknowledged claim, 0 otherwise (warnings included), 2 when the store cannot "
+            "be read as configured."
+        ),
+    )
+    p.add_argument(
+        "url",
+        metavar="URL",
+        nargs="?",
+        help=f"the store's URL, as dibs.open takes it (default: {STORE_DEFAULT})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=5.0,
+        help="seconds to wait for each server (default 5)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from dibs.doctor import examine, print_report  # noqa: PLC0415 (only when asked)
+    from dibs.stores import default_url  # noqa: PLC0415
+
+    report = examine(args.url or default_url(), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return EXIT_FAILED if report.loses_data else EXIT_OK
 
 
 # --- dibs worker ---------------------------------------------------------------------------------
@@ -276,6 +313,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_sweep,
+    _add_doctor,
     _add_worker,
     add_jobs_command,  # jobs list|show|retry|cancel|purge (dibs.tasks)
     add_service_commands,  # serve, keys (dibs.service; needs the service extra only to run)

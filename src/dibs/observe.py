@@ -19,6 +19,10 @@ Each call of the contract (``claim``, ``confirm``, ``extend``, ``release``,
   then ERROR; the exception's message is not recorded, since it may name a
   holder).
 
+An async store (:func:`dibs.aio.open`) is instrumented the same way:
+``instrument(async_store)`` returns an :class:`InstrumentedAsyncStore` whose
+coroutines make the same spans and metrics.
+
 Holder names, resources, slots, claim and request IDs are never recorded:
 they may be personal data. Two instruments are recorded on the meter
 ``dibs``:
@@ -31,10 +35,12 @@ they may be personal data. Two instruments are recorded on the meter
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs.aio._store import AsyncStore
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
 
@@ -45,29 +51,49 @@ if TYPE_CHECKING:
     from dibs.stores.capabilities import ChangeFeed, ClaimLog
     from dibs.stores.jobs import JobTable
 
-__all__ = ["InstrumentedStore", "instrument"]
+__all__ = ["InstrumentedAsyncStore", "InstrumentedStore", "instrument"]
 
 _T = TypeVar("_T")
 
 _classes: dict[type[Store], type[InstrumentedStore]] = {}
 
 
+@overload
 def instrument(
     store: Store,
     *,
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
-) -> InstrumentedStore:
+) -> InstrumentedStore: ...
+
+
+@overload
+def instrument(
+    store: AsyncStore,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> InstrumentedAsyncStore: ...
+
+
+def instrument(
+    store: Store | AsyncStore,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> InstrumentedStore | InstrumentedAsyncStore:
     """``store`` with a span and metrics around every call; the same store, claims and errors.
 
-    Uses the global tracer and meter providers unless others are given.
-    Closing the returned store closes ``store``. Raises
-    :class:`~dibs.InvalidInput` for something that is not a store, and
-    ``ImportError`` when ``opentelemetry-api`` is not installed.
+    Takes a sync store (:func:`dibs.open`) and returns an
+    :class:`InstrumentedStore`, or an async one (:func:`dibs.aio.open`) and
+    returns an :class:`InstrumentedAsyncStore`. Uses the global tracer and
+    meter providers unless others are given. Closing the returned store closes
+    ``store``. Raises :class:`~dibs.InvalidInput` for something that is not a
+    store, and ``ImportError`` when ``opentelemetry-api`` is not installed.
     """
-    if isinstance(store, InstrumentedStore):
+    if isinstance(store, InstrumentedStore | InstrumentedAsyncStore):
         return store
-    if not isinstance(store, Store):
+    if not isinstance(store, Store | AsyncStore):
         raise InvalidInput(
             f"instrument() takes a dibs store, got {store!r}", field="store", value=store
         )
@@ -81,6 +107,8 @@ def instrument(
 
     tracer = trace.get_tracer("dibs", dibs.__version__, tracer_provider=tracer_provider)
     meter = metrics.get_meter("dibs", dibs.__version__, meter_provider=meter_provider)
+    if isinstance(store, AsyncStore):
+        return InstrumentedAsyncStore(store, _Telemetry(store.scheme, tracer, meter))
     cls = _classes.get(type(store))
     if cls is None:
         # A subclass per store class, so that the class-level facts (scheme,
@@ -100,22 +128,14 @@ def instrument(
     return cls(store, tracer, meter)
 
 
-class InstrumentedStore(Store):
-    """A store whose calls are traced and measured; everything else is the wrapped store's.
+class _Telemetry:
+    """The spans and instruments both instrumented faces record with."""
 
-    Made by :func:`instrument`. Attributes the wrapped store has and this
-    class does not (``path``, ``schema``…) are read from it.
-    """
-
-    scheme = "instrumented"
-
-    def __init__(self, store: Store, tracer: Any, meter: Any) -> None:
-        super().__init__(clock=store.clock, request_retention=store.request_retention)
+    def __init__(self, scheme: str, tracer: Any, meter: Any) -> None:
         from opentelemetry.context import attach, detach  # noqa: PLC0415
         from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context  # noqa: PLC0415
 
-        self.store = store
-        """The wrapped store."""
+        self.scheme = scheme
         self._tracer = tracer
         self._kind = SpanKind.CLIENT
         self._error = StatusCode.ERROR
@@ -130,6 +150,106 @@ class InstrumentedStore(Store):
             unit="s",
             description="Duration of store calls, by store, operation and outcome",
         )
+
+    def start(self, operation: str, targets: int | None) -> tuple[Any, Any, float]:
+        """Start the call's span and make it current: (span, context token, start time)."""
+        attributes: dict[str, str | int] = {"dibs.store": self.scheme, "dibs.operation": operation}
+        if targets is not None:
+            attributes["dibs.targets"] = targets
+        span = self._tracer.start_span(f"dibs.{operation}", kind=self._kind, attributes=attributes)
+        # Attached by hand rather than with start_as_current_span(): two context
+        # managers fewer per call, and no exception recorded (its message may name
+        # a holder).
+        return span, self._attach(self._in_context(span)), time.perf_counter()
+
+    def failed(
+        self, span: Any, operation: str, exc: BaseException, started: float, counted: bool
+    ) -> None:
+        span.set_attribute("error.type", type(exc).__qualname__)
+        span.set_attribute("dibs.outcome", "error")
+        span.set_status(self._error)
+        self._measure(operation, "error", started, counted=counted)
+
+    def done(self, span: Any, operation: str, outcome: str, started: float, counted: bool) -> None:
+        span.set_attribute("dibs.outcome", outcome)
+        self._measure(operation, outcome, started, counted=counted)
+
+    def end(self, span: Any, token: Any) -> None:
+        self._detach(token)
+        span.end()
+
+    def traced(
+        self,
+        operation: str,
+        call: Callable[[], _T],
+        outcome: Callable[[_T], str] | None = None,
+        targets: int | None = None,
+    ) -> _T:
+        span, token, started = self.start(operation, targets)
+        try:
+            result = call()
+        except BaseException as exc:
+            self.failed(span, operation, exc, started, outcome is not None)
+            raise
+        else:
+            self.done(span, operation, outcome(result) if outcome else "ok", started, bool(outcome))
+            return result
+        finally:
+            self.end(span, token)
+
+    async def traced_async(
+        self,
+        operation: str,
+        call: Callable[[], Awaitable[_T]],
+        outcome: Callable[[_T], str] | None = None,
+        targets: int | None = None,
+    ) -> _T:
+        # The span is current in this task's context while the call is awaited, so
+        # spans the call makes (a driver's) nest under it; other tasks never see it.
+        span, token, started = self.start(operation, targets)
+        try:
+            result = await call()
+        except BaseException as exc:  # a cancelled call too: its span says CancelledError
+            self.failed(span, operation, exc, started, outcome is not None)
+            raise
+        else:
+            self.done(span, operation, outcome(result) if outcome else "ok", started, bool(outcome))
+            return result
+        finally:
+            self.end(span, token)
+
+    def _measure(self, operation: str, outcome: str, started: float, *, counted: bool) -> None:
+        seconds = time.perf_counter() - started
+        labels = {"dibs.store": self.scheme, "dibs.outcome": outcome}
+        if counted:
+            self._claims.add(1, labels)
+        self._duration.record(seconds, {**labels, "dibs.operation": operation})
+
+
+def _count(targets: Target | Iterable[Target]) -> int | None:
+    # Counted only when that costs nothing: an iterator is the store's to consume.
+    if isinstance(targets, Unit | Span):
+        return 1
+    if isinstance(targets, list | tuple | set | frozenset):
+        return len(targets)
+    return None
+
+
+class InstrumentedStore(Store):
+    """A store whose calls are traced and measured; everything else is the wrapped store's.
+
+    Made by :func:`instrument`. Attributes the wrapped store has and this
+    class does not (``path``, ``schema``…) are read from it.
+    """
+
+    scheme = "instrumented"
+
+    def __init__(self, store: Store, tracer: Any, meter: Any) -> None:
+        super().__init__(clock=store.clock, request_retention=store.request_retention)
+        self.store = store
+        """The wrapped store."""
+        self._telemetry = _Telemetry(self.scheme, tracer, meter)
+        self._traced = self._telemetry.traced
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -149,46 +269,6 @@ class InstrumentedStore(Store):
 
     # --- the traced calls -----------------------------------------------------------------------
 
-    def _traced(
-        self,
-        operation: str,
-        call: Callable[[], _T],
-        outcome: Callable[[_T], str] | None = None,
-        targets: int | None = None,
-    ) -> _T:
-        attributes: dict[str, str | int] = {"dibs.store": self.scheme, "dibs.operation": operation}
-        if targets is not None:
-            attributes["dibs.targets"] = targets
-        span = self._tracer.start_span(f"dibs.{operation}", kind=self._kind, attributes=attributes)
-        # Attached by hand rather than with start_as_current_span(): two context
-        # managers fewer per call, and no exception recorded (its message may name
-        # a holder).
-        token = self._attach(self._in_context(span))
-        started = time.perf_counter()
-        try:
-            result = call()
-        except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__qualname__)
-            span.set_attribute("dibs.outcome", "error")
-            span.set_status(self._error)
-            self._measure(operation, "error", started, counted=outcome is not None)
-            raise
-        else:
-            said = outcome(result) if outcome is not None else "ok"
-            span.set_attribute("dibs.outcome", said)
-            self._measure(operation, said, started, counted=outcome is not None)
-            return result
-        finally:
-            self._detach(token)
-            span.end()
-
-    def _measure(self, operation: str, outcome: str, started: float, *, counted: bool) -> None:
-        seconds = time.perf_counter() - started
-        labels = {"dibs.store": self.scheme, "dibs.outcome": outcome}
-        if counted:
-            self._claims.add(1, labels)
-        self._duration.record(seconds, {**labels, "dibs.operation": operation})
-
     def claim(
         self,
         targets: Target | Iterable[Target],
@@ -198,19 +278,11 @@ class InstrumentedStore(Store):
         ttl: float | None = None,
     ) -> ClaimResult:
         """Traced :meth:`Store.claim`."""
-        # Counted only when that costs nothing: an iterator is the store's to consume.
-        count = (
-            1
-            if isinstance(targets, Unit | Span)
-            else len(targets)
-            if isinstance(targets, list | tuple | set | frozenset)
-            else None
-        )
         return self._traced(
             "claim",
             lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
             _claim_outcome,
-            count,
+            _count(targets),
         )
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
@@ -299,6 +371,153 @@ class InstrumentedStore(Store):
 
     def _sweep(self) -> SweepResult:
         return self.store._sweep()
+
+
+class InstrumentedAsyncStore(AsyncStore):
+    """An async store whose calls are traced and measured; everything else is the wrapped store's.
+
+    Made by :func:`instrument` from a :func:`dibs.aio.open` store. Its
+    coroutines make the spans and metrics :class:`InstrumentedStore`'s calls
+    make; answers, errors, opening, closing and the event loop it belongs to
+    are the wrapped store's. The async patterns (``dibs.aio.Lot``,
+    ``dibs.aio.match``, ``dibs.aio.booking``) and ``lease()`` run on it, their
+    store calls traced.
+    """
+
+    scheme = "instrumented"
+
+    def __init__(self, store: AsyncStore, telemetry: _Telemetry) -> None:
+        super().__init__()
+        self.store = store
+        """The wrapped async store."""
+        self.scheme = store.scheme  # type: ignore[misc]  # per instance: the wrapped store's
+        self._inline = store._inline
+        self._logger = store._logger
+        self._traced = telemetry.traced_async
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> Self:
+        """The async store ``url`` names (as :func:`dibs.aio.open` makes it), instrumented."""
+        from dibs.aio import open as open_async  # noqa: PLC0415  (dibs.aio imports the stores)
+
+        return instrument(open_async(url, **options))  # type: ignore[return-value]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names this class lacks: the wrapped store's own (request_retention, clock).
+        if name.startswith("__") or name == "store":
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def __repr__(self) -> str:
+        return f"instrument({self.store!r})"
+
+    async def open(self) -> Self:
+        """Open the wrapped store now: :meth:`dibs.aio.AsyncStore.open`."""
+        await self.store.open()
+        return self
+
+    async def close(self) -> None:
+        """Close the wrapped store: :meth:`dibs.aio.AsyncStore.close`."""
+        await self.store.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the wrapped store was closed."""
+        return self.store.closed
+
+    # --- the traced calls -----------------------------------------------------------------------
+
+    async def claim(
+        self,
+        targets: Target | Iterable[Target],
+        *,
+        holder: str,
+        request_id: str | None = None,
+        ttl: float | None = None,
+    ) -> ClaimResult:
+        """Traced :meth:`dibs.aio.AsyncStore.claim`."""
+        return await self._traced(
+            "claim",
+            lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+            _claim_outcome,
+            _count(targets),
+        )
+
+    async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+        """Traced :meth:`dibs.aio.AsyncStore.confirm`."""
+        return await self._traced(
+            "confirm", lambda: self.store.confirm(claim_id, holder=holder, fence=fence)
+        )
+
+    async def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+        """Traced :meth:`dibs.aio.AsyncStore.extend`."""
+        return await self._traced(
+            "extend", lambda: self.store.extend(claim_id, holder=holder, fence=fence, ttl=ttl)
+        )
+
+    async def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+        """Traced :meth:`dibs.aio.AsyncStore.release`."""
+        return await self._traced(
+            "release", lambda: self.store.release(claim_id, holder=holder, fence=fence)
+        )
+
+    async def get(self, claim_id: str) -> Claim | None:
+        """Traced :meth:`dibs.aio.AsyncStore.get`."""
+        return await self._traced("get", lambda: self.store.get(claim_id))
+
+    async def holder_of(self, target: Unit | Span) -> str | None:
+        """Traced :meth:`dibs.aio.AsyncStore.holder_of`."""
+        return await self._traced("holder_of", lambda: self.store.holder_of(target))
+
+    async def claims_of(self, holder: str) -> list[Claim]:
+        """Traced :meth:`dibs.aio.AsyncStore.claims_of`."""
+        return await self._traced("claims_of", lambda: self.store.claims_of(holder))
+
+    async def sweep(self) -> SweepResult:
+        """Traced :meth:`dibs.aio.AsyncStore.sweep`."""
+        return await self._traced("sweep", self.store.sweep)
+
+    async def now(self) -> datetime:
+        """The wrapped store's :meth:`~dibs.aio.AsyncStore.now` (not traced)."""
+        return await self.store.now()
+
+    # The contract's _-coroutines are never reached (the public methods above
+    # delegate whole), but an AsyncStore must define them.
+
+    async def _open(self) -> None:
+        await self.store.open()
+
+    async def _claim(
+        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
+    ) -> ClaimResult:
+        return await self.store._claim(targets, holder, request_id, ttl)
+
+    async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
+        return await self.store._confirm(claim_id, holder, fence)
+
+    async def _extend(self, claim_id: str, holder: str, fence: int, ttl: float) -> Claim:
+        return await self.store._extend(claim_id, holder, fence, ttl)
+
+    async def _release(self, claim_id: str, holder: str, fence: int) -> bool:
+        return await self.store._release(claim_id, holder, fence)
+
+    async def _get(self, claim_id: str) -> Claim | None:
+        return await self.store._get(claim_id)
+
+    async def _holder_of(self, target: Unit | Span) -> str | None:
+        return await self.store._holder_of(target)
+
+    async def _claims_of(self, holder: str) -> list[Claim]:
+        return await self.store._claims_of(holder)
+
+    async def _sweep(self) -> SweepResult:
+        return await self.store._sweep()
+
+    async def _now(self) -> float:
+        return await self.store._now()
+
+    async def _close(self) -> None:
+        await self.store.close()
 
 
 def _claim_outcome(result: ClaimResult) -> str:

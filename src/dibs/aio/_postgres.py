@@ -22,9 +22,16 @@ import psycopg
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
 from dibs.aio._store import AsyncStore
+from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
-from dibs.stores.postgres._connect import AsyncRecordingPool, describe, first_connection
+from dibs.stores.postgres._connect import (
+    AsyncRecordingPool,
+    awatch_replication,
+    describe,
+    first_connection,
+    unreplicated,
+)
 from dibs.stores.postgres._ops import (
     RETRY,
     LeaveItToTheFunction,
@@ -185,12 +192,14 @@ class AsyncPostgresStore(AsyncStore):
     def _prepare(self) -> None:
         with first_connection(self._conninfo, self._pool_options["timeout"]) as conn:
             create_schema(conn, self.schema, self._create_extension)
+            warn_once(conn, self._where)  # what `dibs doctor` would flag, once per database
 
     def _new_pool(self) -> AsyncRecordingPool:
         return AsyncRecordingPool(
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-aio-{self.schema}",
+            configure=awatch_replication,
             open=False,
             **self._pool_options,
         )
@@ -324,6 +333,9 @@ class AsyncPostgresStore(AsyncStore):
                 await cur.execute(query, params)
                 answered = True
                 answer = await (cur.fetchall() if many else cur.fetchone())
+                # A commit whose wait for the synchronous standbys was cancelled
+                # reports success: never pass it on as one.
+                lost = unreplicated(conn, self._where)
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     retry = retry or backoff(self.max_retries)
@@ -335,6 +347,9 @@ class AsyncPostgresStore(AsyncStore):
                 error = mapped or await self._translate(exc, params, answered=answered)
                 self._outage.failed(error)
                 raise error from exc
+            if lost is not None:
+                self._outage.failed(lost)
+                raise lost
             if self._outage.failing:
                 self._outage.answered()
             return answer

@@ -24,10 +24,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
 from dibs.aio._store import AsyncStore
 from dibs.exceptions import InvalidInput, StoreClosed
-from dibs.stores.base import Store, _logger_name
+from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store, _logger_name
 
 __all__ = ["DEFAULT_THREADS", "ThreadedStore"]
 
@@ -166,6 +166,18 @@ class ThreadedStore(AsyncStore):
         self._given = store is not None
         self.sync: Store | None = store
         """The sync store behind this one, once opened (or as given: see :meth:`over`)."""
+
+    @property
+    def request_retention(self) -> float:
+        """Seconds a request ID is remembered: the sync store's ``request_retention``.
+
+        Before the store is open (and after it is closed), the option it was
+        given, as the sync store will read it. ``@dibs.idempotent`` keeps its
+        results this long.
+        """
+        if self.sync is not None:
+            return self.sync.request_retention
+        return check_retention(self._options.get("request_retention", DEFAULT_REQUEST_RETENTION))
 
     @classmethod
     def over(cls, store: Store, *, threads: int | None = None) -> Self:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dibs
-from dibs._cli_options import add_store_option
+from dibs._cli_options import add_store_option, open_existing
 from dibs.exceptions import InvalidInput
 from dibs.limits import NUMBER_MAX
 from dibs.stores import default_url
@@ -153,14 +153,13 @@ def _existing_table(url: str | None) -> Iterator[tuple[dibs.Store, JobTable]]:
     Raises :class:`~dibs.InvalidInput` for memory:// (it holds no other
     process's jobs) and :class:`~dibs.StoreMisconfigured` where no store exists.
     """
-    url = url or default_url()
-    if url.partition(":")[0].lower() == "memory":
+    if (url or default_url()).partition(":")[0].lower() == "memory":
         raise InvalidInput(
             "memory:// lives inside one process and holds no jobs another can see; "
             "give --store a sqlite:// or postgresql:// URL",
-            field="store", value=url,
+            field="store", value=url or default_url(),
         )  # fmt: skip
-    store = dibs.open(url, create=False)
+    store = open_existing(url, "dibs jobs reads and maintains")
     try:
         yield store, job_table(store)
     finally:

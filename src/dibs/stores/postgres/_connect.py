@@ -26,7 +26,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 
-__all__ = ["AsyncRecordingPool", "RecordingPool", "connect_error", "first_connection"]
+__all__ = [
+    "AsyncRecordingPool",
+    "RecordingPool",
+    "connect_error",
+    "first_connection",
+    "unreplicated",
+    "watch_replication",
+]
 
 logger = logging.getLogger("dibs.stores.postgres")
 
@@ -80,16 +87,92 @@ def connect_error(exc: psycopg.Error, where: str) -> StoreMisconfigured | StoreU
 
 
 def describe(conninfo: str) -> str:
-    """Where a conninfo points, for messages: host, port, database and user, never a password."""
+    """Where a conninfo points, for messages: hosts, ports, database and user, never a password.
+
+    A multi-host conninfo (``host=a,b port=5432,5433``) reads ``a:5432,b:5433/db``.
+    """
     try:
         params = conninfo_to_dict(conninfo)
     except psycopg.Error:
         return "(unparsable conninfo)"
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    port = params.get("port") or "5432"
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) == 1:  # libpq: one port serves every host
+        ports *= len(hosts)
+    where = ",".join(
+        f"{h or 'localhost'}:{p or '5432'}" for h, p in zip(hosts, ports, strict=False)
+    )
     db = params.get("dbname") or params.get("user") or "?"
     user = params.get("user")
-    return f"{host}:{port}/{db}" + (f" as {user!r}" if user else "")
+    return f"{where}/{db}" + (f" as {user!r}" if user else "")
+
+
+# --- commits the synchronous standbys may not have ----------------------------------------------
+
+_WATCH = "_dibs_replication"
+
+
+class _ReplicationWatch:
+    """What a connection's server said about its last commit's synchronous replication.
+
+    PostgreSQL commits locally, then waits for the synchronous standbys. When
+    that wait is cancelled (``pg_cancel_backend``, a statement cancelled by
+    its client) the server still reports success, with only a WARNING
+    "canceling wait for synchronous replication": the commit may exist on the
+    primary alone, and a failover would lose it. When the backend is
+    terminated in the wait, the WARNING comes just before the connection
+    drops. The notice is known by its source function, ``SyncRepWaitForLSN``,
+    which the server sends in every language (its message is translated).
+    """
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled: str | None = None
+
+    def __call__(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.source_function == "SyncRepWaitForLSN" or (
+            diag.message_primary is not None
+            and "wait for synchronous replication" in diag.message_primary
+        ):
+            self.cancelled = diag.message_primary or "canceling wait for synchronous replication"
+
+
+def watch_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Have ``conn`` remember a cancelled synchronous-replication wait (see :func:`unreplicated`).
+
+    The pools' ``configure`` step: every connection a store uses is watched.
+    """
+    watch = _ReplicationWatch()
+    setattr(conn, _WATCH, watch)
+    conn.add_notice_handler(watch)
+
+
+async def awatch_replication(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`watch_replication` as the async pool's ``configure`` step."""
+    watch_replication(conn)
+
+
+def unreplicated(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], where: str
+) -> StoreUnavailable | None:
+    """The error for a commit on ``conn`` whose synchronous-replication wait was cancelled, once.
+
+    None when the last statements committed normally. The outcome is
+    unknown to the caller: the commit stands on the primary, but the
+    standbys may not have it, so it must not be acknowledged (a failover
+    would lose it). Retry with the same request ID.
+    """
+    watch: _ReplicationWatch | None = getattr(conn, _WATCH, None)
+    if watch is None or watch.cancelled is None:
+        return None
+    message, watch.cancelled = watch.cancelled, None
+    return StoreUnavailable(
+        f"PostgreSQL store ({where}): the commit's wait for synchronous replication was "
+        f"cancelled ({message}); it committed on the primary but may be missing on the "
+        "standbys, so its outcome is unknown: retry with the same request ID",
+        cause=message,
+    )
 
 
 def first_connection(conninfo: str, timeout: float) -> psycopg.Connection[TupleRow]:
@@ -102,11 +185,13 @@ def first_connection(conninfo: str, timeout: float) -> psycopg.Connection[TupleR
     if "connect_timeout" not in conninfo_to_dict(conninfo):
         extra["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum is 2
     try:
-        return psycopg.connect(conninfo, autocommit=True, **extra)
+        conn = psycopg.connect(conninfo, autocommit=True, **extra)
     except psycopg.Error as exc:
         error = connect_error(exc, describe(conninfo))
         logger.debug("%s", error)  # raised, not logged louder: the caller reports it
         raise error from exc
+    watch_replication(conn)
+    return conn
 
 
 class RecordingPool(ConnectionPool[psycopg.Connection[TupleRow]]):

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
+from dibs.stores.postgres._connect import unreplicated
 from dibs.stores.postgres._sql import JOBS, upgrade
 
 __all__ = ["PostgresJobs"]
@@ -88,8 +89,10 @@ class PostgresJobs(SQLJobs):
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Connection[TupleRow]]:
         try:
-            with self._pool().connection() as conn, conn.transaction():
-                yield conn
+            with self._pool().connection() as conn:
+                with conn.transaction():
+                    yield conn
+                _replicated(conn)  # the COMMIT just sent
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
 
@@ -106,7 +109,9 @@ class PostgresJobs(SQLJobs):
     def _single(self, work: Callable[[Any], _T], write: bool = True) -> _T:
         try:
             with self._pool().connection() as conn:  # autocommit: one statement, one commit
-                return work(conn)
+                result = work(conn)
+                _replicated(conn)
+                return result
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
 
@@ -163,3 +168,11 @@ class PostgresJobs(SQLJobs):
             thread.join()
 
         return stop
+
+
+def _replicated(conn: psycopg.Connection[TupleRow]) -> None:
+    """Raise :class:`~dibs.StoreUnavailable` if the commit's synchronous-replication wait was
+    cancelled: it reported success, but the standbys may not have it."""
+    lost = unreplicated(conn, "job table")
+    if lost is not None:
+        raise lost

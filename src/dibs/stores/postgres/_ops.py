@@ -71,7 +71,13 @@ from dibs.stores.base import (
     stored_claim,
 )
 from dibs.stores.postgres._connect import cause_of
-from dibs.stores.postgres._sql import CLAIMS, SCHEMA_VERSION, Statements, schema_version, upgrade
+from dibs.stores.postgres._sql import (
+    CLAIMS,
+    SCHEMA_VERSION,
+    Statements,
+    schema_version,
+    upgrade,
+)
 
 __all__ = [
     "ALL",
@@ -586,6 +592,8 @@ class Operations:
             created_at if new else updated.astimezone(UTC),
             bool(taken_over),
         )
+        # A replay came from claim_unit, whose commit waited for the synchronous
+        # standbys to have what it replays (REPLICATED).
         return make_result(True, claim, (), replayed=not new)
 
     # --- transitions on one claim ---------------------------------------------------------------

@@ -82,6 +82,20 @@ def upgrade(conn: psycopg.Connection[TupleRow], schema: str, migrations: Migrati
         )
 
 
+REPLICATED = (
+    "(current_setting('synchronous_standby_names') = '' "
+    "OR current_setting('synchronous_commit') IN ('off', 'local') "
+    "OR pg_logical_emit_message(true, 'dibs', '') IS NOT NULL)"
+)
+"""A condition that is always true, and with synchronous standbys writes a transactional
+WAL message: it gives the statement's transaction an ID and a commit record, written
+after every commit the statement saw, so that its commit waits until the synchronous
+standbys have all of them. An answer read from another commit (a replay, a confirm
+already done) must not be acknowledged while the primary alone has that commit: its
+wait for the standbys may have been cancelled, or still be under way in another
+session. Without synchronous standbys it writes nothing."""
+
+
 class Statements:
     """The statements a store sends, rendered once for its schema.
 
@@ -107,10 +121,12 @@ class Statements:
         self.claim = render(
             "SELECT * FROM {s}.claim_v4(%(holder)s, %(targets)s, %(ttl)s, %(rid)s, %(fp)s, "
             "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
-            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[])"
+            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[]) "
+            f"WHERE {REPLICATED}"  # a replay, a recorded refusal: see REPLICATED
         )
         # One unit, in one statement. A replay of a live request is a plain
-        # read (nothing is written: no WAL, no commit record). A unit never
+        # read (nothing is written: no WAL, no commit record), except with
+        # synchronous standbys: then REPLICATED makes its commit wait for them. A unit never
         # claimed (or purged) is one INSERT against the primary key, the check;
         # the claim ID and fence are drawn only when the snapshot shows the
         # unit free, and an insert racing a first attempt in flight waits on
@@ -141,6 +157,7 @@ class Statements:
             "NOW FROM seen WHERE seen.state <> 'request' AND seen.resource = %(r)s "
             "AND seen.slot = %(sl)s "
             "AND seen.created_at > NOW - make_interval(secs => %(retention)s) "
+            f"AND {REPLICATED} "
             "UNION ALL SELECT 'reuse', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
             "FROM o WHERE NOT EXISTS (SELECT 1 FROM seen) "
             "AND (o.state IN ('released', 'free', 'expired') "
@@ -238,7 +255,10 @@ class Statements:
             "RETURNING true"
         )
         self.transition = render(
-            "SELECT * FROM {s}.transition_v4(%(op)s, %(id)s, %(h)s, %(f)s, %(ttl)s, %(now)s)"
+            "SELECT * FROM {s}.transition_v4(%(op)s, %(id)s, %(h)s, %(f)s, %(ttl)s, %(now)s) "
+            # A retried confirm or release that finds its first attempt done writes
+            # nothing, and answers from a commit the standbys may lack: see REPLICATED.
+            f"WHERE {REPLICATED}"
         )
         self.sweep = render("SELECT * FROM {s}.sweep_v4(%(now)s, %(retention)s, %(batch)s)")
         cols = (

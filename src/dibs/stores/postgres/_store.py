@@ -47,12 +47,19 @@ from psycopg.rows import TupleRow
 
 from dibs._clock import Clock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores._retry import Backoff
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.jobs import JobTable
-from dibs.stores.postgres._connect import RecordingPool, describe, first_connection
+from dibs.stores.postgres._connect import (
+    RecordingPool,
+    describe,
+    first_connection,
+    unreplicated,
+    watch_replication,
+)
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._ops import (
     RETRY,
@@ -140,6 +147,7 @@ class PostgresStore(Store):
         # with libpq's cause, where a pool would retry it quietly until pool_timeout.
         with first_connection(conninfo, self._pool_options["timeout"]) as conn:
             create_schema(conn, schema, create_extension)
+            warn_once(conn, self._where)  # what `dibs doctor` would flag, once per database
         self._own_pool = self._new_pool()
         logger.debug("opened the PostgreSQL store at %s, schema %r", self._where, schema)
 
@@ -148,6 +156,7 @@ class PostgresStore(Store):
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-{self.schema}",
+            configure=watch_replication,
             open=False,
             **self._pool_options,
         )
@@ -249,6 +258,9 @@ class PostgresStore(Store):
                     cur.execute(query, params)
                     answered = True
                     answer = cur.fetchall() if fetch_all else cur.fetchone()
+                    # A commit whose wait for the synchronous standbys was cancelled
+                    # reports success: never pass it on as one.
+                    lost = unreplicated(conn, self._where)
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     backoff = backoff or _backoff(self.max_retries)
@@ -260,6 +272,9 @@ class PostgresStore(Store):
                 error = mapped or self._translate(exc, params, answered=answered)
                 self._outage.failed(error)
                 raise error from exc
+            if lost is not None:
+                self._outage.failed(lost)
+                raise lost
             if self._outage.failing:
                 self._outage.answered()
             return answer
