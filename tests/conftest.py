@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import secrets
@@ -11,12 +12,14 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import psycopg_pool.base
 import pytest
 
 import dibs
 from aio_face import open_face
 from dibs import FakeClock, Store
+from etcdserver import etcd_url, fresh_prefix  # the session's etcd member (tests/etcdserver.py)
 from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
     drop_schema,
     pg_admin_url,
@@ -26,12 +29,12 @@ from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
     schema_url,
 )
 
-__all__ = ["pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
+__all__ = ["etcd_url", "pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
 
-STORE_KINDS = ["memory", "sqlite", "postgresql"]
+STORE_KINDS = ["memory", "sqlite", "postgresql", "etcd"]
 """Every store the contract runs on."""
 
-AIO_STORE_KINDS = ["aio-memory", "aio-sqlite", "aio-postgresql"]
+AIO_STORE_KINDS = ["aio-memory", "aio-sqlite", "aio-postgresql", "aio-etcd"]
 """The same stores through :func:`dibs.aio.open`, driven by tests/aio_face.py's sync face.
 Only the modules that check the contract and the input domain ask for them (they override
 ``store_kind`` with :data:`ALL_STORE_KINDS`); the rest run on the sync stores only."""
@@ -84,12 +87,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class StoreMaker:
     """Opens stores of one kind onto one shared place (a file, a database)."""
 
-    def __init__(self, kind: str, tmp_path: Path, pg_url: str | None = None) -> None:
+    def __init__(
+        self, kind: str, tmp_path: Path, pg_url: str | None = None, etcd_url: str | None = None
+    ) -> None:
         self.aio = kind.startswith("aio-")
         self.kind = kind.removeprefix("aio-")
         self.tmp_path = tmp_path
         self.pg_url = pg_url
         self.pg_schema = f"t_{secrets.token_hex(6)}"  # a fresh schema per test
+        self.etcd_url = etcd_url
+        self.etcd_prefix = fresh_prefix()  # a fresh key prefix per test
         self.opened: list[Store] = []
         self._memory: Store | None = None
 
@@ -100,6 +107,8 @@ class StoreMaker:
             return f"sqlite:///{self.tmp_path / 'dibs.db'}"
         if self.kind == "postgresql" and self.pg_url is not None:
             return schema_url(self.pg_url, self.pg_schema)
+        if self.kind == "etcd" and self.etcd_url is not None:
+            return f"{self.etcd_url}/{self.etcd_prefix}"
         raise NotImplementedError(self.kind)
 
     def __call__(self, clock: FakeClock | None = None, **options: object) -> Store:
@@ -123,9 +132,29 @@ class StoreMaker:
             store.close()
         if self.kind == "postgresql" and self.pg_url is not None:
             drop_schema(self.pg_url, self.pg_schema)
+        if self.kind == "etcd" and self.etcd_url is not None:
+            drop_etcd_prefix(self.etcd_url, self.etcd_prefix)
 
 
-@pytest.fixture(params=STORE_KINDS)
+def drop_etcd_prefix(url: str, prefix: str) -> None:
+    """Delete every key a test's etcd store wrote (its prefix), keeping the session member small."""
+    endpoint = url.removeprefix("etcd://").split(",")[0].split("/")[0]
+    start = base64.b64encode(prefix.encode() + b"/").decode()
+    end = base64.b64encode(prefix.encode() + b"0").decode()  # "0" follows "/"
+    httpx.post(
+        f"http://{endpoint}/v3/kv/deleterange", json={"key": start, "range_end": end}, timeout=10
+    )
+
+
+PATTERN_STORE_KINDS = [kind for kind in STORE_KINDS if kind != "etcd"]
+"""The stores the pattern and feature modules run on (the default ``store_kind``). etcd runs
+the contract and the input domain on both faces (test_contract.py, test_domain.py), the state
+machine and its own tests (test_etcd*.py), but not every module: durable tasks need a job
+table etcd does not offer, and its network round trips would take the suite past its CI
+budget."""
+
+
+@pytest.fixture(params=PATTERN_STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -134,9 +163,10 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 def make_store(
     store_kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[StoreMaker]:
-    # Start PostgreSQL only when a test actually runs on it.
+    # Start PostgreSQL (etcd) only when a test actually runs on it.
     url = request.getfixturevalue("pg_url") if store_kind.endswith("postgresql") else None
-    maker = StoreMaker(store_kind, tmp_path, url)
+    etcd = request.getfixturevalue("etcd_url") if store_kind.endswith("etcd") else None
+    maker = StoreMaker(store_kind, tmp_path, url, etcd)
     yield maker
     maker.close()
 

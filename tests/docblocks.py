@@ -13,6 +13,9 @@ HTML comments on the lines just before a fence say what a block needs:
     The block reads ``$DIBS_URL`` (``dibs.open()`` does), which the runner
     points at a fresh schema on the test PostgreSQL server (the one the
     tests use: ``tests/pg_fixtures.py``, or ``$DIBS_TEST_PG_URL``).
+``<!-- needs: etcd -->``
+    The block reads ``$DIBS_URL``, which the runner points at a fresh prefix
+    on the test etcd member (``tests/etcdserver.py``).
 ``<!-- needs: dibs-serve -->``
     A shell block that calls the HTTP service: the runner starts ``dibs serve``
     (on SQLite in the block's directory, with ``--showing show-1:8x12 --lot
@@ -61,7 +64,7 @@ RUN_SHELL = frozenset({"sh", "bash", "shell", "console"})
 PARSED = frozenset({"json", "toml"})
 SHOWN = frozenset({"text", "sql", "nginx", "ini", "yaml", "html", "diff", "pycon"})
 LANGUAGES = RUN_PYTHON | RUN_SHELL | PARSED | SHOWN
-NEEDS = frozenset({"postgresql", "toy-store", "dibs-serve"})
+NEEDS = frozenset({"postgresql", "etcd", "toy-store", "dibs-serve"})
 LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "[::1]"})
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
@@ -262,7 +265,12 @@ def _dibs_serve(where: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
 
 
 def run_block(
-    block: Block, where: Path, *, pg_url: str | None = None, timeout: float = 240
+    block: Block,
+    where: Path,
+    *,
+    pg_url: str | None = None,
+    etcd_url: str | None = None,
+    timeout: float = 240,
 ) -> subprocess.CompletedProcess[str]:
     """Run one block alone in a fresh subprocess with ``where`` as its working directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIBS_", "PYTEST_"))}
@@ -275,6 +283,10 @@ def run_block(
         if pg_url is None:
             raise ValueError(f"{block.where} needs PostgreSQL and got no URL")
         env["DIBS_URL"] = pg_url
+    if "etcd" in block.needs:
+        if etcd_url is None:
+            raise ValueError(f"{block.where} needs etcd and got no URL")
+        env["DIBS_URL"] = etcd_url
     with contextlib.ExitStack() as stack:
         if "dibs-serve" in block.needs:
             env.update(stack.enter_context(_dibs_serve(where, env)))

@@ -111,6 +111,7 @@ def outcomes(
         if any("postgresql" in b.needs for b in selected)
         else None
     )
+    etcd = request.getfixturevalue("etcd_url") if any("etcd" in b.needs for b in selected) else None
     schemas: list[str] = []
 
     def run(block: Block) -> subprocess.CompletedProcess[str] | BaseException:
@@ -120,7 +121,8 @@ def outcomes(
             schemas.append(schema := f"docs_{secrets.token_hex(6)}")
             url = schema_url(pg_url, schema)
         try:
-            return run_block(block, tmp_path_factory.mktemp("block"), pg_url=url)
+            etcd_url = f"{etcd}/docs-{secrets.token_hex(6)}" if etcd is not None else None
+            return run_block(block, tmp_path_factory.mktemp("block"), pg_url=url, etcd_url=etcd_url)
         except Exception as exc:  # a timeout: reported by the block's own test
             return exc
 

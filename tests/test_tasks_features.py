@@ -151,6 +151,21 @@ def test_dibs_worker_queue_option_selects_the_apps_queues(
             processors()
 
 
+def test_registering_a_task_takes_its_due_jobs_without_waiting_for_the_poll(
+    processors: Callable[..., TaskProcessor],
+) -> None:
+    """A processor's tasks are registered after it starts (the decorator runs in its block):
+    jobs already due must start then, not at the next poll (an hour here). They waited
+    for it before the fix: half a second per worker start with the default poll."""
+    ran: list[tuple[str, Any]] = []
+    client = processors(take_jobs=False)
+    register(client, ran)
+    ids = [client.enqueue("echo", n) for n in range(3)]
+    worker = processors(poll=3600)
+    register(worker, ran)
+    assert [client.result(job_id, timeout=GUARD) for job_id in ids] == [0, 1, 2]
+
+
 def test_higher_priority_runs_first(processors: Callable[..., TaskProcessor]) -> None:
     ran: list[tuple[str, Any]] = []
     client = processors(take_jobs=False)
@@ -281,6 +296,27 @@ def test_a_job_enqueued_in_the_callers_transaction_exists_iff_it_commits(
             client.result(job_id, timeout=GUARD)
         assert worker.join(GUARD)
         assert ran == []
+
+
+def test_a_job_committed_by_the_caller_wakes_this_processs_workers(
+    make_store: StoreMaker, processors: Callable[..., TaskProcessor]
+) -> None:
+    """The enqueue's own wake-up runs before the caller commits, so the commit's wake-up
+    (NOTIFY; SQLite's data_version) must reach this process too: with an hour's poll, the
+    job would wait for it. (This process's own adds skip their NOTIFY, except these.)"""
+    if make_store.kind == "memory":
+        return  # takes no connection
+    ran: list[tuple[str, Any]] = []
+    worker = processors(poll=3600)
+    register(worker, ran)
+    for n in range(5):
+        conn = _caller_connection(make_store)
+        try:
+            job_id = worker.enqueue("echo", n, connection=conn)
+            _end(conn, commit=True)
+        finally:
+            conn.close()
+        assert worker.result(job_id, timeout=GUARD) == n
 
 
 def test_a_foreign_connection_is_invalid_input(

@@ -49,6 +49,7 @@ SCHEMES: dict[str, str] = {
     "sqlite": "dibs.stores.sqlite:SQLiteStore",
     "postgresql": "dibs.stores.postgres:PostgresStore",
     "postgres": "dibs.stores.postgres:PostgresStore",
+    "etcd": "dibs.stores.etcd:EtcdStore",
 }
 """The built-in stores: URL scheme → ``module:Class``, imported on first use so extras stay
 optional."""

@@ -286,6 +286,11 @@ class SQLJobs(abc.ABC):
 
     # --- waking ---------------------------------------------------------------------------
 
+    def _origin(self) -> str:
+        """Who sends an insert's notification (PostgreSQL): its listener skips its own
+        process's, which the local wake-up after the commit already covers."""
+        return ""
+
     def _local_wake(self) -> None:
         self._wakers.wake_all()
 
@@ -306,11 +311,17 @@ class SQLJobs(abc.ABC):
             return []
         now = self._now(None)
 
+        # The caller commits a job added on its connection, after our local wake-up:
+        # its notification must wake this process's workers too.
+        origin = self._origin() if connection is None else ""
+
         def work(conn: Any) -> list[str | None]:
             standing: list[str | None] = []
             for start in range(0, len(jobs), BATCH):
                 chunk = jobs[start : start + BATCH]
-                params: dict[str, Any] = {"now": now, "channel": self._dialect.channel}
+                params: dict[str, Any] = {
+                    "now": now, "channel": self._dialect.channel, "origin": origin,
+                }  # fmt: skip
                 for i, job in enumerate(chunk):
                     for col, value in zip(COLUMN_NAMES, row_values(job), strict=True):
                         params[f"{col}_{i}"] = value
@@ -563,6 +574,7 @@ class SQLJobs(abc.ABC):
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
         # ``decide`` is pure: a retry after a transient failure may run it again.
         now = self._now(None)
+        origin = self._origin()
 
         def work(conn: Any) -> list[Job]:
             ids = {"id": schedule_id}
@@ -580,7 +592,7 @@ class SQLJobs(abc.ABC):
             added = []
             statement = self._statement(self._insert_text(1), ("insert", 1))
             for job in jobs:
-                params = {"now": now, "channel": self._dialect.channel} | {
+                params = {"now": now, "channel": self._dialect.channel, "origin": origin} | {
                     f"{col}_0": value
                     for col, value in zip(COLUMN_NAMES, row_values(job), strict=True)
                 }

@@ -83,6 +83,11 @@ class Store(abc.ABC):
     """True when the store judges time on this machine's clock and the calling process does
     the writes (memory://, sqlite://): a caller killed mid-call leaves nothing running."""
 
+    holds_outlive_ttl: ClassVar[bool] = False
+    """True when a hold may stay live past its ``expires_at`` (never end before it): an etcd
+    lease restarts its TTL on a leader change. ``dibs verify`` then judges such a hold
+    live or dead at any time after its expiry, and still never taken over before it."""
+
     async_store: ClassVar[str | None] = None
     """``module:Class`` of this store's native async twin (a :class:`dibs.aio.AsyncStore`
     with ``from_url``), or None: :func:`dibs.aio.open` then runs this store on threads."""

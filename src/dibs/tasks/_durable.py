@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -85,11 +85,12 @@ class RegisteredTask:
     retries: int
     backoff: Backoff
     timeout: float | None
+    is_async: bool = field(init=False)
+    """Whether its attempts run on the processor's event loop (an ``async def``); read
+    per job, so worked out once."""
 
-    @property
-    def is_async(self) -> bool:
-        """Whether its attempts run on the processor's event loop (an ``async def``)."""
-        return inspect.iscoroutinefunction(self.fn)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
 
 @dataclass(slots=True)
@@ -149,14 +150,24 @@ class DurableRunner:
         self.lane = AsyncLane("dibs-tasks-async", async_workers)
         self.locks = LockKeys(store, self.holder, lease)
         self.tasks: dict[str, RegisteredTask] = {}
+        """By name; add through :meth:`register`."""
+        self._lane_names: dict[bool, tuple[int, list[str]]] = {}  # by lane: (version, names)
+        self._tasks_version = 0
         self.schedules: dict[str, DurableSchedule] = {}
         self._lock = threading.Lock()  # guards _running, _reserved, _taking, _stopping, _woken
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)  # the poller waits on it
+        # The heartbeat waits on a condition of its own, woken only to stop: sharing the
+        # poller's woke it at every wake-up (each commit seen, each slot freed).
+        self._beat = threading.Condition(self._lock)
         self._running: dict[tuple[str, int | None], _Running] = {}  # by (job ID, fence)
         self._taking = take_jobs  # False once shutdown began: no new jobs
         self._stopping = False  # True once the local work has drained: no more heartbeats
         self._woken = True  # a wake-up came since the poller last looked: look again
         self._reserved = {False: 0, True: 0}  # per lane (async?): slots a take in flight fills
+        # Per lane: a wake-up found the lane's free slots reserved by a refill in flight,
+        # whose take may have read the table before the job that woke us was committed.
+        # The refill looks again when it ends (else that job waits for the next poll).
+        self._deferred = {False: False, True: False}
         self._record_lock = threading.Lock()  # guards _to_record and _recording
         self._to_record: list[_Outcome] = []
         self._recording = False  # a worker thread is recording outcomes for all
@@ -172,7 +183,7 @@ class DurableRunner:
     def _notify(self) -> None:
         with self._wake:
             self._woken = True
-            self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._wake.notify_all()
 
     # --- enqueueing -----------------------------------------------------------------------
 
@@ -235,6 +246,7 @@ class DurableRunner:
             self._taking = False
             self._stopping = True
             self._wake.notify_all()
+            self._beat.notify_all()
         for thread in self._threads:
             thread.join()
         self._unlisten()
@@ -255,6 +267,8 @@ class DurableRunner:
                     return
                 self._woken = False
                 lanes = [(is_async, self._free(is_async)) for is_async in (False, True)]
+                for is_async, free in lanes:
+                    self._defer(is_async, free)
             full = False
             # Two lanes: plain functions on the worker threads, async def on the event loop.
             for is_async, free in lanes:
@@ -281,13 +295,33 @@ class DurableRunner:
         running = sum(1 for r in self._running.values() if (r.token is not None) is is_async)
         return max(slots - running - self._reserved[is_async] + finishing, 0)
 
+    def _defer(self, is_async: bool, free: int) -> None:
+        """Under _lock: a wake-up the lane cannot act on while a refill holds its slots."""
+        if free <= 0 and self._reserved[is_async] > 0:
+            self._deferred[is_async] = True
+
+    def register(self, task: RegisteredTask) -> None:
+        """Run jobs named ``task.name`` with it (replacing an earlier one of that name)."""
+        self.tasks[task.name] = task
+        self._tasks_version += 1  # after the task is in: a reader of the new version sees it
+        # Its jobs may be due already: look now, not at the next poll (a processor's tasks
+        # are registered after it starts, so its first jobs waited up to `poll` for it).
+        self._notify()
+
     def _names(self, is_async: bool) -> list[str]:
-        """The registered task names a lane runs."""
-        return [name for name, task in self.tasks.items() if task.is_async is is_async]
+        """The registered task names a lane runs (read per job, so kept until a register)."""
+        version = self._tasks_version  # before reading the tasks: a register after it shows
+        cached = self._lane_names.get(is_async)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        names = [task.name for task in list(self.tasks.values()) if task.is_async is is_async]
+        self._lane_names[is_async] = (version, names)
+        return names
 
     def _take_some(self, free: int, names: list[str], is_async: bool = False) -> int:
         with self._lock:
             free = min(free, self._free(is_async))
+            self._defer(is_async, free)
             self._reserved[is_async] += free
         try:
             if free <= 0:
@@ -384,7 +418,7 @@ class DurableRunner:
             self._running.pop((job.id, job.fence), None)
             if not refilled:
                 self._woken = True  # a slot is free: the poller fills it
-            self._wake.notify_all()  # the poller and the heartbeat both wait on it
+            self._wake.notify_all()
 
     def _start_async(self, task: RegisteredTask, running: _Running) -> None:
         """Run an ``async def`` attempt on the lane's loop; record it on a finisher thread."""
@@ -511,8 +545,14 @@ class DurableRunner:
             for waiting in batch:
                 waiting.error = exc
         finally:
-            with self._lock:
+            with self._wake:
                 self._reserved[is_async] -= free
+                if self._deferred[is_async]:
+                    # A wake-up came while this transaction held the slots: its take may
+                    # have missed the job (read before its commit). The poller looks again.
+                    self._deferred[is_async] = False
+                    self._woken = True
+                    self._wake.notify_all()
             for waiting in batch:
                 waiting.done.set()
 
@@ -521,10 +561,9 @@ class DurableRunner:
     def _heartbeat_loop(self) -> None:
         while True:
             beat = time.monotonic() + self.lease / 3
-            with self._wake:
-                # The condition is shared with the poller: sleep out the whole beat.
+            with self._beat:
                 while not self._stopping and (left := beat - time.monotonic()) > 0:
-                    self._wake.wait(left)
+                    self._beat.wait(left)
                 if self._stopping:
                     return
                 running = list(self._running.values())

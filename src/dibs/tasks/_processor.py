@@ -263,7 +263,7 @@ class TaskProcessor:
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
             task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
-            durable.tasks[task_name] = RegisteredTask(task_name, fn, retries, backoff, timeout)
+            durable.register(RegisteredTask(task_name, fn, retries, backoff, timeout))
             self._job_options[task_name] = options
             return fn
 

@@ -145,15 +145,18 @@ class StoreStateMachine(RuleBasedStateMachine):
         claim = self.ids[key]
         holder = claim.holder if right_holder else "mallory\u00e9"
         fence = claim.fence if right_fence else claim.fence + 10_000
+        # The model numbers its fences 1, 2, 3...; a store's need only increase (etcd's
+        # are cluster revisions), so the model hears of a fence in its own numbering.
+        model_fence = self.model.claims[key].fence + (0 if right_fence else 10_000)
         now = self.clock.now()
         expected: Any
         try:
             if operation == "confirm":
-                expected = self.model.confirm(key, holder, fence, now)
+                expected = self.model.confirm(key, holder, model_fence, now)
             elif operation == "extend":
-                expected = self.model.extend(key, holder, fence, 7.0, now)
+                expected = self.model.extend(key, holder, model_fence, 7.0, now)
             else:
-                expected = self.model.release(key, holder, fence, now)
+                expected = self.model.release(key, holder, model_fence, now)
         except DibsError as exc:
             expected = exc
         try:

@@ -38,7 +38,7 @@ from dibs.verify._linear import (
     explain,
     minimal_witness,
 )
-from dibs.verify._log import LogAnomaly, describe_row, replay_log
+from dibs.verify._log import LogAnomaly, acknowledged_fences, describe_row, replay_log
 from dibs.verify._model import TOLERANCE, keys_of, op_targets
 
 __all__ = ["Report", "check_history"]
@@ -50,8 +50,16 @@ BOOKKEEPING = {
     "settle": "killed clients' server work seen ended",
     "cont": "paused clients resumed",
     "integrity_check": "store integrity checks",
+    "standbys-behind": "standbys held behind before a failover",
+    "promoted": "standbys promoted",
+    "elected": "leaders elected",
+    "rejoined": "killed members started again",
+    "resumed": "paused members resumed",
 }
 """Nemesis events that are no faults: what the runner did around one."""
+
+FENCE_KINDS = frozenset({"fence-reissued", "fence-backwards"})
+"""Anomalies in the fences clients were acknowledged (:func:`acknowledged_fences`)."""
 
 
 @dataclass
@@ -77,6 +85,8 @@ class Report:
     races: int = 0
     """Confirms and extends that found their hold dead: the expiry races exercised."""
     notes: list[dict[str, Any]] = field(default_factory=list)
+    fence_anomalies: list[LogAnomaly] = field(default_factory=list)
+    """Fences acknowledged twice, or lower than one acknowledged before on a shared target."""
 
     @property
     def anomalies(self) -> int:
@@ -84,6 +94,7 @@ class Report:
         return (
             sum(1 for p in self.partitions if p.verdict == ANOMALY)
             + len(self.log_anomalies or [])
+            + len(self.fence_anomalies)
             + len(self.other_anomalies)
         )
 
@@ -116,7 +127,7 @@ class Report:
                 item["impossible"] = p.impossible.id
                 item["states_before"] = describe_states(p.before, self.origin_us, p.impossible)
             found.append(item)
-        for a in self.log_anomalies or []:
+        for a in [*(self.log_anomalies or []), *self.fence_anomalies]:
             found.append(
                 {
                     "kind": a.kind,
@@ -157,6 +168,7 @@ class Report:
             "log": None
             if self.log_anomalies is None
             else {"rows": self.log_rows, "anomalies": len(self.log_anomalies)},
+            "fences": {"anomalies": len(self.fence_anomalies)},
             "faults": self.faults,
             "notes": {str(n.get("about")): n.get("count", 0) for n in self.notes},
             "evidence": evidence,
@@ -190,6 +202,11 @@ class Report:
             lines.append("log replay: not run (no log in the history)")
         else:
             lines.append(f"log replay: {self.log_rows} claims, {len(self.log_anomalies)} anomalies")
+        grants = self.kinds.get("claim", 0)
+        lines.append(
+            f"fences acknowledged: {len(self.fence_anomalies)} given twice or going back"
+            + ("" if grants else " (no claims)")
+        )
         lines.extend(self._fault_lines())
         for note in self.notes:
             lines.append(
@@ -208,9 +225,10 @@ class Report:
                     lines.append("(sub-history not shown: raise --witnesses to shrink more)")
             elif p.verdict == INCONCLUSIVE:
                 lines.append(f"\nresource {p.resource}: search budget exceeded, verdict unknown")
-        logged = self.log_anomalies or []
+        logged = [*(self.log_anomalies or []), *self.fence_anomalies]
         for a in logged[:log_limit]:
-            lines.append(f"\nLOG: {a.kind}: {a.message}")
+            label = "FENCE" if a.kind in FENCE_KINDS else "LOG"
+            lines.append(f"\n{label}: {a.kind}: {a.message}")
             lines.extend(describe_row(r, self.origin_us) for r in a.rows)
             lines.extend(describe_ops(a.ops[-8:], self.origin_us))
         if len(logged) > log_limit:
@@ -347,6 +365,8 @@ def check_history(
     low, high, clock_anomalies = _offset(ops, local)
 
     errors_settle = bool(history.header.get("errors_settle", False))
+    # etcd: a lease restarts its TTL on a leader change, so a hold may outlive its expiry.
+    outlive = bool(history.header.get("holds_outlive_ttl", False))
 
     def settled(op: Op) -> bool:
         if op.value.get("error") == "killed":
@@ -365,16 +385,18 @@ def check_history(
     for resource in sorted(parts):
         part = parts[resource]
         start = time.monotonic()
-        verdict = check_partition(part, window, start + budget)
+        verdict = check_partition(part, window, start + budget, outlive=outlive)
         result = PartitionResult(resource, verdict, len(part), time.monotonic() - start)
         if verdict == ANOMALY and witnesses < max_witnesses:
             witnesses += 1
             result.witness, result.witness_note, failing = minimal_witness(
-                part, window, shrink_budget
+                part, window, shrink_budget, outlive=outlive
             )
-            result.impossible, result.before = explain(failing, window, max(1.0, shrink_budget))
+            result.impossible, result.before = explain(
+                failing, window, max(1.0, shrink_budget), outlive=outlive
+            )
         results.append(result)
-    log_anomalies = None if history.log is None else replay_log(ops, history.log)
+    log_anomalies = None if history.log is None else replay_log(ops, history.log, outlive=outlive)
     faults: dict[str, int] = {}
     other = list(clock_anomalies)
     for event in history.nemesis:
@@ -403,6 +425,7 @@ def check_history(
         log_rows=len(history.log or []),
         header=history.header,
         notes=history.notes,
+        fence_anomalies=acknowledged_fences(ops),
         kinds=kinds,
         races=sum(
             1

@@ -1,8 +1,9 @@
 """``dibs verify``: run a workload under faults and check it; ``dibs verify check FILE``.
 
 Exit codes: 0 when both checkers pass, 1 on any anomaly, 2 for bad
-arguments, 3 when no anomaly was found but some resource's search ran out
-of time (inconclusive: never reported as a pass).
+arguments (or a ``--cluster`` that cannot be installed or started), 3 when
+no anomaly was found but some resource's search ran out of time
+(inconclusive: never reported as a pass).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from dibs._cli_options import (
     add_store_option,
@@ -25,6 +28,15 @@ from dibs._cli_options import (
 from dibs.exceptions import InvalidInput
 from dibs.stores import redact
 from dibs.verify._check import Report, check_history
+from dibs.verify._cluster import ClusterSetupError
+from dibs.verify._cluster_pg import REPLICATION
+from dibs.verify._cluster_run import (
+    CLUSTER_FAULTS,
+    ClusterRun,
+    outage,
+    parse_cluster,
+    run_on_cluster,
+)
 from dibs.verify._history import read_history
 from dibs.verify._planted import PLANTS
 from dibs.verify._report import write_report
@@ -34,7 +46,13 @@ from dibs.verify._workload import Workload, parse_mix
 
 __all__ = ["add_verify_command"]
 
-EXIT_OK, EXIT_ANOMALY, EXIT_INCONCLUSIVE = 0, 1, 3
+EXIT_OK, EXIT_ANOMALY, EXIT_SETUP, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+
+ETCD_TTL, ETCD_SPREAD = 2.0, (1.0, 2.0)
+"""etcd leases are whole seconds, at least 2: holds of 2 s and 4 s."""
+
+CLUSTER_OPS = 1_000_000
+"""Operations per client on a cluster: in effect, until the fault plan ends."""
 
 
 def add_verify_command(
@@ -56,22 +74,78 @@ def add_verify_command(
     )
     add_store_option(p, "store to verify", default="memory://", default_help="memory://")
     p.add_argument("--clients", type=positive_int, default=d.clients, help="client processes")
-    p.add_argument("--ops", type=positive_int, default=d.ops, help="operations per client")
+    p.add_argument(
+        "--ops",
+        type=positive_int,
+        default=None,
+        help=f"operations per client (default {d.ops}; with --cluster, until the plan ends)",
+    )
     p.add_argument(
         "--faults",
         default="",
-        help=f"comma-separated faults: {', '.join(FAULTS)} (default none)",
+        help=(
+            f"comma-separated faults: {', '.join(FAULTS)}; with --cluster also its own: "
+            + "; ".join(f"{k}: {', '.join(v)}" for k, v in CLUSTER_FAULTS.items())
+            + " (default none)"
+        ),
     )
-    p.add_argument("--ttl", type=seconds, default=d.ttl, help="base hold TTL in seconds")
+    p.add_argument(
+        "--ttl",
+        type=seconds,
+        default=None,
+        help=f"base hold TTL in seconds (default {d.ttl:g}; {ETCD_TTL:g} on etcd)",
+    )
     p.add_argument(
         "--ttl-spread",
         metavar="X,Y,...",
-        default=",".join(f"{x:g}" for x in d.ttl_spread),
+        default=None,
         help=(
-            "a hold's TTL is --ttl times one of these, at random (default %(default)s); "
-            "small ones (with --mix transition=70) make confirms and extends race the expiry, "
-            "e.g. 0.005,0.01"
+            "a hold's TTL is --ttl times one of these, at random (default "
+            + ",".join(f"{x:g}" for x in d.ttl_spread)
+            + "; "
+            + ",".join(f"{x:g}" for x in ETCD_SPREAD)
+            + " on etcd, whose TTLs are whole seconds); small ones (with --mix transition=70) "
+            "make confirms and extends race the expiry, e.g. 0.005,0.01"
         ),
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="etcd:N|postgresql-ha",
+        help=(
+            "start a private cluster on 127.0.0.1 from Debian's packages, run on it with its "
+            "faults, and remove it: etcd:N (N etcd members), or postgresql-ha (PostgreSQL with "
+            "two standbys under Patroni over a 3-member etcd); instead of --store"
+        ),
+    )
+    p.add_argument(
+        "--replication",
+        choices=REPLICATION,
+        default=None,
+        help="postgresql-ha: sync (the default) or async, the misconfiguration that loses claims",
+    )
+    p.add_argument(
+        "--lag",
+        type=seconds_or_zero,
+        default=1.0,
+        metavar="SECONDS",
+        help=(
+            "postgresql-ha failover: the standbys' WAL receivers are stopped this long before "
+            "the primary dies, and die with it (default %(default)s; 0: not held behind)"
+        ),
+    )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="etcd: run through the cluster faults N times (default %(default)s)",
+    )
+    p.add_argument(
+        "--after",
+        type=seconds_or_zero,
+        default=3.0,
+        metavar="SECONDS",
+        help="--cluster: seconds the clients run on after the last fault (default %(default)s)",
     )
     p.add_argument(
         "--mix",
@@ -210,24 +284,57 @@ def _check_options(p: argparse.ArgumentParser) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
+    d = Workload("memory://")
+    faults = tuple(f for f in args.faults.split(",") if f)
+    cluster = None
+    if args.cluster:
+        if args.store != "memory://":
+            raise InvalidInput(
+                "give --cluster or --store, not both: the cluster is the store",
+                field="cluster",
+                value=args.cluster,
+            )
+        kind = args.cluster.partition(":")[0]
+        own = CLUSTER_FAULTS.get(kind, ())
+        cluster = parse_cluster(
+            args.cluster,
+            tuple(f for f in faults if f in own or f not in FAULTS),
+            args.replication,
+            lag=args.lag,
+            rounds=args.rounds,
+            after=args.after,
+        )
+        faults = tuple(f for f in faults if f in FAULTS and f not in own)
+    elif args.replication is not None:
+        raise InvalidInput(
+            "--replication applies to --cluster postgresql-ha only",
+            field="replication",
+            value=args.replication,
+        )
+    on_etcd = cluster is not None and cluster.kind == "etcd"
+    ttl = args.ttl if args.ttl is not None else (ETCD_TTL if on_etcd else d.ttl)
+    spread_text = args.ttl_spread
+    if spread_text is None:
+        spread_text = ",".join(f"{x:g}" for x in (ETCD_SPREAD if on_etcd else d.ttl_spread))
     try:
-        spread = tuple(float(x) for x in args.ttl_spread.split(",") if x.strip())
+        spread = tuple(float(x) for x in spread_text.split(",") if x.strip())
     except ValueError:
         spread = ()
     if not spread or not all(0 < x < float("inf") for x in spread):
         raise InvalidInput(
             "--ttl-spread takes positive numbers, e.g. 0.02,0.1,1",
             field="ttl_spread",
-            value=args.ttl_spread,
+            value=spread_text,
         )
+    ops = args.ops if args.ops is not None else (CLUSTER_OPS if cluster else d.ops)
     workload = Workload(
         store=args.store,
         clients=args.clients,
-        ops=args.ops,
+        ops=ops,
         resources=args.resources,
-        ttl=args.ttl,
+        ttl=ttl,
         seed=args.seed,
-        faults=tuple(f for f in args.faults.split(",") if f),
+        faults=faults,
         plant=args.plant,
         admin_url=args.admin_url,
         fault_interval=args.fault_interval,
@@ -240,6 +347,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     if args.restart_command:
         restart = command_restart(args.restart_command, args.admin_url or args.store)
     progress = None if args.quiet else _Progress(workload)
+    if cluster is not None:
+        return _run_cluster(cluster, workload, args, progress)
     if progress is not None:
         progress.start()
     began = time.monotonic()
@@ -250,6 +359,39 @@ def _run_verify(args: argparse.Namespace) -> int:
         path = run_workload(
             workload, Path(scratch) / "history.jsonl", restart=restart, progress=progress
         )
+        return _finish(path, args, time.monotonic() - began)
+
+
+def _run_cluster(
+    cluster: ClusterRun, workload: Workload, args: argparse.Namespace, progress: _Progress | None
+) -> int:
+    if progress is not None:
+        print(
+            f"dibs verify: starting {cluster.describe()} on 127.0.0.1",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def started(url: str) -> None:
+        if progress is not None:
+            progress.workload = replace(workload, store=url)
+            progress.began = time.monotonic()
+            progress.start()
+            print(
+                f"dibs verify: cluster faults {','.join(cluster.faults) or 'none'}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(args.history) if args.history else Path(scratch) / "history.jsonl"
+        try:
+            run_on_cluster(cluster, workload, path, progress=progress, started=started)
+        except ClusterSetupError as exc:
+            # A missing package or a cluster that would not start: no verdict (exit 2).
+            print(f"dibs: error: {exc}", file=sys.stderr)
+            return EXIT_SETUP
         return _finish(path, args, time.monotonic() - began)
 
 
@@ -279,8 +421,9 @@ class _Progress:
         if now - self.last < self.every:
             return
         self.last = now
+        of = f"/{total}" if self.workload.ops < CLUSTER_OPS else ""
         print(
-            f"dibs verify: {done}/{total} ops invoked, {now - self.began:.0f} s",
+            f"dibs verify: {done}{of} ops invoked, {now - self.began:.0f} s",
             file=sys.stderr,
             flush=True,
         )
@@ -314,6 +457,7 @@ def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> 
     if not args.json and not getattr(args, "quiet", True):
         print("dibs verify: checking the history", file=sys.stderr, flush=True)
     history = read_history(path)
+    gap = outage(history) if history.header.get("cluster") else None
     report = check_history(
         history,
         budget=args.budget,
@@ -328,6 +472,8 @@ def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> 
         if run_seconds is not None:
             figures["run_seconds"] = round(run_seconds, 3)
             figures["ops_per_second"] = round(report.operations / run_seconds, 1)
+        if history.header.get("cluster"):
+            figures["cluster"] = {**history.header["cluster"], "write_outage": gap}
         print(json.dumps(figures))
     else:
         if run_seconds is not None:
@@ -335,8 +481,28 @@ def _finish(path: Path, args: argparse.Namespace, run_seconds: float | None) -> 
                 f"ran {report.operations} ops in {run_seconds:.1f} s "
                 f"({report.operations / run_seconds:.0f} ops/s)"
             )
+        if history.header.get("cluster"):
+            print(_cluster_line(history.header["cluster"], gap))
         print(report.render(limit=max(0, args.witnesses), log_limit=max(0, args.log_anomalies)))
     return _exit_code(report)
+
+
+def _cluster_line(cluster: dict[str, Any], gap: dict[str, float] | None) -> str:
+    kind = cluster.get("kind")
+    line = f"cluster: {kind}"
+    if kind == "etcd":
+        line += f":{cluster.get('members')}"
+    else:
+        line += f", {cluster.get('replication')} replication"
+        if cluster.get("lag"):
+            line += f", standbys held {cluster['lag']:g} s behind before the failover"
+    line += f"; faults {','.join(cluster.get('faults') or []) or 'none'}"
+    if gap is not None:
+        line += (
+            f"\nwrite outage: {gap['after_kill']:.1f} s from the kill to the first acknowledged "
+            f"write ({gap['from_last_write']:.1f} s since the last one before it)"
+        )
+    return line
 
 
 def _exit_code(report: Report) -> int:

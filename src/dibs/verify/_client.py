@@ -80,6 +80,7 @@ def client_process(
     skew = client_skew(workload, index)
     store = _open_when_reachable(workload, skew)
     fd = open_events(path)
+    stop = os.path.join(os.path.dirname(path), "stop")  # the runner's STOP_FILE
     try:
         Client(
             workload,
@@ -88,7 +89,7 @@ def client_process(
             store,
             fd,
             skew=skew if "skew" in workload.faults else 0.0,
-        ).run(count)
+        ).run(count, lambda: os.path.exists(stop))
     finally:
         os.close(fd)
         store.close()

@@ -63,13 +63,16 @@ class _Budget(Exception):
     """Internal: the search ran out of time."""
 
 
-def check_partition(ops: Sequence[Op], window: Window, deadline: float) -> str:
+def check_partition(
+    ops: Sequence[Op], window: Window, deadline: float, *, outlive: bool = False
+) -> str:
     """Return ``ok``, ``anomaly`` or ``unknown`` for the ops of one resource.
 
     ``deadline`` is a ``time.monotonic()`` value; running past it gives ``unknown``.
+    ``outlive``: holds may live past their expiry (see :func:`~dibs.verify._model.successors`).
     """
     try:
-        return PASS if _search(ops, window, deadline) is None else ANOMALY
+        return PASS if _search(ops, window, deadline, outlive=outlive) is None else ANOMALY
     except _Budget:
         return INCONCLUSIVE
 
@@ -93,7 +96,12 @@ class _Trace:
 
 
 def _search(
-    ops: Sequence[Op], window: Window, deadline: float, trace: _Trace | None = None
+    ops: Sequence[Op],
+    window: Window,
+    deadline: float,
+    trace: _Trace | None = None,
+    *,
+    outlive: bool = False,
 ) -> float | None:
     """None if the ops are linearizable; else the frontier: the latest completion
     time (``Op.end``) at which some branch of the search got stuck.
@@ -180,7 +188,7 @@ def _search(
             i = entry - 1
             op = ops[i]
             lo, hi = windows[i]
-            alternatives = successors(state, op, lo, hi)
+            alternatives = successors(state, op, lo, hi, outlive=outlive)
             chosen = choose(alternatives, bits | (1 << i)) if alternatives else None
             if chosen is not None:
                 stack.append((entry, state, alternatives))
@@ -347,7 +355,9 @@ def _collect(
     return state.drop(gone_claims, gone_requests)
 
 
-def explain(ops: Sequence[Op], window: Window, budget: float) -> tuple[Op | None, list[State]]:
+def explain(
+    ops: Sequence[Op], window: Window, budget: float, *, outlive: bool = False
+) -> tuple[Op | None, list[State]]:
     """The op of a failing history that no order can apply, and model states just before it.
 
     Searches ``ops`` again, keeping where it got stuck last; (None, []) if
@@ -355,7 +365,7 @@ def explain(ops: Sequence[Op], window: Window, budget: float) -> tuple[Op | None
     """
     trace = _Trace()
     try:
-        if _search(ops, window, time.monotonic() + budget, trace) is None:
+        if _search(ops, window, time.monotonic() + budget, trace, outlive=outlive) is None:
             return None, []
     except _Budget:
         return None, []
@@ -363,7 +373,7 @@ def explain(ops: Sequence[Op], window: Window, budget: float) -> tuple[Op | None
 
 
 def minimal_witness(
-    ops: Sequence[Op], window: Window, budget: float
+    ops: Sequence[Op], window: Window, budget: float, *, outlive: bool = False
 ) -> tuple[list[Op], str, list[Op]]:
     """Shrink a non-linearizable history to a few ops whose outcomes already contradict.
 
@@ -398,7 +408,7 @@ def minimal_witness(
             raise _Budget
         # A prefix takes at most about as long as the whole history did.
         step = min(remaining, max(0.2, budget / 40, 2 * full_seconds[0]))
-        failed = check_partition(sub, window, time.monotonic() + step) == ANOMALY
+        failed = check_partition(sub, window, time.monotonic() + step, outlive=outlive) == ANOMALY
         if failed:
             failing[0] = sub
         return failed
@@ -415,7 +425,7 @@ def minimal_witness(
         # search (before it, every prefix had a linearization): try that first.
         low, high = 0, len(ends) - 1
         began = time.monotonic()
-        frontier = _search(ordered, window, deadline)
+        frontier = _search(ordered, window, deadline, outlive=outlive)
         full_seconds[0] = time.monotonic() - began
         if frontier is not None:
             low = min(bisect.bisect_left(ends, frontier), high)

@@ -16,6 +16,12 @@ acknowledged operations indexed by claim ID, checks that:
 A claim's live interval is read from its final row: from ``created_at`` to
 ``expires_at`` for holds that expired (or still wait), to ``updated_at`` for
 released claims, and without end for confirmed ones.
+
+:func:`acknowledged_fences` needs no log: no fence was acknowledged for two
+claims, and on each unit (and span point) a grant that began after another
+was acknowledged has the higher fence. It judges what clients were told,
+whatever the store kept: a failover to a standby that missed the end of the
+old primary's log hands out its fences again, and its claim IDs with them.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from dibs._model import target_to_json
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._history import OK, UNKNOWN, LogRow, Op
+from dibs.verify._model import keys_of
 
-__all__ = ["LogAnomaly", "dump_log", "micros", "replay_log"]
+__all__ = ["LogAnomaly", "acknowledged_fences", "dump_log", "micros", "replay_log"]
 
 _SPAN_HORIZON = 60 * 1_000_000
 """µs: span claims that ended this long before a new one are no longer compared."""
@@ -111,8 +118,15 @@ def _overlap(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(a[2] < b[3] and b[2] < a[3])
 
 
-def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
-    """Replay the log in fence order against the history; return what broke."""
+def replay_log(
+    ops: Sequence[Op], rows: Sequence[LogRow], *, outlive: bool = False
+) -> list[LogAnomaly]:
+    """Replay the log in fence order against the history; return what broke.
+
+    ``outlive``: the store's holds may live past their ``expires_at`` (etcd's
+    leases restart on a leader change), so a confirmation after it is no
+    anomaly; a grant over a hold before it still is.
+    """
     anomalies: list[LogAnomaly] = []
     by_id = {row.id: row for row in rows}
     on_claim: dict[str, list[Op]] = {}
@@ -241,9 +255,76 @@ def replay_log(ops: Sequence[Op], rows: Sequence[LogRow]) -> list[LogAnomaly]:
                     on_claim.get(row.id, []),
                 )
             )
-        if row.state == "confirmed":
+        if row.state == "confirmed" and not outlive:
             _check_confirm_time(row, on_claim.get(row.id, []), anomalies)
     return anomalies
+
+
+def _fresh_grants(ops: Sequence[Op]) -> list[Op]:
+    return [
+        op
+        for op in ops
+        if op.fn == "claim"
+        and op.status == OK
+        and op.value.get("granted")
+        and not op.value.get("replayed")
+        and op.value.get("fence") is not None
+    ]
+
+
+def acknowledged_fences(ops: Sequence[Op]) -> list[LogAnomaly]:
+    """Fences as the clients were told them: each given once, rising along real time per key."""
+    found: list[LogAnomaly] = []
+    grants = _fresh_grants(ops)
+    first: dict[int, Op] = {}
+    for op in sorted(grants, key=lambda o: o.end):
+        fence = int(op.value["fence"])
+        twin = first.get(fence)
+        if twin is None:
+            first[fence] = op
+        elif str(twin.value.get("claim_id")) != str(op.value.get("claim_id")) or (
+            twin.args.get("holder") != op.args.get("holder")
+        ):
+            found.append(
+                LogAnomaly(
+                    "fence-reissued",
+                    f"fence {fence} was acknowledged twice: to {twin.args.get('holder')} for "
+                    f"claim {twin.value.get('claim_id')}, then to {op.args.get('holder')} for "
+                    f"claim {op.value.get('claim_id')}",
+                    [],
+                    [twin, op],
+                )
+            )
+    on_key: dict[Any, list[Op]] = {}
+    for op in grants:
+        for key in keys_of(tuple(tuple(t) for t in op.args["targets"])):
+            on_key.setdefault((op.args["res"], key), []).append(op)
+    backwards: dict[tuple[str, str], tuple[Op, Op]] = {}
+    for part in on_key.values():
+        by_end = sorted(part, key=lambda o: o.end)
+        highest: Op | None = None
+        i = 0
+        for op in sorted(part, key=lambda o: o.start):
+            while i < len(by_end) and by_end[i].end < op.start:
+                done = by_end[i]
+                if highest is None or done.value["fence"] > highest.value["fence"]:
+                    highest = done
+                i += 1
+            if highest is not None and op.value["fence"] < highest.value["fence"]:
+                backwards.setdefault((highest.id, op.id), (highest, op))
+    for earlier, later in backwards.values():
+        found.append(
+            LogAnomaly(
+                "fence-backwards",
+                f"fence {later.value['fence']} was granted ({later.args.get('holder')}, claim "
+                f"{later.value.get('claim_id')}) after fence {earlier.value['fence']} had been "
+                f"acknowledged on a target they share ({earlier.args.get('holder')}, claim "
+                f"{earlier.value.get('claim_id')})",
+                [],
+                [earlier, later],
+            )
+        )
+    return found
 
 
 def _compare(

@@ -184,10 +184,17 @@ def op_targets(op: Op) -> tuple[Target, ...]:
     return tuple(tuple(t) for t in a["targets"])
 
 
-def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
+def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = False) -> list[State]:
     """Every state the model can reach by linearizing ``op`` now, given what the client saw.
 
     ``lo``/``hi`` bound the store time of the op's linearization point (µs).
+    ``outlive`` (the hold rule of stores whose holds may outlive their TTL,
+    :attr:`dibs.Store.holds_outlive_ttl`): a hold lives *at least* until its
+    expiry, and from then on may be live or dead at any time; so it may still
+    block a claim, or be confirmed, long after ``expires_at``, but it is never
+    taken over, or seen expired, before it. An extend's new ``expires_at``
+    minus its TTL must then lie inside the op (a lease counts from its grant,
+    before the write), not at the write's instant.
     """
     targets = op_targets(op)
     # A read takes no lock: its snapshot may predate a write that read the
@@ -197,6 +204,12 @@ def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
     floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
     a, b = lo, hi
     exact = _exact_time(op)
+    if exact is not None and outlive and op.fn == "extend":
+        # A lease counts from its grant, before the write that serializes: the new
+        # expiry is a lower bound of the hold's end, from inside the op, not its instant.
+        if not (lo - TOLERANCE <= exact <= hi + TOLERANCE):
+            return []
+        exact = None
     if exact is not None:
         # The store said when it decided: judge at that instant, if it fits the window.
         if not (max(floor, lo) - TOLERANCE <= exact <= hi + TOLERANCE):
@@ -225,8 +238,20 @@ def successors(state: State, op: Op, lo: float, hi: float) -> list[State]:
                 for key in keys:
                     new.tau[key] = now
                 new._key = None
+            if outlive:
+                _outlive(new)
             out.append(new)
     return out
+
+
+def _outlive(state: State) -> None:
+    """Lift every hold's latest expiry to never, in a state just built: no bound on its death."""
+    claims = state.claims
+    bounded = [cid for cid, rec in claims.items() if rec.state == _HELD and rec.ehi != math.inf]
+    for cid in bounded:
+        claims[cid] = claims[cid]._replace(ehi=math.inf)
+    if bounded:
+        state._key = None
 
 
 def _exact_time(op: Op) -> int | None:

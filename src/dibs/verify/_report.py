@@ -148,6 +148,12 @@ def render_html(history: History, report: Report) -> str:
             body.append(f"<h3>{html.escape(a.kind)}</h3><p>{html.escape(a.message)}</p>")
             lines = describe_ops(a.ops[-8:], report.origin_us)
             body.append(f"<pre>{html.escape(chr(10).join(lines))}</pre>")
+    if report.fence_anomalies:
+        body.append(f"<h2>fences acknowledged: {len(report.fence_anomalies)} anomalies</h2>")
+        for a in report.fence_anomalies[:50]:
+            body.append(f"<h3>{html.escape(a.kind)}</h3><p>{html.escape(a.message)}</p>")
+            lines = describe_ops(a.ops, report.origin_us)
+            body.append(f"<pre>{html.escape(chr(10).join(lines))}</pre>")
     for msg in report.other_anomalies:
         body.append(f"<pre>{html.escape(msg)}</pre>")
     title = f"dibs verify report: {verdict}"

@@ -22,6 +22,11 @@ with its own connection, writing its own event file. The nemesis runs here:
   caller passes (the runner cannot restart a server it does not run;
   :func:`command_restart` makes one from a shell command).
 
+A ``plan`` (``dibs verify --cluster``, :mod:`dibs.verify._cluster_run`)
+is a fault plan of its own, run on a thread beside the clients: it injects
+faults into the cluster the store runs on and records them; when it returns,
+the clients stop (each after its op in flight).
+
 Afterwards the store's claims are dumped into the history for the log replay.
 """
 
@@ -64,6 +69,17 @@ __all__ = ["FAULTS", "command_restart", "run_workload"]
 FAULTS = ("kill", "pause", "skew", "integrity", "terminate", "restart")
 
 Progress = Callable[[int, int], None]
+
+Record = Callable[[dict[str, Any]], None]
+"""Records one nemesis event (``{"f": kind, ...}``); the runner stamps it."""
+
+Plan = Callable[[Record, Callable[[], int]], None]
+"""A fault plan: injects faults, records each, returns when the run should end.
+
+Its second argument counts the ops the clients have invoked so far."""
+
+STOP_FILE = "stop"
+"""Created in the clients' directory when a plan ends: each client stops after its op."""
 
 
 def _check(workload: Workload) -> type[Store]:
@@ -117,10 +133,15 @@ def run_workload(
     *,
     progress: Progress | None = None,
     restart: Callable[[], None] | None = None,
+    plan: Plan | None = None,
+    header: dict[str, Any] | None = None,
 ) -> Path:
     """Run the workload and write its history (JSON lines) to ``history``; return the path.
 
     ``restart`` restarts the store's server, for the ``restart`` fault.
+    ``plan`` runs beside the clients (see the module's text), and the run ends
+    when it returns (or when the clients have done their ops, whichever is
+    later). ``header`` adds fields to the history's header.
     Raises :class:`~dibs.InvalidInput` for bad settings, and
     :class:`RuntimeError` if a client process failed for a reason other than
     the nemesis (a harness failure, not a verdict).
@@ -155,10 +176,10 @@ def run_workload(
             # The schema is created once here, before the clients race to open it.
             plant = workload.plant if workload.plant and ":" in workload.plant else None
             with open_planted(workload.store, plant) as store:
-                _run_processes(workload, store, scratch, nemesis, progress, restart, cls)
+                _run_processes(workload, store, scratch, nemesis, progress, restart, cls, plan)
                 log = _dump(store)
         notes = _client_logs(scratch, counted)
-        _merge(workload, cls, scratch, nemesis, log, history, notes)
+        _merge(workload, cls, scratch, nemesis, log, history, notes, header or {})
     finally:
         pool_logger.removeHandler(counted)
         pool_logger.propagate = propagate
@@ -213,6 +234,7 @@ def _merge(
     log: list[Any] | None,
     history: Path,
     notes: list[dict[str, Any]],
+    extra: dict[str, Any],
 ) -> None:
     with open(history, "w", encoding="utf-8") as out:
         header = {
@@ -220,6 +242,8 @@ def _merge(
             **workload.to_json(),
             "errors_settle": _errors_settle(workload, cls),
             "local_clock": cls.local_clock,
+            "holds_outlive_ttl": cls.holds_outlive_ttl,
+            **extra,
         }
         write_events(out, [header])
         for path in sorted(scratch.glob("*.jsonl")):
@@ -434,9 +458,11 @@ def _run_processes(
     progress: Progress | None,
     restart: Callable[[], None] | None,
     cls: type[Store],
+    plan: Plan | None = None,
 ) -> None:
     settings = {**asdict(workload), "admin_url": None}
     slots = [_Slot(i) for i in range(workload.clients)]
+    planner = None if plan is None else _Planner(plan, nemesis, scratch)
 
     def start(slot: _Slot, count: int) -> None:
         path = scratch / f"c{slot.index}.{slot.incarnation}.jsonl"
@@ -473,8 +499,12 @@ def _run_processes(
     rng = random.Random(workload.seed)
     next_fault = time.monotonic() + workload.fault_interval
     rounds = 0
+    if planner is not None:
+        planner.start()
     try:
         while True:
+            if planner is not None:
+                planner.check()
             for s in slots:
                 p = s.process
                 if p is not None and p.poll() not in (0, None):
@@ -501,6 +531,8 @@ def _run_processes(
             if "restart" in workload.faults and restart is not None and rounds % every == 0:
                 restart()
                 nemesis.append(_stamp({"e": "nemesis", "f": "restart"}))
+        if planner is not None:
+            planner.join()
         if sweeper is not None:
             Path(str(sweeper_path) + ".stop").touch()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -508,6 +540,8 @@ def _run_processes(
             if sweeper.returncode not in (0, None):
                 raise RuntimeError(f"the sweeper exited with {sweeper.returncode}")
     finally:
+        if planner is not None:
+            planner.stop.touch()
         for s in slots:
             if s.process is not None and s.process.poll() is None:
                 s.process.send_signal(signal.SIGCONT)
@@ -518,6 +552,41 @@ def _run_processes(
             sweeper.wait()
             if sweeper_path.exists():
                 _close_in_flight(sweeper_path, _stamp({}))
+
+
+class _Planner:
+    """A fault plan on a thread; when it returns, the clients are told to stop."""
+
+    def __init__(self, plan: Plan, nemesis: list[dict[str, Any]], scratch: Path) -> None:
+        self.plan = plan
+        self.nemesis = nemesis
+        self.scratch = scratch
+        self.stop = scratch / STOP_FILE
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="dibs-verify-plan", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            counter = _Counter()  # its own: the main loop's is not shared across threads
+            self.plan(
+                lambda event: self.nemesis.append(_stamp({"e": "nemesis", **event})),
+                lambda: counter.count(self.scratch),
+            )
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.stop.touch()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the fault plan failed: {self.error!r}") from self.error
+
+    def join(self) -> None:
+        self.thread.join()
+        self.check()
 
 
 class _Counter:

@@ -286,9 +286,14 @@ class Client:
 
     # --- running ---------------------------------------------------------------------------------
 
-    def run(self, count: int) -> None:
-        """Do ``count`` ops, recording each; returns early if the nemesis crashes this client."""
+    def run(self, count: int, stopped: Callable[[], bool] | None = None) -> None:
+        """Do ``count`` ops, recording each; returns early if the nemesis crashes this client.
+
+        ``stopped``, if given, is asked before each op: True ends the run there.
+        """
         for _ in range(count):
+            if stopped is not None and stopped():
+                return
             if not self.step():
                 return
 

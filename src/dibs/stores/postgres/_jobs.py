@@ -12,6 +12,8 @@ fallback (a notification is lost while that connection is down).
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,7 +70,7 @@ class PostgresJobs(SQLJobs):
                 skip_locked=" FOR UPDATE SKIP LOCKED",
                 json_lists=False,
                 insert_returning="WITH ins AS ({insert} RETURNING id) "
-                "SELECT id, pg_notify(CAST(:channel AS TEXT), '') FROM ins",
+                "SELECT id, pg_notify(CAST(:channel AS TEXT), CAST(:origin AS TEXT)) FROM ins",
                 channel=channel,
             ),
             clock,
@@ -76,6 +78,7 @@ class PostgresJobs(SQLJobs):
         self.schema = schema
         self._pool = pool  # the store's pool of this process (a forked child has its own)
         self.channel = channel
+        self._token = secrets.token_hex(6)
         with self._transaction() as conn:
             # One creator at a time: concurrent CREATE … IF NOT EXISTS can still collide.
             conn.execute(
@@ -95,6 +98,10 @@ class PostgresJobs(SQLJobs):
                 _replicated(conn)  # the COMMIT just sent
         except _ERRORS as exc:
             raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
+
+    def _origin(self) -> str:
+        # The pid too: a forked child shares this object, and must wake its parent.
+        return f"{os.getpid()}:{self._token}"
 
     def _prepare(self, text: str) -> bytes:
         return text.encode()
@@ -153,8 +160,10 @@ class PostgresJobs(SQLJobs):
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                         wake()  # rows may have come while we were not listening
                         while not stopped.is_set():
-                            for _ in conn.notifies(timeout=0.5, stop_after=1):
-                                wake()
+                            for note in conn.notifies(timeout=0.5, stop_after=1):
+                                # This process's own adds woke its workers at their commit.
+                                if note.payload != self._origin():
+                                    wake()
                 except psycopg.Error as exc:
                     log.warning("job table LISTEN failed (%s); polling until it is back", exc)
                     stopped.wait(1.0)
