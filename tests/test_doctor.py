@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -192,6 +193,22 @@ def test_doctor_creates_no_sqlite_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "no SQLite store" in capsys.readouterr().err
 
 
+def test_sqlite_urls_are_read_as_the_store_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A percent-encoded path names the file the store opens, not a missing one.
+    path = tmp_path / "my claims?.db"
+    dibs.open(f"sqlite:///{quote(str(path))}?synchronous=full").close()
+    assert path.exists()
+    code, report = _doctor(capsys, f"sqlite:///{quote(str(path))}?synchronous=full")
+    assert code == 0, report
+    # Options the store refuses are refused here too, never judged as the default.
+    for query in ("?synchronous=fulll", "?synchronus=full"):
+        assert main(["doctor", f"sqlite:///{quote(str(path))}{query}"]) == 2
+        err = capsys.readouterr().err
+        assert "synchronous" in err or "synchronus" in err
+
+
 def test_memory_keeps_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     code, report = _doctor(capsys, "memory://")
     assert code == 1 and "restart" in report["findings"][0]["detail"]
@@ -341,7 +358,16 @@ def test_etcd_rules_for_even_counts_and_lost_quorum() -> None:
 
 
 def test_no_etcd_endpoint_answering_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 1
+    # 2, not 1: exit 1 says a setting can lose claims, and nothing was read.
+    assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 2
+    assert "StoreUnavailable" in capsys.readouterr().err
+
+
+def test_an_unreachable_postgresql_is_not_reported_as_losing_data(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"postgresql://dibs@127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}/x"
+    assert main(["doctor", url, "--timeout", "1"]) == 2
     assert "StoreUnavailable" in capsys.readouterr().err
 
 

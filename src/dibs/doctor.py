@@ -33,7 +33,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import quote, urlsplit
 
 try:
     import rich.console
@@ -146,18 +146,28 @@ _MEMORY = Finding(
 
 # --- sqlite ---------------------------------------------------------------------------------------
 
+_SQLITE_SYNCHRONOUS = ("off", "normal", "full", "extra")  # as SQLiteStore takes them
+
 
 def _sqlite(url: str) -> list[Finding]:
-    parts = urlsplit(url)
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    options = dict(parse_qsl(parts.query))
-    synchronous = options.get("synchronous", "normal").lower()  # the store's default
+    from dibs.stores.sqlite import SQLiteStore  # noqa: PLC0415 (only for sqlite://)
+
+    # The store's own reading of the URL: the same file (percent-decoded), and the
+    # options it would refuse refused here, never judged as the default.
+    path, options = SQLiteStore._split_url(url)
+    synchronous = str(options.get("synchronous", "normal")).lower()  # the store's default
+    if synchronous not in _SQLITE_SYNCHRONOUS:
+        raise InvalidInput(
+            f"synchronous must be one of {sorted(_SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
+            field="synchronous",
+            value=options["synchronous"],
+        )
     if path == ":memory:":
         return [_MEMORY]
     if not os.path.isfile(path):
         raise StoreMisconfigured(f"no SQLite store at {path!r}", cause="the file does not exist")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
         finally:
