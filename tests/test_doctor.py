@@ -22,12 +22,14 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 
 import dibs
 from dibs.cli import main
 from dibs.doctor import Severity, etcd_findings, examine, render_text
-from pgrepl import ReplicatedCluster
+from pgrepl import _REPLICATION, ReplicatedCluster
+from pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -119,6 +121,59 @@ def test_a_single_synchronous_standby_is_a_warning_not_a_loss(
     assert code == 0
     found = _by_setting(report)["synchronous_standby_names"]
     assert found["severity"] == "warning" and "ANY 1 (s1, s2)" in found["fix"]
+
+
+def test_a_spare_that_is_not_streaming_is_no_spare(
+    pg: tuple[ReplicatedCluster, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # s1 and s2 stream, but only s1 is a candidate: losing s1 stops every write.
+    cluster, _ = pg
+    cluster.configure(cluster.primary, synchronous_standby_names="ANY 1 (s1, s3)")
+    db = pg[1].rsplit("/", 1)[1].split("?")[0]
+    code, report = _doctor(capsys, cluster.url(db, admin=True))  # sees sync_state
+    assert code == 0
+    found = _by_setting(report)["synchronous_standby_names"]
+    assert found["severity"] == "warning", found
+    # Two candidates named, none of them streaming: every commit waits now.
+    cluster.configure(cluster.primary, synchronous_standby_names="ANY 1 (s3, s4)")
+    code, report = _doctor(capsys, cluster.url(db, admin=True))
+    found = _by_setting(report)["synchronous_standby_names"]
+    assert found["severity"] == "warning" and "0 stream" in found["detail"], found
+
+
+def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -> None:
+    """A CDC reader (pg_recvlogical here) streams from the server, but no failover lands
+    on it: no synchronous_standby_names is no loss then."""
+    server = PostgresServer(settings={**_REPLICATION, "wal_level": "logical"}, durable=True)
+    with server:
+        url = server.create_database("cdc")  # the app role's URL
+        with psycopg.connect(server.url("cdc"), autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
+        reader = subprocess.Popen(
+            [
+                str(server.bindir / "pg_recvlogical"),
+                "-d",
+                server.url("cdc"),
+                "--slot",
+                "cdc",
+                "--start",
+                "-f",
+                "/dev/null",
+            ]
+        )
+        try:
+            with psycopg.connect(server.admin_url, autocommit=True) as conn:
+                while not conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
+                    "ON s.active_pid = r.pid"
+                ).fetchone()[0]:
+                    time.sleep(0.05)
+            code, report = _doctor(capsys, url)
+        finally:
+            reader.terminate()
+            reader.wait()
+    assert code == 0, report
+    assert "synchronous_standby_names" not in _by_setting(report)
 
 
 def test_a_standby_is_named_as_one(

@@ -266,8 +266,15 @@ def postgres_findings(conn: Any) -> list[Finding]:
     ).fetchall()
     settings = {name: value for name, value in rows}
     (in_recovery,) = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    # Rows are visible to every role (their details need pg_read_all_stats): a count is enough.
-    (standbys,) = conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()
+    # Rows are visible to every role, their details (sync_state) only with pg_read_all_stats.
+    # A logical walsender (a CDC reader, a subscription) is no standby: a failover never
+    # lands on it. Its slot says so, and pg_replication_slots is readable by every role.
+    standbys, eligible, detailed = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum', "
+        "'potential')), count(r.sync_state) FROM pg_stat_replication r "
+        "WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots s "
+        "WHERE s.active_pid = r.pid AND s.slot_type = 'logical')"
+    ).fetchone()
     found: list[Finding] = []
     if in_recovery:
         found.append(
@@ -350,14 +357,18 @@ def postgres_findings(conn: Any) -> list[Finding]:
             )
         )
     elif names:
-        spare = (standbys if candidates == ["*"] else len(candidates)) - num
-        if waits_for_standbys and standbys < num:
+        # The standbys that can confirm: those the names match, when the role may see
+        # which (sync_state); else at most the streaming ones, and at most those named.
+        if not detailed or detailed < standbys:
+            eligible = standbys if candidates == ["*"] else min(standbys, len(candidates))
+        spare = eligible - num
+        if waits_for_standbys and eligible < num:
             found.append(
                 Finding(
                     Severity.WARNING,
                     "synchronous_standby_names",
                     names,
-                    f"{num} synchronous standby(s) must confirm, {standbys} stream(s): every "
+                    f"{num} synchronous standby(s) must confirm, {eligible} stream(s): every "
                     "commit waits until enough come back (statement_timeout does not bound "
                     "the wait)",
                     "bring the standbys back, or change synchronous_standby_names",
