@@ -9,6 +9,7 @@ the test kills and promotes.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import secrets
 import threading
@@ -439,3 +440,27 @@ def test_a_retry_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: s
             assert answer.state == "confirmed"
         else:
             assert answer is False  # released by the first attempt
+
+
+def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None:
+    """Ctrl-C in the wait: psycopg cancels the statement (the server turns that into the
+    warning and a success) and raises KeyboardInterrupt. The connection goes back to the
+    pool; the next call on it, a plain read, is not that commit and must answer."""
+    schema = f"gk_{secrets.token_hex(4)}"
+    seat = Unit("seat", "ctrl-c")
+    dibs.open(ghost.url(schema, wait=False)).close()  # the schema, made without waiting
+    with dibs.open(ghost.url(schema) + "&pool_min=1&pool_max=1") as store:  # one connection
+
+        def press_ctrl_c() -> None:
+            while ghost.waiting() is None:
+                time.sleep(0.01)
+            _thread.interrupt_main()
+
+        presser = threading.Thread(target=press_ctrl_c)
+        presser.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                store.claim(seat, holder="a", request_id="k", ttl=60)
+        finally:
+            presser.join()
+        assert store.holder_of(seat) == "a"  # committed on the primary; a read, not a loss
