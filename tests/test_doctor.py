@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 import psycopg
@@ -174,6 +174,25 @@ def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -
             reader.wait()
     assert code == 0, report
     assert "synchronous_standby_names" not in _by_setting(report)
+
+
+def test_a_password_in_the_query_is_not_printed(
+    pg: tuple[ReplicatedCluster, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # libpq takes the password as a query parameter too; reports get pasted into tickets.
+    parts = urlsplit(pg[1])
+    password = parts.password
+    assert password
+    url = urlunsplit(
+        parts._replace(
+            netloc=parts.netloc.replace(f":{password}@", "@"),
+            query=f"{parts.query}&password={password}",
+        )
+    )
+    for args in (["--json"], []):
+        assert main(["doctor", url, *args]) == 0
+        out = capsys.readouterr().out
+        assert "password=***" in out and password not in out
 
 
 def test_a_standby_is_named_as_one(
