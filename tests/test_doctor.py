@@ -431,6 +431,18 @@ def test_etcd_rules_for_even_counts_and_lost_quorum() -> None:
     assert any(f.value == "NOSPACE" for f in alarm)
 
 
+def test_an_etcd_learner_is_no_voter() -> None:
+    """A learner (etcdctl member add --learner) replicates but does not vote: three voters
+    and a learner have a quorum of 2, and a learner not started yet costs no margin."""
+    ok = {"leader": "1"}
+    grown = etcd_findings({"a": ok, "b": ok, "c": ok, "l": ok}, learners={"l"})
+    assert [(f.setting, f.severity) for f in grown] == [("members", Severity.OK)], grown
+    assert "quorum 2" in grown[0].detail
+    waiting = etcd_findings({"a": ok, "b": ok, "c": ok, "l": "no client URL"}, learners={"l"})
+    [reach] = [f for f in waiting if f.setting == "reachable members"]
+    assert "1 more failure(s) stop writes" in reach.detail, reach
+
+
 def test_no_etcd_endpoint_answering_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
     # 2, not 1: exit 1 says a setting can lose claims, and nothing was read.
     assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 2

@@ -31,6 +31,7 @@ import re
 import sqlite3
 import sys
 import threading
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 from urllib.parse import quote, urlsplit
@@ -461,6 +462,7 @@ def _etcd(url: str, timeout: float) -> list[Finding]:
                 cause="; ".join(errors),
             )
         statuses: dict[str, dict[str, Any] | str] = {}
+        learners: set[str] = set()
         for member in members:
             name = member.get("name") or member.get("ID", "?")
             status: dict[str, Any] | str = "no client URL"
@@ -473,15 +475,28 @@ def _etcd(url: str, timeout: float) -> list[Finding]:
                 except (httpx.HTTPError, ValueError) as exc:
                     status = str(exc) or type(exc).__name__
             statuses[str(name)] = status
-    return etcd_findings(statuses)
+            if member.get("isLearner"):
+                learners.add(str(name))
+    return etcd_findings(statuses, learners=learners)
 
 
-def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
-    """Findings for a cluster's members: each one's status answer, or why it gave none."""
-    n = len(statuses)
+def etcd_findings(
+    statuses: dict[str, dict[str, Any] | str], *, learners: Collection[str] = ()
+) -> list[Finding]:
+    """Findings for a cluster's members: each one's status answer, or why it gave none.
+
+    ``learners`` names the members that replicate but do not vote
+    (``etcdctl member add --learner``): the quorum and its margin count voters only.
+    """
+    voters = {name: s for name, s in statuses.items() if name not in learners}
+    n = len(voters)
     quorum = n // 2 + 1
-    up = {name: s for name, s in statuses.items() if isinstance(s, dict)}
-    down = {name: s for name, s in statuses.items() if not isinstance(s, dict)}
+    up = {name: s for name, s in voters.items() if isinstance(s, dict)}
+    down = {
+        (f"{name} (learner)" if name in learners else name): s
+        for name, s in statuses.items()
+        if not isinstance(s, dict)
+    }
     found: list[Finding] = []
     if n == 1:
         found.append(
@@ -529,8 +544,9 @@ def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
         found.append(
             Finding(Severity.WARNING, "reachable members", f"{len(up)}/{n}", detail, "restart them")
         )
-    leaders = {str(s.get("leader")) for s in up.values() if s.get("leader")}
-    if up and len(leaders) != 1:
+    answering = {name: s for name, s in statuses.items() if isinstance(s, dict)}
+    leaders = {str(s.get("leader")) for s in answering.values() if s.get("leader")}
+    if answering and len(leaders) != 1:
         found.append(
             Finding(
                 Severity.WARNING,
@@ -541,7 +557,7 @@ def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
                 "check the members' logs and network",
             )
         )
-    for name, status in sorted(up.items()):
+    for name, status in sorted(answering.items()):
         errors = status.get("errors")
         if errors:
             found.append(
