@@ -464,3 +464,28 @@ def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None
         finally:
             presser.join()
         assert store.holder_of(seat) == "a"  # committed on the primary; a read, not a loss
+
+
+def test_a_role_that_may_not_emit_the_message_is_told_so(ghost: Ghost) -> None:
+    """A replay with synchronous standbys calls pg_logical_emit_message. Where EXECUTE on it
+    was revoked, a retry cannot help: StoreMisconfigured naming the grant, never a
+    retryable StoreUnavailable."""
+    schema = f"gp_{secrets.token_hex(4)}"
+    seat = Unit("seat", "grant")
+    revoke = "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
+    admin_db = ghost.cluster.primary.url(ghost.db)  # the admin role, in the store's database
+    with dibs.open(ghost.url(schema, wait=False)) as setup:
+        setup.claim(seat, holder="a", request_id="p", ttl=60)
+    with psycopg.connect(admin_db, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = local")  # this commit must not wait
+        conn.execute(revoke)
+    try:
+        with (
+            dibs.open(ghost.url(schema)) as store,
+            pytest.raises(dibs.StoreMisconfigured, match="pg_logical_emit_message"),
+        ):
+            store.claim(seat, holder="a", request_id="p", ttl=60)
+    finally:
+        with psycopg.connect(admin_db, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = local")
+            conn.execute(revoke.replace("REVOKE", "GRANT").replace("FROM", "TO"))
