@@ -19,14 +19,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
 
 import dibs
 from dibs.cli import main
 from dibs.doctor import Severity, etcd_findings, examine, render_text
-from pgrepl import ReplicatedCluster
+from pgrepl import _REPLICATION, ReplicatedCluster
+from pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -120,6 +123,78 @@ def test_a_single_synchronous_standby_is_a_warning_not_a_loss(
     assert found["severity"] == "warning" and "ANY 1 (s1, s2)" in found["fix"]
 
 
+def test_a_spare_that_is_not_streaming_is_no_spare(
+    pg: tuple[ReplicatedCluster, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # s1 and s2 stream, but only s1 is a candidate: losing s1 stops every write.
+    cluster, _ = pg
+    cluster.configure(cluster.primary, synchronous_standby_names="ANY 1 (s1, s3)")
+    db = pg[1].rsplit("/", 1)[1].split("?")[0]
+    code, report = _doctor(capsys, cluster.url(db, admin=True))  # sees sync_state
+    assert code == 0
+    found = _by_setting(report)["synchronous_standby_names"]
+    assert found["severity"] == "warning", found
+    # Two candidates named, none of them streaming: every commit waits now.
+    cluster.configure(cluster.primary, synchronous_standby_names="ANY 1 (s3, s4)")
+    code, report = _doctor(capsys, cluster.url(db, admin=True))
+    found = _by_setting(report)["synchronous_standby_names"]
+    assert found["severity"] == "warning" and "0 stream" in found["detail"], found
+
+
+def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -> None:
+    """A CDC reader (pg_recvlogical here) streams from the server, but no failover lands
+    on it: no synchronous_standby_names is no loss then."""
+    server = PostgresServer(settings={**_REPLICATION, "wal_level": "logical"}, durable=True)
+    with server:
+        url = server.create_database("cdc")  # the app role's URL
+        with psycopg.connect(server.url("cdc"), autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
+        reader = subprocess.Popen(
+            [
+                str(server.bindir / "pg_recvlogical"),
+                "-d",
+                server.url("cdc"),
+                "--slot",
+                "cdc",
+                "--start",
+                "-f",
+                "/dev/null",
+            ]
+        )
+        try:
+            with psycopg.connect(server.admin_url, autocommit=True) as conn:
+                while not conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
+                    "ON s.active_pid = r.pid"
+                ).fetchone()[0]:
+                    time.sleep(0.05)
+            code, report = _doctor(capsys, url)
+        finally:
+            reader.terminate()
+            reader.wait()
+    assert code == 0, report
+    assert "synchronous_standby_names" not in _by_setting(report)
+
+
+def test_a_password_in_the_query_is_not_printed(
+    pg: tuple[ReplicatedCluster, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # libpq takes the password as a query parameter too; reports get pasted into tickets.
+    parts = urlsplit(pg[1])
+    password = parts.password
+    assert password
+    url = urlunsplit(
+        parts._replace(
+            netloc=parts.netloc.replace(f":{password}@", "@"),
+            query=f"{parts.query}&password={password}",
+        )
+    )
+    for args in (["--json"], []):
+        assert main(["doctor", url, *args]) == 0
+        out = capsys.readouterr().out
+        assert "password=***" in out and password not in out
+
+
 def test_a_standby_is_named_as_one(
     pg: tuple[ReplicatedCluster, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,6 +265,22 @@ def test_doctor_creates_no_sqlite_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["doctor", f"sqlite:///{tmp_path}/typo.db"]) == 2
     assert not (tmp_path / "typo.db").exists()
     assert "no SQLite store" in capsys.readouterr().err
+
+
+def test_sqlite_urls_are_read_as_the_store_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A percent-encoded path names the file the store opens, not a missing one.
+    path = tmp_path / "my claims?.db"
+    dibs.open(f"sqlite:///{quote(str(path))}?synchronous=full").close()
+    assert path.exists()
+    code, report = _doctor(capsys, f"sqlite:///{quote(str(path))}?synchronous=full")
+    assert code == 0, report
+    # Options the store refuses are refused here too, never judged as the default.
+    for query in ("?synchronous=fulll", "?synchronus=full"):
+        assert main(["doctor", f"sqlite:///{quote(str(path))}{query}"]) == 2
+        err = capsys.readouterr().err
+        assert "synchronous" in err or "synchronus" in err
 
 
 def test_memory_keeps_nothing(capsys: pytest.CaptureFixture[str]) -> None:
@@ -340,8 +431,29 @@ def test_etcd_rules_for_even_counts_and_lost_quorum() -> None:
     assert any(f.value == "NOSPACE" for f in alarm)
 
 
+def test_an_etcd_learner_is_no_voter() -> None:
+    """A learner (etcdctl member add --learner) replicates but does not vote: three voters
+    and a learner have a quorum of 2, and a learner not started yet costs no margin."""
+    ok = {"leader": "1"}
+    grown = etcd_findings({"a": ok, "b": ok, "c": ok, "l": ok}, learners={"l"})
+    assert [(f.setting, f.severity) for f in grown] == [("members", Severity.OK)], grown
+    assert "quorum 2" in grown[0].detail
+    waiting = etcd_findings({"a": ok, "b": ok, "c": ok, "l": "no client URL"}, learners={"l"})
+    [reach] = [f for f in waiting if f.setting == "reachable members"]
+    assert "1 more failure(s) stop writes" in reach.detail, reach
+
+
 def test_no_etcd_endpoint_answering_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 1
+    # 2, not 1: exit 1 says a setting can lose claims, and nothing was read.
+    assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 2
+    assert "StoreUnavailable" in capsys.readouterr().err
+
+
+def test_an_unreachable_postgresql_is_not_reported_as_losing_data(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"postgresql://dibs@127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}/x"
+    assert main(["doctor", url, "--timeout", "1"]) == 2
     assert "StoreUnavailable" in capsys.readouterr().err
 
 

@@ -372,6 +372,12 @@ def test_a_missing_file_on_the_command_line_is_named_without_a_traceback(
         ("postgresql://u@h/db", "postgresql://u@h/db"),
         ("sqlite:///x.db", "sqlite:///x.db"),
         ("postgresql://u:secret@[::1:5432/db", "postgresql://…"),
+        # libpq's other place for it: the query (an empty host stays empty).
+        (
+            "postgresql:///db?host=/tmp&password=s3&x=1",
+            "postgresql:///db?host=/tmp&password=***&x=1",
+        ),
+        ("postgresql://u:p@h/db?password=s3", "postgresql://u:***@h/db?password=***"),
     ],
 )
 def test_one_redact_hides_every_password_for_messages_demo_and_verify(url: str, shown: str) -> None:

@@ -9,6 +9,7 @@ the test kills and promotes.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import secrets
 import threading
@@ -439,3 +440,52 @@ def test_a_retry_waits_for_the_standbys_before_it_answers(ghost: Ghost, write: s
             assert answer.state == "confirmed"
         else:
             assert answer is False  # released by the first attempt
+
+
+def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None:
+    """Ctrl-C in the wait: psycopg cancels the statement (the server turns that into the
+    warning and a success) and raises KeyboardInterrupt. The connection goes back to the
+    pool; the next call on it, a plain read, is not that commit and must answer."""
+    schema = f"gk_{secrets.token_hex(4)}"
+    seat = Unit("seat", "ctrl-c")
+    dibs.open(ghost.url(schema, wait=False)).close()  # the schema, made without waiting
+    with dibs.open(ghost.url(schema) + "&pool_min=1&pool_max=1") as store:  # one connection
+
+        def press_ctrl_c() -> None:
+            while ghost.waiting() is None:
+                time.sleep(0.01)
+            _thread.interrupt_main()
+
+        presser = threading.Thread(target=press_ctrl_c)
+        presser.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                store.claim(seat, holder="a", request_id="k", ttl=60)
+        finally:
+            presser.join()
+        assert store.holder_of(seat) == "a"  # committed on the primary; a read, not a loss
+
+
+def test_a_role_that_may_not_emit_the_message_is_told_so(ghost: Ghost) -> None:
+    """A replay with synchronous standbys calls pg_logical_emit_message. Where EXECUTE on it
+    was revoked, a retry cannot help: StoreMisconfigured naming the grant, never a
+    retryable StoreUnavailable."""
+    schema = f"gp_{secrets.token_hex(4)}"
+    seat = Unit("seat", "grant")
+    revoke = "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
+    admin_db = ghost.cluster.primary.url(ghost.db)  # the admin role, in the store's database
+    with dibs.open(ghost.url(schema, wait=False)) as setup:
+        setup.claim(seat, holder="a", request_id="p", ttl=60)
+    with psycopg.connect(admin_db, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = local")  # this commit must not wait
+        conn.execute(revoke)
+    try:
+        with (
+            dibs.open(ghost.url(schema)) as store,
+            pytest.raises(dibs.StoreMisconfigured, match="pg_logical_emit_message"),
+        ):
+            store.claim(seat, holder="a", request_id="p", ttl=60)
+    finally:
+        with psycopg.connect(admin_db, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = local")
+            conn.execute(revoke.replace("REVOKE", "GRANT").replace("FROM", "TO"))

@@ -27,7 +27,7 @@ from dibs._cli_options import (
 )
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
-from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured
+from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured, StoreUnavailable
 from dibs.service._cli import add_commands as add_service_commands
 from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
@@ -232,7 +232,7 @@ def _add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             "SQLite: journal mode and synchronous. memory://: nothing survives a restart. "
             "etcd: member count and quorum health. Exits 1 when a setting can lose an "
             "acknowledged claim, 0 otherwise (warnings included), 2 when the store cannot "
-            "be read as configured."
+            "be read (misconfigured or unreachable)."
         ),
     )
     p.add_argument(
@@ -255,7 +255,12 @@ def _run_doctor(args: argparse.Namespace) -> int:
     from dibs.doctor import examine, print_report  # noqa: PLC0415 (only when asked)
     from dibs.stores import default_url  # noqa: PLC0415
 
-    report = examine(args.url or default_url(), timeout=args.timeout)
+    try:
+        report = examine(args.url or default_url(), timeout=args.timeout)
+    except StoreUnavailable as exc:
+        # Nothing was read: 1 would say a setting can lose claims, which is not known.
+        print(f"dibs: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

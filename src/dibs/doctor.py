@@ -31,9 +31,10 @@ import re
 import sqlite3
 import sys
 import threading
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import quote, urlsplit
 
 try:
     import rich.console
@@ -146,18 +147,28 @@ _MEMORY = Finding(
 
 # --- sqlite ---------------------------------------------------------------------------------------
 
+_SQLITE_SYNCHRONOUS = ("off", "normal", "full", "extra")  # as SQLiteStore takes them
+
 
 def _sqlite(url: str) -> list[Finding]:
-    parts = urlsplit(url)
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    options = dict(parse_qsl(parts.query))
-    synchronous = options.get("synchronous", "normal").lower()  # the store's default
+    from dibs.stores.sqlite import SQLiteStore  # noqa: PLC0415 (only for sqlite://)
+
+    # The store's own reading of the URL: the same file (percent-decoded), and the
+    # options it would refuse refused here, never judged as the default.
+    path, options = SQLiteStore._split_url(url)
+    synchronous = str(options.get("synchronous", "normal")).lower()  # the store's default
+    if synchronous not in _SQLITE_SYNCHRONOUS:
+        raise InvalidInput(
+            f"synchronous must be one of {sorted(_SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
+            field="synchronous",
+            value=options["synchronous"],
+        )
     if path == ":memory:":
         return [_MEMORY]
     if not os.path.isfile(path):
         raise StoreMisconfigured(f"no SQLite store at {path!r}", cause="the file does not exist")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
         try:
             journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
         finally:
@@ -256,8 +267,15 @@ def postgres_findings(conn: Any) -> list[Finding]:
     ).fetchall()
     settings = {name: value for name, value in rows}
     (in_recovery,) = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    # Rows are visible to every role (their details need pg_read_all_stats): a count is enough.
-    (standbys,) = conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()
+    # Rows are visible to every role, their details (sync_state) only with pg_read_all_stats.
+    # A logical walsender (a CDC reader, a subscription) is no standby: a failover never
+    # lands on it. Its slot says so, and pg_replication_slots is readable by every role.
+    standbys, eligible, detailed = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum', "
+        "'potential')), count(r.sync_state) FROM pg_stat_replication r "
+        "WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots s "
+        "WHERE s.active_pid = r.pid AND s.slot_type = 'logical')"
+    ).fetchone()
     found: list[Finding] = []
     if in_recovery:
         found.append(
@@ -340,14 +358,18 @@ def postgres_findings(conn: Any) -> list[Finding]:
             )
         )
     elif names:
-        spare = (standbys if candidates == ["*"] else len(candidates)) - num
-        if waits_for_standbys and standbys < num:
+        # The standbys that can confirm: those the names match, when the role may see
+        # which (sync_state); else at most the streaming ones, and at most those named.
+        if not detailed or detailed < standbys:
+            eligible = standbys if candidates == ["*"] else min(standbys, len(candidates))
+        spare = eligible - num
+        if waits_for_standbys and eligible < num:
             found.append(
                 Finding(
                     Severity.WARNING,
                     "synchronous_standby_names",
                     names,
-                    f"{num} synchronous standby(s) must confirm, {standbys} stream(s): every "
+                    f"{num} synchronous standby(s) must confirm, {eligible} stream(s): every "
                     "commit waits until enough come back (statement_timeout does not bound "
                     "the wait)",
                     "bring the standbys back, or change synchronous_standby_names",
@@ -440,6 +462,7 @@ def _etcd(url: str, timeout: float) -> list[Finding]:
                 cause="; ".join(errors),
             )
         statuses: dict[str, dict[str, Any] | str] = {}
+        learners: set[str] = set()
         for member in members:
             name = member.get("name") or member.get("ID", "?")
             status: dict[str, Any] | str = "no client URL"
@@ -452,15 +475,28 @@ def _etcd(url: str, timeout: float) -> list[Finding]:
                 except (httpx.HTTPError, ValueError) as exc:
                     status = str(exc) or type(exc).__name__
             statuses[str(name)] = status
-    return etcd_findings(statuses)
+            if member.get("isLearner"):
+                learners.add(str(name))
+    return etcd_findings(statuses, learners=learners)
 
 
-def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
-    """Findings for a cluster's members: each one's status answer, or why it gave none."""
-    n = len(statuses)
+def etcd_findings(
+    statuses: dict[str, dict[str, Any] | str], *, learners: Collection[str] = ()
+) -> list[Finding]:
+    """Findings for a cluster's members: each one's status answer, or why it gave none.
+
+    ``learners`` names the members that replicate but do not vote
+    (``etcdctl member add --learner``): the quorum and its margin count voters only.
+    """
+    voters = {name: s for name, s in statuses.items() if name not in learners}
+    n = len(voters)
     quorum = n // 2 + 1
-    up = {name: s for name, s in statuses.items() if isinstance(s, dict)}
-    down = {name: s for name, s in statuses.items() if not isinstance(s, dict)}
+    up = {name: s for name, s in voters.items() if isinstance(s, dict)}
+    down = {
+        (f"{name} (learner)" if name in learners else name): s
+        for name, s in statuses.items()
+        if not isinstance(s, dict)
+    }
     found: list[Finding] = []
     if n == 1:
         found.append(
@@ -508,8 +544,9 @@ def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
         found.append(
             Finding(Severity.WARNING, "reachable members", f"{len(up)}/{n}", detail, "restart them")
         )
-    leaders = {str(s.get("leader")) for s in up.values() if s.get("leader")}
-    if up and len(leaders) != 1:
+    answering = {name: s for name, s in statuses.items() if isinstance(s, dict)}
+    leaders = {str(s.get("leader")) for s in answering.values() if s.get("leader")}
+    if answering and len(leaders) != 1:
         found.append(
             Finding(
                 Severity.WARNING,
@@ -520,7 +557,7 @@ def etcd_findings(statuses: dict[str, dict[str, Any] | str]) -> list[Finding]:
                 "check the members' logs and network",
             )
         )
-    for name, status in sorted(up.items()):
+    for name, status in sorted(answering.items()):
         errors = status.get("errors")
         if errors:
             found.append(

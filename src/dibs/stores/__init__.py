@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -159,13 +160,25 @@ def open_store(url: str | None = None, *, create: bool = True, **options: Any) -
     return cls.from_url(url, **options)
 
 
+_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)password=)[^&]*")
+
+
 def redact(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``: safe for messages and logs."""
+    """``url`` with its password, if any, replaced by ``***``: safe for messages and logs.
+
+    Both places libpq reads one from are hidden: ``user:password@`` and the
+    ``password=`` query parameter.
+    """
     try:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:
         return url.split("://", 1)[0] + "://…"
+    if _QUERY_PASSWORD.search(parts.query):  # by hand: urlunsplit drops an empty host
+        head, mark, rest = url.partition("?")
+        query, hash_, fragment = rest.partition("#")
+        url = head + mark + _QUERY_PASSWORD.sub(r"\1***", query) + hash_ + fragment
+        parts = urlsplit(url)
     if password is None:
         return url
     user, _, host = parts.netloc.rpartition("@")

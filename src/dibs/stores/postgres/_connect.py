@@ -29,8 +29,10 @@ from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 __all__ = [
     "AsyncRecordingPool",
     "RecordingPool",
+    "aforget_replication",
     "connect_error",
     "first_connection",
+    "forget_replication",
     "unreplicated",
     "watch_replication",
 ]
@@ -151,6 +153,25 @@ def watch_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
 async def awatch_replication(conn: psycopg.AsyncConnection[Any]) -> None:
     """:func:`watch_replication` as the async pool's ``configure`` step."""
     watch_replication(conn)
+
+
+def forget_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Drop what ``conn`` remembers of a cancelled wait: the pools' ``reset`` step.
+
+    A connection goes back to the pool with a warning unread when its call left
+    by an exception after the commit (Ctrl-C in the wait: psycopg cancels the
+    statement, which the server turns into the warning and a success, then
+    raises KeyboardInterrupt). That call reported no success; the warning is
+    not the next call's, which must not raise for it.
+    """
+    watch: _ReplicationWatch | None = getattr(conn, _WATCH, None)
+    if watch is not None:
+        watch.cancelled = None
+
+
+async def aforget_replication(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`forget_replication` as the async pool's ``reset`` step."""
+    forget_replication(conn)
 
 
 def unreplicated(

@@ -58,6 +58,7 @@ from dibs.exceptions import (
     RequestConflict,
     SchemaError,
     StoreClosed,
+    StoreMisconfigured,
     StoreUnavailable,
 )
 from dibs.stores._retry import Backoff
@@ -320,6 +321,15 @@ def translate(
         # surrogate) or by the server (class 22, data exception; class 54,
         # a program limit such as an index row too big for its page).
         return _bad_input(exc, params)
+    if sqlstate == "42501" and "pg_logical_emit_message" in str(exc):
+        # A replay with synchronous standbys waits for them through this function
+        # (_sql.REPLICATED); a role refused it stays refused: no retry helps.
+        return StoreMisconfigured(
+            f"PostgreSQL store at {where}: {cause_of(exc)}. A replayed answer waits for "
+            "the synchronous standbys through pg_logical_emit_message: GRANT EXECUTE ON "
+            "FUNCTION pg_logical_emit_message(boolean, text, text) TO the store's role",
+            cause=cause_of(exc),
+        )
     if isinstance(exc, PoolTimeout) and last_error:
         return StoreUnavailable(
             f"PostgreSQL store at {where} unavailable: {exc}; the last connection "
