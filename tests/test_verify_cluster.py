@@ -93,6 +93,41 @@ def test_log_replay_of_outliving_holds_allows_late_confirms_not_early_grants() -
     assert kinds == ["grant-over-live-claim"]
 
 
+# --- client stamps: etcd keeps no clock, so a stamp does not order the writes -------------------
+
+
+def client_stamped(h: Recorder) -> Recorder:
+    """The history of a store whose times are its clients' stamps, read before the write."""
+    h.events[0]["client_stamps"] = True
+    return h
+
+
+def raced_release(b_start: float, b_end: float) -> Recorder:
+    """b's grant is stamped at 9.5 ms, before a's release (stamped 11 ms), yet took a's unit."""
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=None)
+    h.op("a", "release", on_claim("a", "1"), 10, 14, released=True)
+    h.grant("b", "0", b_start, b_end, "2", at=9.5, ttl=None)
+    rows = [row("1", "released", 0.5, None, 11), row("2", "confirmed", 9.5, None, 9.5, holder="b")]
+    h.events += [r.to_json() for r in rows]
+    return h
+
+
+def test_a_client_stamp_orders_nothing_its_call_did_not() -> None:
+    # The calls overlap: b's transaction may have reached the store after a's release.
+    # On a store that stamps at the write (one clock, inside the lock) it is a double grant.
+    assert raced_release(9, 15).check().verdict == "anomaly"
+    assert client_stamped(raced_release(9, 15)).check().verdict == "ok"
+
+
+def test_a_client_stamped_grant_answered_before_the_release_was_asked_is_an_anomaly() -> None:
+    report = client_stamped(raced_release(5, 9.8)).check()
+    assert report.verdict == "anomaly"
+    kinds = report.to_json()["anomaly_kinds"]
+    assert "grant-over-live-claim" in kinds
+    assert any(p.verdict == "anomaly" for p in report.partitions)  # the search sees it too
+
+
 # --- fences as the clients were told them --------------------------------------------------------
 
 

@@ -17,6 +17,15 @@ A claim's live interval is read from its final row: from ``created_at`` to
 ``expires_at`` for holds that expired (or still wait), to ``updated_at`` for
 released claims, and without end for confirmed ones.
 
+A store whose times are its clients' stamps (:attr:`dibs.Store.client_stamps`:
+etcd, which keeps no clock) stamps a grant or a release before its write
+reaches the store, so a grant that serialized after a release may carry the
+earlier time. There the last two checks use the calls instead of the stamps: a
+grant (or a higher fence) is proven early only when its call had returned
+before the call that ended the earlier claim (or granted the lower fence) was
+made, or before the earlier hold's ``expires_at``. A row no call explains falls
+back to its stamp, widened by the longest call in the history.
+
 :func:`acknowledged_fences` needs no log: no fence was acknowledged for two
 claims, and on each unit (and span point) a grant that began after another
 was acknowledged has the higher fence. It judges what clients were told,
@@ -36,7 +45,7 @@ from typing import Any
 from dibs._model import target_to_json
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
-from dibs.verify._history import OK, UNKNOWN, LogRow, Op
+from dibs.verify._history import FAIL, OK, UNKNOWN, LogRow, Op
 from dibs.verify._model import keys_of
 
 __all__ = ["LogAnomaly", "acknowledged_fences", "dump_log", "micros", "replay_log"]
@@ -118,14 +127,57 @@ def _overlap(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(a[2] < b[3] and b[2] < a[3])
 
 
+@dataclass(frozen=True)
+class _Calls:
+    """When the calls behind a client-stamped log ran (wall-clock µs), claim by claim."""
+
+    on_claim: dict[str, list[Op]]
+    slack: float
+    """µs: the longest completed call; a stamp no call explains is off by at most this."""
+
+    def granted_by(self, row: LogRow) -> float:
+        """When ``row``'s grant had surely taken effect: its first acknowledgement."""
+        tried = [
+            o
+            for o in self.on_claim.get(row.id, [])
+            if o.fn == "claim" and (o.status == UNKNOWN or o.value.get("granted"))
+        ]
+        done = [o.wall_end for o in tried if o.status == OK]
+        if done:
+            return min(done)
+        if tried:
+            return math.inf  # only calls with no answer: it may have taken effect any time
+        return row.created_at + self.slack
+
+    def granted_from(self, row: LogRow) -> float:
+        """The earliest ``row``'s grant can have taken effect: its first call."""
+        tried = [o for o in self.on_claim.get(row.id, []) if o.fn == "claim" and o.status != FAIL]
+        if tried:
+            return min(o.wall_start for o in tried)
+        return row.created_at - self.slack
+
+    def ended_from(self, row: LogRow) -> float:
+        """The earliest ``row`` can have stopped being live (see :func:`_live_end`)."""
+        if row.state != "released":
+            return _live_end(row)  # an expiry is a promise, not a stamp of a write
+        released = [
+            o.wall_start
+            for o in self.on_claim.get(row.id, [])
+            if o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
+        ]
+        return min(released) if released else row.updated_at - self.slack
+
+
 def replay_log(
-    ops: Sequence[Op], rows: Sequence[LogRow], *, outlive: bool = False
+    ops: Sequence[Op], rows: Sequence[LogRow], *, outlive: bool = False, stamped: bool = False
 ) -> list[LogAnomaly]:
     """Replay the log in fence order against the history; return what broke.
 
     ``outlive``: the store's holds may live past their ``expires_at`` (etcd's
     leases restart on a leader change), so a confirmation after it is no
-    anomaly; a grant over a hold before it still is.
+    anomaly; a grant over a hold before it still is. ``stamped``: the store's
+    times are its clients' stamps, taken before the write; order grants and
+    releases by the calls that made them (see the module's notes).
     """
     anomalies: list[LogAnomaly] = []
     by_id = {row.id: row for row in rows}
@@ -134,6 +186,10 @@ def replay_log(
         cid = op.args.get("claim_id") or op.value.get("claim_id")
         if cid is not None:
             on_claim.setdefault(str(cid), []).append(op)
+    calls = None
+    if stamped:
+        took = [o.wall_end - o.wall_start for o in ops if o.status != UNKNOWN]
+        calls = _Calls(on_claim, max(took, default=0.0))
 
     # 1. Every acknowledged operation is in the log.
     for op in ops:
@@ -220,7 +276,7 @@ def replay_log(
                 key = ("u", target[1], target[2])
                 prev = last_on_unit.get(key)
                 if prev is not None:
-                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim)
+                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim, calls)
                 last_on_unit[key] = row
             else:
                 entries = spans_on.setdefault(target[1], [])
@@ -229,7 +285,7 @@ def replay_log(
                 ]
                 for span, prev in entries:
                     if prev.id != row.id and _overlap(span, target):
-                        _compare(prev, row, f"span {target[1]}", anomalies, on_claim)
+                        _compare(prev, row, f"span {target[1]}", anomalies, on_claim, calls)
                 entries.append((target, row))
         if row.state == "released" and not any(
             o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
@@ -333,9 +389,17 @@ def _compare(
     where: str,
     anomalies: list[LogAnomaly],
     on_claim: dict[str, list[Op]],
+    calls: _Calls | None = None,
 ) -> None:
     context = on_claim.get(prev.id, []) + on_claim.get(row.id, [])
-    if row.created_at < prev.created_at:
+    if calls is None:
+        early = row.created_at < prev.created_at
+        over_live = row.created_at < _live_end(prev)
+    else:
+        granted = calls.granted_by(row)
+        early = granted < calls.granted_from(prev)
+        over_live = granted < calls.ended_from(prev)
+    if early:
         anomalies.append(
             LogAnomaly(
                 "fence-order",
@@ -344,7 +408,7 @@ def _compare(
                 context,
             )
         )
-    if row.created_at < _live_end(prev):
+    if over_live:
         anomalies.append(
             LogAnomaly(
                 "grant-over-live-claim",
