@@ -19,6 +19,7 @@ import pytest
 
 from dibs.cli import main
 from dibs.verify import Workload, check_history, read_history
+from dibs.verify._cluster_pg import PostgresHA
 from dibs.verify._cluster_run import ClusterRun, outage, parse_cluster, run_on_cluster
 from dibs.verify._history import assemble
 from dibs.verify._log import acknowledged_fences, replay_log
@@ -253,6 +254,27 @@ def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
     assert figures["cluster"]["replication"] == "async"
     # The harness made the loss certain: the primary acknowledged writes nobody received.
     assert acknowledged_while_behind(read_history(path)) > 0
+
+
+@pytest.mark.timeout(CLUSTER_TIMEOUT)
+@pytest.mark.parametrize(("replication", "code"), [("async", 1), ("sync", 0)])
+def test_dibs_doctor_flags_the_async_harness_and_passes_the_sync_one(
+    replication: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The harness dibs verify fails over, read as a user would: through its URL.
+    with PostgresHA(replication=replication) as pg:
+        assert main(["doctor", pg.url(), "--json"]) == code
+    report = json.loads(capsys.readouterr().out)
+    found = {f["setting"]: f for f in report["findings"]}
+    names = found["synchronous_standby_names"]
+    print(f"\n{replication}: {names}")
+    if replication == "async":
+        assert names["severity"] == "danger" and "asynchronously" in names["detail"]
+        assert "synchronous_standby_names" in names["fix"]
+    else:
+        # Patroni names one synchronous standby: no data at risk, only no spare.
+        assert all(f["severity"] != "danger" for f in report["findings"]), report
+        assert names["severity"] in ("ok", "warning")
 
 
 @pytest.mark.parametrize("cluster", ["etcd:3", "postgresql-ha"])
