@@ -129,6 +129,19 @@ def test_a_client_stamped_grant_answered_before_the_release_was_asked_is_an_anom
     assert any(p.verdict == "anomaly" for p in report.partitions)  # the search sees it too
 
 
+def test_a_client_stamped_grant_left_unanswered_may_take_effect_any_time_later() -> None:
+    # b's claim was stamped at 9.5 ms and never answered (its member was paused): its
+    # transaction reached etcd after a's release, at 20-24 ms. No proof of a double grant.
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=None)
+    h.op("a", "release", on_claim("a", "1"), 20, 24, released=True)
+    h.op("b", "claim", claim_args("b", "0", None), 9, None)
+    rows = [row("1", "released", 0.5, None, 21), row("2", "confirmed", 9.5, None, 9.5, holder="b")]
+    h.events += [r.to_json() for r in rows]
+    assert "grant-over-live-claim" in h.check().to_json()["anomaly_kinds"]  # by the stamps
+    assert client_stamped(h).check().verdict == "ok"
+
+
 # --- fences as the clients were told them --------------------------------------------------------
 
 

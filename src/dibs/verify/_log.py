@@ -23,8 +23,10 @@ reaches the store, so a grant that serialized after a release may carry the
 earlier time. There the last two checks use the calls instead of the stamps: a
 grant (or a higher fence) is proven early only when its call had returned
 before the call that ended the earlier claim (or granted the lower fence) was
-made, or before the earlier hold's ``expires_at``. A row no call explains falls
-back to its stamp, widened by the longest call in the history.
+made, or before the earlier hold's ``expires_at``. A grant whose call went
+unanswered may have taken effect any time after that call began; a row no
+call explains falls back to its stamp, widened by the longest call in the
+history.
 
 :func:`acknowledged_fences` needs no log: no fence was acknowledged for two
 claims, and on each unit (and span point) a grant that began after another
@@ -45,7 +47,7 @@ from typing import Any
 from dibs._model import target_to_json
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
-from dibs.verify._history import FAIL, OK, UNKNOWN, LogRow, Op
+from dibs.verify._history import OK, UNKNOWN, LogRow, Op
 from dibs.verify._model import keys_of
 
 __all__ = ["LogAnomaly", "acknowledged_fences", "dump_log", "micros", "replay_log"]
@@ -132,28 +134,42 @@ class _Calls:
     """When the calls behind a client-stamped log ran (wall-clock µs), claim by claim."""
 
     on_claim: dict[str, list[Op]]
+    unanswered: dict[str, list[Op]]
+    """Claims whose outcome the client never learned, by holder: they name no claim ID."""
     slack: float
     """µs: the longest completed call; a stamp no call explains is off by at most this."""
 
-    def granted_by(self, row: LogRow) -> float:
-        """When ``row``'s grant had surely taken effect: its first acknowledgement."""
-        tried = [
+    def _grants(self, row: LogRow) -> tuple[list[Op], list[Op]]:
+        """The calls that may have made ``row``: acknowledged grants of it, and claims of
+        its targets by its holder left unanswered, begun before its stamp."""
+        acked = [
             o
             for o in self.on_claim.get(row.id, [])
-            if o.fn == "claim" and (o.status == UNKNOWN or o.value.get("granted"))
+            if o.fn == "claim" and o.status == OK and o.value.get("granted")
         ]
-        done = [o.wall_end for o in tried if o.status == OK]
-        if done:
-            return min(done)
-        if tried:
-            return math.inf  # only calls with no answer: it may have taken effect any time
+        targets = frozenset(row.targets)
+        unanswered = [
+            o
+            for o in self.unanswered.get(row.holder, [])
+            if o.wall_start <= row.created_at
+            and frozenset(tuple(t) for t in o.args["targets"]) == targets
+        ]
+        return acked, unanswered
+
+    def granted_by(self, row: LogRow) -> float:
+        """When ``row``'s grant had surely taken effect: its first acknowledgement."""
+        acked, unanswered = self._grants(row)
+        if acked:
+            return min(o.wall_end for o in acked)
+        if unanswered:
+            return math.inf  # a call with no answer may take effect any time after it began
         return row.created_at + self.slack
 
     def granted_from(self, row: LogRow) -> float:
         """The earliest ``row``'s grant can have taken effect: its first call."""
-        tried = [o for o in self.on_claim.get(row.id, []) if o.fn == "claim" and o.status != FAIL]
-        if tried:
-            return min(o.wall_start for o in tried)
+        acked, unanswered = self._grants(row)
+        if acked or unanswered:
+            return min(o.wall_start for o in acked + unanswered)
         return row.created_at - self.slack
 
     def ended_from(self, row: LogRow) -> float:
@@ -189,7 +205,11 @@ def replay_log(
     calls = None
     if stamped:
         took = [o.wall_end - o.wall_start for o in ops if o.status != UNKNOWN]
-        calls = _Calls(on_claim, max(took, default=0.0))
+        unanswered: dict[str, list[Op]] = {}
+        for op in ops:
+            if op.fn == "claim" and op.status == UNKNOWN:
+                unanswered.setdefault(str(op.args["holder"]), []).append(op)
+        calls = _Calls(on_claim, unanswered, max(took, default=0.0))
 
     # 1. Every acknowledged operation is in the log.
     for op in ops:
