@@ -274,8 +274,9 @@ def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
 def test_dibs_doctor_flags_the_async_harness_and_passes_the_sync_one(
     replication: str, code: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The harness dibs verify fails over, read as a user would: through its URL.
-    with PostgresHA(replication=replication) as pg:
+    # The harness dibs verify fails over, read as a user would: through its URL. Durable:
+    # the verify runs turn fsync off (a killed process loses nothing), which doctor flags.
+    with PostgresHA(replication=replication, durable=True) as pg:
         assert main(["doctor", pg.url(), "--json"]) == code
     report = json.loads(capsys.readouterr().out)
     found = {f["setting"]: f for f in report["findings"]}
