@@ -4,9 +4,11 @@ The cluster runs are real: PostgreSQL 15 with two standbys under Patroni over a
 3-member etcd, started from Debian's packages on loopback
 (``scripts/cluster-ensure.sh`` installs them), the primary's member killed with
 ``kill -9`` mid-run while its standbys are held behind. A few seconds of
-workload each (see DIST's CI budget). The hold rule for stores whose holds may
-outlive their TTL (etcd), and the fence checks an asynchronous failover trips,
-are tested here on hand-built histories.
+workload each (see DIST's CI budget). ``dibs doctor`` reads the same harness:
+async exits 1, sync 0. The hold rule for stores whose holds may outlive their
+TTL (etcd), the client-stamp rule (etcd's times are its clients'), and the
+fence checks an asynchronous failover trips, are tested here on hand-built
+histories.
 """
 
 from __future__ import annotations
