@@ -4,9 +4,11 @@ The cluster runs are real: PostgreSQL 15 with two standbys under Patroni over a
 3-member etcd, started from Debian's packages on loopback
 (``scripts/cluster-ensure.sh`` installs them), the primary's member killed with
 ``kill -9`` mid-run while its standbys are held behind. A few seconds of
-workload each (see DIST's CI budget). The hold rule for stores whose holds may
-outlive their TTL (etcd), and the fence checks an asynchronous failover trips,
-are tested here on hand-built histories.
+workload each (see DIST's CI budget). ``dibs doctor`` reads the same harness:
+async exits 1, sync 0. The hold rule for stores whose holds may outlive their
+TTL (etcd), the client-stamp rule (etcd's times are its clients'), and the
+fence checks an asynchronous failover trips, are tested here on hand-built
+histories.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from dibs.cli import main
 from dibs.verify import Workload, check_history, read_history
+from dibs.verify._cluster_pg import PostgresHA
 from dibs.verify._cluster_run import ClusterRun, outage, parse_cluster, run_on_cluster
 from dibs.verify._history import assemble
 from dibs.verify._log import acknowledged_fences, replay_log
@@ -91,6 +94,54 @@ def test_log_replay_of_outliving_holds_allows_late_confirms_not_early_grants() -
     over = [row("1", "confirmed", 0.5, None, 5), row("2", "held", 5, 105, 5, holder="b")]
     kinds = [a.kind for a in replay_log(ops, over, outlive=True)]
     assert kinds == ["grant-over-live-claim"]
+
+
+# --- client stamps: etcd keeps no clock, so a stamp does not order the writes -------------------
+
+
+def client_stamped(h: Recorder) -> Recorder:
+    """The history of a store whose times are its clients' stamps, read before the write."""
+    h.events[0]["client_stamps"] = True
+    return h
+
+
+def raced_release(b_start: float, b_end: float) -> Recorder:
+    """b's grant is stamped at 9.5 ms, before a's release (stamped 11 ms), yet took a's unit."""
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=None)
+    h.op("a", "release", on_claim("a", "1"), 10, 14, released=True)
+    h.grant("b", "0", b_start, b_end, "2", at=9.5, ttl=None)
+    rows = [row("1", "released", 0.5, None, 11), row("2", "confirmed", 9.5, None, 9.5, holder="b")]
+    h.events += [r.to_json() for r in rows]
+    return h
+
+
+def test_a_client_stamp_orders_nothing_its_call_did_not() -> None:
+    # The calls overlap: b's transaction may have reached the store after a's release.
+    # On a store that stamps at the write (one clock, inside the lock) it is a double grant.
+    assert raced_release(9, 15).check().verdict == "anomaly"
+    assert client_stamped(raced_release(9, 15)).check().verdict == "ok"
+
+
+def test_a_client_stamped_grant_answered_before_the_release_was_asked_is_an_anomaly() -> None:
+    report = client_stamped(raced_release(5, 9.8)).check()
+    assert report.verdict == "anomaly"
+    kinds = report.to_json()["anomaly_kinds"]
+    assert "grant-over-live-claim" in kinds
+    assert any(p.verdict == "anomaly" for p in report.partitions)  # the search sees it too
+
+
+def test_a_client_stamped_grant_left_unanswered_may_take_effect_any_time_later() -> None:
+    # b's claim was stamped at 9.5 ms and never answered (its member was paused): its
+    # transaction reached etcd after a's release, at 20-24 ms. No proof of a double grant.
+    h = Recorder()
+    h.grant("a", "0", 0, 1, "1", at=0.5, ttl=None)
+    h.op("a", "release", on_claim("a", "1"), 20, 24, released=True)
+    h.op("b", "claim", claim_args("b", "0", None), 9, None)
+    rows = [row("1", "released", 0.5, None, 21), row("2", "confirmed", 9.5, None, 9.5, holder="b")]
+    h.events += [r.to_json() for r in rows]
+    assert "grant-over-live-claim" in h.check().to_json()["anomaly_kinds"]  # by the stamps
+    assert client_stamped(h).check().verdict == "ok"
 
 
 # --- fences as the clients were told them --------------------------------------------------------
@@ -218,6 +269,28 @@ def test_an_async_failover_is_flagged_lost_claims_and_fences_given_twice(
     assert figures["cluster"]["replication"] == "async"
     # The harness made the loss certain: the primary acknowledged writes nobody received.
     assert acknowledged_while_behind(read_history(path)) > 0
+
+
+@pytest.mark.timeout(CLUSTER_TIMEOUT)
+@pytest.mark.parametrize(("replication", "code"), [("async", 1), ("sync", 0)])
+def test_dibs_doctor_flags_the_async_harness_and_passes_the_sync_one(
+    replication: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The harness dibs verify fails over, read as a user would: through its URL. Durable:
+    # the verify runs turn fsync off (a killed process loses nothing), which doctor flags.
+    with PostgresHA(replication=replication, durable=True) as pg:
+        assert main(["doctor", pg.url(), "--json"]) == code
+    report = json.loads(capsys.readouterr().out)
+    found = {f["setting"]: f for f in report["findings"]}
+    names = found["synchronous_standby_names"]
+    print(f"\n{replication}: {names}")
+    if replication == "async":
+        assert names["severity"] == "danger" and "asynchronously" in names["detail"]
+        assert "synchronous_standby_names" in names["fix"]
+    else:
+        # Patroni names one synchronous standby: no data at risk, only no spare.
+        assert all(f["severity"] != "danger" for f in report["findings"]), report
+        assert names["severity"] in ("ok", "warning")
 
 
 @pytest.mark.parametrize("cluster", ["etcd:3", "postgresql-ha"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dibs.cli import main
+from dibs.verify import read_history
 from dibs.verify._cluster import EtcdCluster
 
 CLUSTER_TIMEOUT = 300
@@ -54,24 +55,23 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.timeout(CLUSTER_TIMEOUT)
-@pytest.mark.xfail(
-    reason=(
-        "the etcd store stamps a claim's created_at (and a release's updated_at) on the "
-        "client before its Txn, so a grant serialized after a release can carry the earlier "
-        "time: grant-over-live-claim in the log and a store time going back on a unit "
-        "(docs/reliability.md, 'what serializes'); clean in some runs, so not strict"
-    ),
-    strict=False,
-)
 def test_verify_on_etcd_under_leader_kills_pauses_and_restarts_is_clean(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The store stamps its times on the client, before its Txn: the checkers order
+    # its writes by their calls (Store.client_stamps, docs/reliability.md).
+    path = tmp_path / "h.jsonl"
     argv = ["verify", "--cluster", "etcd:3", "--faults", "kill-leader,pause-member,restart-member"]
     argv += ["--after", "2", "--quiet", "--json", "--shrink", "1", "--witnesses", "1"]
-    code = main([*argv, "--budget", "60"])
+    code = main([*argv, "--budget", "60", "--history", str(path)])
     figures = json.loads(capsys.readouterr().out)
     print(f"\netcd:3 run: {figures['anomalies']} anomalies {figures['anomaly_kinds']}")
     print(f"faults {figures['faults']}, outage {figures['cluster']['write_outage']}")
     assert figures["verdict"] == "ok" and code == 0, figures["evidence"][:3]
     for fault in ("kill-leader", "pause-member", "restart-member"):
         assert figures["faults"].get(fault) == 1
+    history = read_history(path)
+    assert history.header["client_stamps"] and history.header["holds_outlive_ttl"]
+    # etcd leases are whole seconds, at least 2: so are the workload's TTLs.
+    ttls = {op.args["ttl"] for op in history.ops if op.fn in ("claim", "extend")} - {None}
+    assert ttls and all(ttl >= 2 and ttl == int(ttl) for ttl in ttls), ttls

@@ -111,8 +111,9 @@ def instrument(
         return InstrumentedAsyncStore(store, _Telemetry(store.scheme, tracer, meter))
     cls = _classes.get(type(store))
     if cls is None:
-        # A subclass per store class, so that the class-level facts (scheme,
-        # in_process, local_clock, verify_faults) read as the wrapped store's.
+        # A subclass per store class, so that the class-level facts (scheme, in_process,
+        # local_clock, holds_outlive_ttl, client_stamps, verify_faults) read as the
+        # wrapped store's.
         cls = type(
             f"Instrumented{type(store).__name__}",
             (InstrumentedStore,),
@@ -120,6 +121,8 @@ def instrument(
                 "scheme": getattr(type(store), "scheme", "plugin"),
                 "in_process": type(store).in_process,
                 "local_clock": type(store).local_clock,
+                "holds_outlive_ttl": type(store).holds_outlive_ttl,
+                "client_stamps": type(store).client_stamps,
                 "verify_faults": type(store).verify_faults,
                 "__module__": __name__,
             },

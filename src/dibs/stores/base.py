@@ -88,6 +88,12 @@ class Store(abc.ABC):
     lease restarts its TTL on a leader change. ``dibs verify`` then judges such a hold
     live or dead at any time after its expiry, and still never taken over before it."""
 
+    client_stamps: ClassVar[bool] = False
+    """True when the times a store records (``created_at``, ``updated_at``) are read from
+    the writing client's clock before its write reaches the store (etcd has no server
+    clock): such a time lies inside its call, but two of them need not follow the order
+    the writes took. ``dibs verify`` then orders writes by when their calls ran."""
+
     async_store: ClassVar[str | None] = None
     """``module:Class`` of this store's native async twin (a :class:`dibs.aio.AsyncStore`
     with ``from_url``), or None: :func:`dibs.aio.open` then runs this store on threads."""

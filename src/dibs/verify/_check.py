@@ -367,6 +367,8 @@ def check_history(
     errors_settle = bool(history.header.get("errors_settle", False))
     # etcd: a lease restarts its TTL on a leader change, so a hold may outlive its expiry.
     outlive = bool(history.header.get("holds_outlive_ttl", False))
+    # etcd: the store's times are the writing client's stamps, taken before its write.
+    stamped = bool(history.header.get("client_stamps", False))
 
     def settled(op: Op) -> bool:
         if op.value.get("error") == "killed":
@@ -385,18 +387,22 @@ def check_history(
     for resource in sorted(parts):
         part = parts[resource]
         start = time.monotonic()
-        verdict = check_partition(part, window, start + budget, outlive=outlive)
+        verdict = check_partition(part, window, start + budget, outlive=outlive, stamped=stamped)
         result = PartitionResult(resource, verdict, len(part), time.monotonic() - start)
         if verdict == ANOMALY and witnesses < max_witnesses:
             witnesses += 1
             result.witness, result.witness_note, failing = minimal_witness(
-                part, window, shrink_budget, outlive=outlive
+                part, window, shrink_budget, outlive=outlive, stamped=stamped
             )
             result.impossible, result.before = explain(
-                failing, window, max(1.0, shrink_budget), outlive=outlive
+                failing, window, max(1.0, shrink_budget), outlive=outlive, stamped=stamped
             )
         results.append(result)
-    log_anomalies = None if history.log is None else replay_log(ops, history.log, outlive=outlive)
+    log_anomalies = (
+        None
+        if history.log is None
+        else replay_log(ops, history.log, outlive=outlive, stamped=stamped)
+    )
     faults: dict[str, int] = {}
     other = list(clock_anomalies)
     for event in history.nemesis:

@@ -311,7 +311,10 @@ def _run_verify(args: argparse.Namespace) -> int:
             field="replication",
             value=args.replication,
         )
-    on_etcd = cluster is not None and cluster.kind == "etcd"
+    # etcd leases are whole seconds, at least 2: on a cluster verify starts, or one given.
+    on_etcd = (cluster is not None and cluster.kind == "etcd") or args.store.lower().startswith(
+        "etcd://"
+    )
     ttl = args.ttl if args.ttl is not None else (ETCD_TTL if on_etcd else d.ttl)
     spread_text = args.ttl_spread
     if spread_text is None:

@@ -64,15 +64,25 @@ class _Budget(Exception):
 
 
 def check_partition(
-    ops: Sequence[Op], window: Window, deadline: float, *, outlive: bool = False
+    ops: Sequence[Op],
+    window: Window,
+    deadline: float,
+    *,
+    outlive: bool = False,
+    stamped: bool = False,
 ) -> str:
     """Return ``ok``, ``anomaly`` or ``unknown`` for the ops of one resource.
 
     ``deadline`` is a ``time.monotonic()`` value; running past it gives ``unknown``.
-    ``outlive``: holds may live past their expiry (see :func:`~dibs.verify._model.successors`).
+    ``outlive``: holds may live past their expiry; ``stamped``: the store's times are
+    the writing client's stamps (see :func:`~dibs.verify._model.successors`).
     """
     try:
-        return PASS if _search(ops, window, deadline, outlive=outlive) is None else ANOMALY
+        return (
+            PASS
+            if _search(ops, window, deadline, outlive=outlive, stamped=stamped) is None
+            else ANOMALY
+        )
     except _Budget:
         return INCONCLUSIVE
 
@@ -102,6 +112,7 @@ def _search(
     trace: _Trace | None = None,
     *,
     outlive: bool = False,
+    stamped: bool = False,
 ) -> float | None:
     """None if the ops are linearizable; else the frontier: the latest completion
     time (``Op.end``) at which some branch of the search got stuck.
@@ -188,7 +199,7 @@ def _search(
             i = entry - 1
             op = ops[i]
             lo, hi = windows[i]
-            alternatives = successors(state, op, lo, hi, outlive=outlive)
+            alternatives = successors(state, op, lo, hi, outlive=outlive, stamped=stamped)
             chosen = choose(alternatives, bits | (1 << i)) if alternatives else None
             if chosen is not None:
                 stack.append((entry, state, alternatives))
@@ -356,7 +367,12 @@ def _collect(
 
 
 def explain(
-    ops: Sequence[Op], window: Window, budget: float, *, outlive: bool = False
+    ops: Sequence[Op],
+    window: Window,
+    budget: float,
+    *,
+    outlive: bool = False,
+    stamped: bool = False,
 ) -> tuple[Op | None, list[State]]:
     """The op of a failing history that no order can apply, and model states just before it.
 
@@ -365,7 +381,10 @@ def explain(
     """
     trace = _Trace()
     try:
-        if _search(ops, window, time.monotonic() + budget, trace, outlive=outlive) is None:
+        if (
+            _search(ops, window, time.monotonic() + budget, trace, outlive=outlive, stamped=stamped)
+            is None
+        ):
             return None, []
     except _Budget:
         return None, []
@@ -373,7 +392,12 @@ def explain(
 
 
 def minimal_witness(
-    ops: Sequence[Op], window: Window, budget: float, *, outlive: bool = False
+    ops: Sequence[Op],
+    window: Window,
+    budget: float,
+    *,
+    outlive: bool = False,
+    stamped: bool = False,
 ) -> tuple[list[Op], str, list[Op]]:
     """Shrink a non-linearizable history to a few ops whose outcomes already contradict.
 
@@ -408,7 +432,10 @@ def minimal_witness(
             raise _Budget
         # A prefix takes at most about as long as the whole history did.
         step = min(remaining, max(0.2, budget / 40, 2 * full_seconds[0]))
-        failed = check_partition(sub, window, time.monotonic() + step, outlive=outlive) == ANOMALY
+        verdict = check_partition(
+            sub, window, time.monotonic() + step, outlive=outlive, stamped=stamped
+        )
+        failed = verdict == ANOMALY
         if failed:
             failing[0] = sub
         return failed
@@ -425,7 +452,7 @@ def minimal_witness(
         # search (before it, every prefix had a linearization): try that first.
         low, high = 0, len(ends) - 1
         began = time.monotonic()
-        frontier = _search(ordered, window, deadline, outlive=outlive)
+        frontier = _search(ordered, window, deadline, outlive=outlive, stamped=stamped)
         full_seconds[0] = time.monotonic() - began
         if frontier is not None:
             low = min(bisect.bisect_left(ends, frontier), high)

@@ -17,6 +17,17 @@ A claim's live interval is read from its final row: from ``created_at`` to
 ``expires_at`` for holds that expired (or still wait), to ``updated_at`` for
 released claims, and without end for confirmed ones.
 
+A store whose times are its clients' stamps (:attr:`dibs.Store.client_stamps`:
+etcd, which keeps no clock) stamps a grant or a release before its write
+reaches the store, so a grant that serialized after a release may carry the
+earlier time. There the last two checks use the calls instead of the stamps: a
+grant (or a higher fence) is proven early only when its call had returned
+before the call that ended the earlier claim (or granted the lower fence) was
+made, or before the earlier hold's ``expires_at``. A grant whose call went
+unanswered may have taken effect any time after that call began; a row no
+call explains falls back to its stamp, widened by the longest call in the
+history.
+
 :func:`acknowledged_fences` needs no log: no fence was acknowledged for two
 claims, and on each unit (and span point) a grant that began after another
 was acknowledged has the higher fence. It judges what clients were told,
@@ -118,14 +129,71 @@ def _overlap(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(a[2] < b[3] and b[2] < a[3])
 
 
+@dataclass(frozen=True)
+class _Calls:
+    """When the calls behind a client-stamped log ran (wall-clock µs), claim by claim."""
+
+    on_claim: dict[str, list[Op]]
+    unanswered: dict[str, list[Op]]
+    """Claims whose outcome the client never learned, by holder: they name no claim ID."""
+    slack: float
+    """µs: the longest completed call; a stamp no call explains is off by at most this."""
+
+    def _grants(self, row: LogRow) -> tuple[list[Op], list[Op]]:
+        """The calls that may have made ``row``: acknowledged grants of it, and claims of
+        its targets by its holder left unanswered, begun before its stamp."""
+        acked = [
+            o
+            for o in self.on_claim.get(row.id, [])
+            if o.fn == "claim" and o.status == OK and o.value.get("granted")
+        ]
+        targets = frozenset(row.targets)
+        unanswered = [
+            o
+            for o in self.unanswered.get(row.holder, [])
+            if o.wall_start <= row.created_at
+            and frozenset(tuple(t) for t in o.args["targets"]) == targets
+        ]
+        return acked, unanswered
+
+    def granted_by(self, row: LogRow) -> float:
+        """When ``row``'s grant had surely taken effect: its first acknowledgement."""
+        acked, unanswered = self._grants(row)
+        if acked:
+            return min(o.wall_end for o in acked)
+        if unanswered:
+            return math.inf  # a call with no answer may take effect any time after it began
+        return row.created_at + self.slack
+
+    def granted_from(self, row: LogRow) -> float:
+        """The earliest ``row``'s grant can have taken effect: its first call."""
+        acked, unanswered = self._grants(row)
+        if acked or unanswered:
+            return min(o.wall_start for o in acked + unanswered)
+        return row.created_at - self.slack
+
+    def ended_from(self, row: LogRow) -> float:
+        """The earliest ``row`` can have stopped being live (see :func:`_live_end`)."""
+        if row.state != "released":
+            return _live_end(row)  # an expiry is a promise, not a stamp of a write
+        released = [
+            o.wall_start
+            for o in self.on_claim.get(row.id, [])
+            if o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
+        ]
+        return min(released) if released else row.updated_at - self.slack
+
+
 def replay_log(
-    ops: Sequence[Op], rows: Sequence[LogRow], *, outlive: bool = False
+    ops: Sequence[Op], rows: Sequence[LogRow], *, outlive: bool = False, stamped: bool = False
 ) -> list[LogAnomaly]:
     """Replay the log in fence order against the history; return what broke.
 
     ``outlive``: the store's holds may live past their ``expires_at`` (etcd's
     leases restart on a leader change), so a confirmation after it is no
-    anomaly; a grant over a hold before it still is.
+    anomaly; a grant over a hold before it still is. ``stamped``: the store's
+    times are its clients' stamps, taken before the write; order grants and
+    releases by the calls that made them (see the module's notes).
     """
     anomalies: list[LogAnomaly] = []
     by_id = {row.id: row for row in rows}
@@ -134,6 +202,14 @@ def replay_log(
         cid = op.args.get("claim_id") or op.value.get("claim_id")
         if cid is not None:
             on_claim.setdefault(str(cid), []).append(op)
+    calls = None
+    if stamped:
+        took = [o.wall_end - o.wall_start for o in ops if o.status != UNKNOWN]
+        unanswered: dict[str, list[Op]] = {}
+        for op in ops:
+            if op.fn == "claim" and op.status == UNKNOWN:
+                unanswered.setdefault(str(op.args["holder"]), []).append(op)
+        calls = _Calls(on_claim, unanswered, max(took, default=0.0))
 
     # 1. Every acknowledged operation is in the log.
     for op in ops:
@@ -220,7 +296,7 @@ def replay_log(
                 key = ("u", target[1], target[2])
                 prev = last_on_unit.get(key)
                 if prev is not None:
-                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim)
+                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim, calls)
                 last_on_unit[key] = row
             else:
                 entries = spans_on.setdefault(target[1], [])
@@ -229,7 +305,7 @@ def replay_log(
                 ]
                 for span, prev in entries:
                     if prev.id != row.id and _overlap(span, target):
-                        _compare(prev, row, f"span {target[1]}", anomalies, on_claim)
+                        _compare(prev, row, f"span {target[1]}", anomalies, on_claim, calls)
                 entries.append((target, row))
         if row.state == "released" and not any(
             o.fn == "release" and (o.status == UNKNOWN or o.value.get("released"))
@@ -333,9 +409,17 @@ def _compare(
     where: str,
     anomalies: list[LogAnomaly],
     on_claim: dict[str, list[Op]],
+    calls: _Calls | None = None,
 ) -> None:
     context = on_claim.get(prev.id, []) + on_claim.get(row.id, [])
-    if row.created_at < prev.created_at:
+    if calls is None:
+        early = row.created_at < prev.created_at
+        over_live = row.created_at < _live_end(prev)
+    else:
+        granted = calls.granted_by(row)
+        early = granted < calls.granted_from(prev)
+        over_live = granted < calls.ended_from(prev)
+    if early:
         anomalies.append(
             LogAnomaly(
                 "fence-order",
@@ -344,7 +428,7 @@ def _compare(
                 context,
             )
         )
-    if row.created_at < _live_end(prev):
+    if over_live:
         anomalies.append(
             LogAnomaly(
                 "grant-over-live-claim",

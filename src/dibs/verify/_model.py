@@ -184,7 +184,9 @@ def op_targets(op: Op) -> tuple[Target, ...]:
     return tuple(tuple(t) for t in a["targets"])
 
 
-def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = False) -> list[State]:
+def successors(
+    state: State, op: Op, lo: float, hi: float, *, outlive: bool = False, stamped: bool = False
+) -> list[State]:
     """Every state the model can reach by linearizing ``op`` now, given what the client saw.
 
     ``lo``/``hi`` bound the store time of the op's linearization point (µs).
@@ -195,6 +197,11 @@ def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = Fa
     taken over, or seen expired, before it. An extend's new ``expires_at``
     minus its TTL must then lie inside the op (a lease counts from its grant,
     before the write), not at the write's instant.
+
+    ``stamped`` (stores whose times are the writing client's clock, read before
+    its write reaches the store: :attr:`dibs.Store.client_stamps`): a returned
+    time must lie inside the op's window, but it does not pin the op there; a
+    grant stamped before a release may still serialize after it.
     """
     targets = op_targets(op)
     # A read takes no lock: its snapshot may predate a write that read the
@@ -204,9 +211,10 @@ def successors(state: State, op: Op, lo: float, hi: float, *, outlive: bool = Fa
     floor = max((state.tau.get(k, -math.inf) for k in keys), default=-math.inf)
     a, b = lo, hi
     exact = _exact_time(op)
-    if exact is not None and outlive and op.fn == "extend":
+    if exact is not None and (stamped or (outlive and op.fn == "extend")):
         # A lease counts from its grant, before the write that serializes: the new
         # expiry is a lower bound of the hold's end, from inside the op, not its instant.
+        # A client's stamp, likewise, was read inside the op but before its write.
         if not (lo - TOLERANCE <= exact <= hi + TOLERANCE):
             return []
         exact = None

@@ -243,6 +243,7 @@ def _merge(
             "errors_settle": _errors_settle(workload, cls),
             "local_clock": cls.local_clock,
             "holds_outlive_ttl": cls.holds_outlive_ttl,
+            "client_stamps": cls.client_stamps,
             **extra,
         }
         write_events(out, [header])
