@@ -29,6 +29,7 @@ LOGGERS = {
     "memory": "dibs.stores.memory",
     "sqlite": "dibs.stores.sqlite",
     "postgresql": "dibs.stores.postgres",
+    "etcd": "dibs.stores.etcd",
 }
 
 

@@ -2,6 +2,8 @@
 
 from dibs.stores.etcd._store import EtcdStore
 
+EtcdStore.__module__ = __name__  # the public path, in reprs, docs and its logger's name
+
 __all__ = ["AsyncEtcdStore", "EtcdStore"]
 
 

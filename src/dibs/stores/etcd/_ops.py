@@ -28,6 +28,7 @@ Linearization points (docs/stores.md, "etcd://"):
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -93,6 +94,8 @@ from dibs.stores.etcd._parts import (
     read_call,
     txn_call,
 )
+
+logger = logging.getLogger("dibs.stores.etcd")
 
 __all__ = ["Call", "LeaseGone", "Operations", "Plan"]  # Call, LeaseGone, Plan: from _parts
 
@@ -258,6 +261,9 @@ class Operations:
                 continue
             if answer.get("succeeded"):
                 record.fence = record.mod = revision(answer)
+                for old in marks:
+                    # DEBUG, as on every store: abandoned holds are routine.
+                    logger.debug("hold %s expired and was taken over", old.id)
                 for old in late_marks:
                     yield from self._mark_dead(old, taken_over=True)
                 return make_result(True, record.claim(record.state))
