@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 import time
 import weakref
@@ -196,14 +197,21 @@ class SyncDriver:
         self.members = _Members(settings)
         self._local = threading.local()
         self._finalizers: set[weakref.finalize[Any, Any]] = set()
-        self._lock = threading.Lock()  # guards _finalizers
+        self._ssl: ssl.SSLContext | None = None
+        self._lock = threading.Lock()  # guards _finalizers and _ssl
 
     def _http(self) -> httpx.Client:
         own: _Own | None = getattr(self._local, "own", None)
         pid = os.getpid()
         if own is not None and own.pid == pid and not own.client.is_closed:
             return own.client
-        client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS)
+        with self._lock:
+            if self._ssl is None:
+                # httpx builds (and loads certificates into) a context per client by
+                # default, about 65 ms: a new thread would pay it. One per store instead.
+                self._ssl = httpx.create_ssl_context()
+            context = self._ssl
+        client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS, verify=context)
         own = _Own(client, pid)
         finalizer = weakref.finalize(own, _close_client, client, pid)
         finalizer.atexit = False  # the process is going: its sockets go with it
