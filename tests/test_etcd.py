@@ -12,6 +12,7 @@ import asyncio
 import base64
 import http.server
 import itertools
+import os
 import random
 import socket
 import subprocess
@@ -412,3 +413,23 @@ def test_closing_the_store_closes_every_threads_client(store: EtcdStore) -> None
         closed.set()
         for t in threads:
             t.join()
+
+
+def test_a_forked_child_uses_its_own_client_and_leaves_the_parents_alone(store: EtcdStore) -> None:
+    assert store.claim(Unit("seat", "parent-1"), holder="parent")
+    parents = store._driver._http()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            mine = store._driver._http()
+            ok = mine is not parents and bool(store.claim(Unit("seat", "child"), holder="c"))
+            store.close()  # closes the child's client, not the parent's sockets
+            code = 0 if ok else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store._driver._http() is parents and not parents.is_closed
+    assert store.claim(Unit("seat", "parent-2"), holder="parent")
+    assert store.holder_of(Unit("seat", "child")) == "c"
