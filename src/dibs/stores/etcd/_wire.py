@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 import time
+import weakref
 from collections.abc import Generator
 from typing import Any, TypeAlias, TypeVar
 
@@ -153,33 +155,71 @@ class _Members:
 
 
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-"""No cap on connections, so httpcore's pool never closes an idle one to make room.
+"""No cap on one client's connections: its pool never closes an idle one to make room.
 
-With a cap (httpx's default keeps 20 idle of 100), a pool past it closes "surplus idle"
-connections, and a connection just handed to a waiting request still counts as idle
-until that request sends: another thread (or task) closed it under its new owner, whose
-write then failed with "Bad file descriptor" -- an unknown outcome, StoreUnavailable, on a
-healthy cluster. Each connection is one caller in flight, so threads and tasks bound them.
-This made that failure rarer under 50 threads, not gone: it is still open (tests/test_etcd.py).
+The blocking driver gives every thread its own client, because httpcore's pool is not
+safe for one connection to be handed between threads: a pool pass in one thread reads
+another's connection as idle (its state, unlocked) and then as "expired" (its socket is
+readable -- with the answer that thread is about to read) and closes it under the thread
+using it: "Bad file descriptor", an unknown outcome (StoreUnavailable) on a healthy
+cluster. A pool with a cap also closes "surplus idle" connections a waiting request was
+just handed (encode/httpcore#1110). The asyncio driver shares one client per loop; a pass
+there cannot interleave with another task between those checks, and with no cap it never
+closes a connection to make room. Each connection is one caller in flight, so threads and
+tasks bound their number.
 """
 
 
+def _close_client(client: httpx.Client, pid: int) -> None:
+    """Close ``client`` if this process opened it; a forked child leaves the parent's alone."""
+    if os.getpid() == pid:
+        client.close()
+
+
+class _Own:
+    """One thread's client; when the thread ends its holder goes, and a finalizer closes it."""
+
+    __slots__ = ("__weakref__", "client", "pid")
+
+    def __init__(self, client: httpx.Client, pid: int) -> None:
+        self.client = client
+        self.pid = pid
+
+
 class SyncDriver:
-    """Runs plans on a blocking ``httpx.Client`` (one per process: a fork gets its own)."""
+    """Runs plans on a blocking ``httpx.Client`` per thread (and per process: a fork gets its own).
+
+    No connection is shared between threads (see :data:`_LIMITS`). A thread's client is
+    closed when the thread ends, and every thread's client when the store closes.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.members = _Members(settings)
-        self._client: httpx.Client | None = None
-        self._pid = 0
-        self._lock = threading.Lock()  # guards _client and _pid
+        self._local = threading.local()
+        self._finalizers: set[weakref.finalize[Any, Any]] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self._lock = threading.Lock()  # guards _finalizers and _ssl
 
     def _http(self) -> httpx.Client:
+        own: _Own | None = getattr(self._local, "own", None)
+        pid = os.getpid()
+        if own is not None and own.pid == pid and not own.client.is_closed:
+            return own.client
         with self._lock:
-            if self._client is None or self._pid != os.getpid():
-                # A forked child never uses the parent's sockets.
-                self._client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS)
-                self._pid = os.getpid()
-            return self._client
+            if self._ssl is None:
+                # httpx builds (and loads certificates into) a context per client by
+                # default, about 65 ms: a new thread would pay it. One per store instead.
+                self._ssl = httpx.create_ssl_context()
+            context = self._ssl
+        client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS, verify=context)
+        own = _Own(client, pid)
+        finalizer = weakref.finalize(own, _close_client, client, pid)
+        finalizer.atexit = False  # the process is going: its sockets go with it
+        with self._lock:
+            self._finalizers = {f for f in self._finalizers if f.alive}
+            self._finalizers.add(finalizer)
+        self._local.own = own  # replaces (and so finalizes) a forked or closed holder
+        return client
 
     def run(self, plan: Plan[_T]) -> _T:
         value: Any = None
@@ -217,9 +257,9 @@ class SyncDriver:
 
     def close(self) -> None:
         with self._lock:
-            if self._client is not None and self._pid == os.getpid():
-                self._client.close()
-            self._client = None
+            finalizers, self._finalizers = self._finalizers, set()
+        for finalizer in finalizers:
+            finalizer()  # closes that thread's client once (this process's only)
 
 
 class AsyncDriver:
