@@ -818,3 +818,13 @@ def test_pool_warnings_are_counted_not_printed_and_passwords_kept_out(
     assert "logged by the clients" in report.render()
     password = urlsplit(pg_schema_url).password
     assert password and password not in (tmp_path / "h.jsonl").read_text()
+
+
+def test_a_replayed_grant_without_its_claim_explains_no_state() -> None:
+    # A broken store can answer a replay "granted" for a claim it dropped (the
+    # PostgreSQL check-then-act control does): the model finds no state for it,
+    # and the checker reports the history, rather than a KeyError on claim_id.
+    from dibs.verify._model import State, _bind
+
+    state = State({}, {}, {}, {})
+    assert _bind(state, "?1", {"granted": True, "replayed": True, "fence": 3}) is None

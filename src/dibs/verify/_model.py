@@ -460,6 +460,8 @@ def _remember(
 
 def _bind(state: State, cid: str, v: dict[str, Any]) -> State | None:
     """A replay names the claim its first request got; learn an unacknowledged one's ID."""
+    if v.get("claim_id") is None:
+        return None  # a grant answered without its claim (a broken store): no state explains it
     seen = str(v["claim_id"])
     rec = state.claims.get(cid)
     if rec is not None and not _same(rec.created, v.get("created_at")):
