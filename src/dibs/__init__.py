@@ -13,7 +13,6 @@ from importlib import metadata as _metadata
 from dibs import booking
 from dibs._clock import Clock, FakeClock, SystemClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
-from dibs.booking import ResourceBusy
 from dibs.exceptions import (
     ClaimNotFound,
     DibsError,
@@ -22,6 +21,7 @@ from dibs.exceptions import (
     InvalidInput,
     NotHolder,
     RequestConflict,
+    ResourceBusy,
     SchemaError,
     SpanKindMismatch,
     StoreClosed,

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dibs._model import Claim, ClaimResult, ClaimState, Target
-from dibs.booking import ResourceBusy
 from dibs.exceptions import (
+    ResourceBusy,
     ClaimNotFound,
     DibsError,
     HoldLost,

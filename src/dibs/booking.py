@@ -29,7 +29,7 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from dibs._model import Claim, ClaimResult, ClaimState, Unit
-from dibs.exceptions import DibsError, HoldLost, HoldLostReason, InvalidInput
+from dibs.exceptions import HoldLost, HoldLostReason, InvalidInput, ResourceBusy
 from dibs.stores.base import Store
 
 __all__ = ["ResourceBusy", "exclusive", "night_of", "nights", "time_slots"]
@@ -38,18 +38,6 @@ EXCLUSIVE_SLOT = "dibs:exclusive"
 """The slot of the unit that :func:`exclusive` claims on a resource."""
 
 _DAY = timedelta(days=1)
-
-
-class ResourceBusy(DibsError, TimeoutError):
-    """Raised by :func:`exclusive` when ``resource`` stayed taken for ``waited`` seconds.
-
-    :meth:`dibs.Store.lease` raises it too, with ``taken`` (the targets that
-    blocked it), ``holders`` (who held them, a snapshot) and ``targets``;
-    ``resource`` is then the first taken target's.
-    """
-
-    resource: str
-    waited: float
 
 
 def nights(room: str, check_in: date, check_out: date) -> list[Unit]:

@@ -16,12 +16,12 @@ promises::
     ├── SchemaError (RuntimeError)         the stored schema is newer than this code
     ├── StoreMisconfigured (RuntimeError)  cannot be opened as configured; retrying won't help
     ├── StoreUnavailable (ConnectionError) transient; the only error worth retrying
+    ├── ResourceBusy (TimeoutError)        exclusive() or lease() found it taken too long
     │
     │   raised by the patterns, defined beside them:
     ├── lot.NotParked (LookupError)        removing a vehicle that holds no slots
     ├── lot.AlreadyParked (ValueError)     re-parking a vehicle with another length
     ├── lot.VehicleBlocked (RuntimeError)  a vehicle's unit is held outside a parking of it
-    ├── booking.ResourceBusy (TimeoutError) exclusive() or lease() found it taken too long
     ├── paths.PathsExhausted (FileExistsError) every candidate name was taken
     ├── idempotency.IdempotencyInProgress (RuntimeError) the same call is running now
     └── tasks.TaskCancelled, TaskTimeout, WaitTimeout, ProcessorClosed,
@@ -44,6 +44,7 @@ __all__ = [
     "InvalidInput",
     "NotHolder",
     "RequestConflict",
+    "ResourceBusy",
     "SchemaError",
     "SpanKindMismatch",
     "StoreClosed",
@@ -168,3 +169,15 @@ class StoreMisconfigured(DibsError, RuntimeError):
 
 class StoreUnavailable(DibsError, ConnectionError):
     """Raised when the store could not be reached; retry with the same request ID."""
+
+
+class ResourceBusy(DibsError, TimeoutError):
+    """Raised by ``booking.exclusive()`` when ``resource`` stayed taken for ``waited`` seconds.
+
+    :meth:`dibs.Store.lease` raises it too, with ``taken`` (the targets that
+    blocked it), ``holders`` (who held them, a snapshot) and ``targets``;
+    ``resource`` is then the first taken target's.
+    """
+
+    resource: str
+    waited: float
