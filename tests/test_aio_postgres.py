@@ -1,4 +1,4 @@
-"""The native async PostgreSQL store (dibs.aio._postgres): what only it can get wrong.
+"""The native async PostgreSQL store (dibs.stores.postgres._aio): what only it can get wrong.
 
 The store contract and the state machine run on it through tests/aio_face.py
 (every store, both faces). Here: that ``dibs.aio.open`` gives the native store
@@ -36,7 +36,7 @@ from dibs import (
     StoreUnavailable,
     Unit,
 )
-from dibs.aio._postgres import AsyncPostgresStore
+from dibs.stores.postgres._aio import AsyncPostgresStore
 from pgserver import PostgresServer, free_port
 
 _T = TypeVar("_T")
@@ -88,7 +88,7 @@ def test_open_gives_the_native_store_and_does_no_io_until_awaited() -> None:
     store = dibs.aio.open(f"postgresql://nobody:x@127.0.0.1:{free_port()}/db?{HOUR}")
     assert type(store) is AsyncPostgresStore
     assert dibs.stores.store_class("postgresql://h/db").async_store == (
-        "dibs.aio._postgres:AsyncPostgresStore"
+        "dibs.stores.postgres._aio:AsyncPostgresStore"
     )
     assert not store.closed
 

@@ -11,6 +11,7 @@
 from importlib import metadata as _metadata
 
 from dibs import booking
+from dibs import lease as lease  # loading it gives the stores their lease()
 from dibs._clock import Clock, FakeClock, SystemClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
 from dibs.exceptions import (

@@ -21,12 +21,12 @@ from typing import Any, TypeVar
 
 from dibs._model import Claim, ClaimResult, ClaimState, Target
 from dibs.exceptions import (
-    ResourceBusy,
     ClaimNotFound,
     DibsError,
     HoldLost,
     HoldLostReason,
     InvalidInput,
+    ResourceBusy,
     StoreClosed,
     StoreUnavailable,
 )

@@ -82,12 +82,12 @@ from dibs._lease import (
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
 from dibs.exceptions import HoldLost, StoreUnavailable
+from dibs.stores.base import Store
+from dibs.stores.base_async import AsyncStore
 from dibs.stores.capabilities import UnchangingFeed
 
 if TYPE_CHECKING:
     from dibs._lease import _Terms
-    from dibs.aio import AsyncStore
-    from dibs.stores.base import Store
     from dibs.stores.capabilities import ChangeFeed
 
 __all__ = ["LEASE_TTL_MIN", "RENEW_EVERY_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
@@ -561,3 +561,8 @@ class AsyncLease(_LeaseFace):
                 await asyncio.sleep(seconds)
                 return None
         raise AssertionError(step)  # pragma: no cover
+
+
+# The stores' lease() builds these; the store layer never imports this module.
+Store._lease_class = Lease
+AsyncStore._lease_class = AsyncLease

@@ -40,9 +40,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
-from dibs.aio._store import AsyncStore
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
+from dibs.stores.base_async import AsyncStore
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

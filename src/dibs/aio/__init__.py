@@ -20,11 +20,11 @@ import importlib
 from typing import Any
 
 from dibs.aio import booking
-from dibs.aio._store import AsyncStore
-from dibs.aio._threaded import ThreadedStore
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
 from dibs.singleflight import AsyncSingleFlight
+from dibs.stores.base_async import AsyncStore
+from dibs.stores.threaded import ThreadedStore
 
 __all__ = ["AsyncSingleFlight", "AsyncStore", "Lot", "ThreadedStore", "booking", "match", "open"]
 

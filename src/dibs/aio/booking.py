@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dibs._model import Claim, ClaimResult, Unit
-from dibs.aio._store import AsyncStore
 from dibs.aio.lot import _waited_out
 from dibs.booking import (
     EXCLUSIVE_SLOT,
@@ -27,6 +26,7 @@ from dibs.booking import (
     nights,
     time_slots,
 )
+from dibs.stores.base_async import AsyncStore
 
 __all__ = ["EXCLUSIVE_SLOT", "ResourceBusy", "exclusive", "night_of", "nights", "time_slots"]
 

@@ -15,9 +15,9 @@ import contextlib
 from typing import Any
 
 from dibs._model import Claim, ClaimResult, Unit
-from dibs.aio._store import AsyncStore
 from dibs.exceptions import ClaimNotFound
 from dibs.lot import _VEHICLE_RACES, Fit, Occupancy, _Row
+from dibs.stores.base_async import AsyncStore
 
 __all__ = ["Lot"]
 

@@ -13,7 +13,6 @@ import random
 from collections.abc import Awaitable, Callable, Iterable
 
 from dibs._model import Unit
-from dibs.aio._store import AsyncStore
 from dibs.matching import (
     REQUEST_RESOURCE,
     Match,
@@ -24,6 +23,7 @@ from dibs.matching import (
     _fixed,
     _units,
 )
+from dibs.stores.base_async import AsyncStore
 
 __all__ = ["match"]
 

@@ -103,6 +103,11 @@ class Store(abc.ABC):
     the store's file after each kill), ``terminate`` and ``restart`` (server sessions that
     verify names per client, lists and ends, and a server it can restart)."""
 
+    _lease_class: ClassVar[type[Lease]]
+    """What :meth:`lease` builds: :class:`dibs.lease.Lease`, set when :mod:`dibs.lease` loads
+    (``import dibs`` loads it). The lease is a pattern built on this interface, so the store
+    layer names it without importing it."""
+
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
     ) -> None:
@@ -227,10 +232,10 @@ class Store(abc.ABC):
         for a ``ttl`` under :data:`dibs.lease.LEASE_TTL_MIN`, and for a
         ``renew_every`` under :data:`dibs.lease.RENEW_EVERY_MIN` or over ``ttl / 2``.
         """
-        from dibs.lease import Lease  # noqa: PLC0415 (dibs.lease imports this module)
-
         self._check_open()
-        return Lease(self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        return self._lease_class(
+            self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every
+        )
 
     def get(self, claim_id: str) -> Claim | None:
         """Return the claim with this ID as stored now, or None."""

@@ -67,6 +67,10 @@ class AsyncStore(abc.ABC):
     scheme: ClassVar[str]
     """The URL scheme this store answers to, for display (logs, metrics)."""
 
+    _lease_class: ClassVar[type[AsyncLease]]
+    """What :meth:`lease` builds: :class:`dibs.lease.AsyncLease`, set when :mod:`dibs.lease`
+    loads, as ``Store._lease_class`` is."""
+
     _inline: bool = False
     """True when every call runs to its end within its await, never suspending (memory://
     behind :class:`~dibs.aio.ThreadedStore`): a cancelled await never leaves one running."""
@@ -214,10 +218,10 @@ class AsyncStore(abc.ABC):
         When renewal fails, the block's task is cancelled and ``async with``
         raises :class:`~dibs.HoldLost` (a :class:`~dibs.lease.AsyncLease`).
         """
-        from dibs.lease import AsyncLease  # noqa: PLC0415 (dibs.lease imports dibs.stores)
-
         self._check_open()
-        return AsyncLease(self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        return self._lease_class(
+            self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every
+        )
 
     async def get(self, claim_id: str) -> Claim | None:
         """The claim with this ID as stored now, or None: :meth:`dibs.Store.get`."""

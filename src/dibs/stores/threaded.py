@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
-from dibs.aio._store import AsyncStore
 from dibs.exceptions import InvalidInput, StoreClosed
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store, _logger_name
+from dibs.stores.base_async import AsyncStore
 
 __all__ = ["DEFAULT_THREADS", "ThreadedStore"]
 

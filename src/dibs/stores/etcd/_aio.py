@@ -11,8 +11,8 @@ from typing import Any, Self
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
-from dibs.aio._store import AsyncStore
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
+from dibs.stores.base_async import AsyncStore
 from dibs.stores.etcd._keys import Settings
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._store import open_settings

@@ -21,10 +21,10 @@ import psycopg
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
-from dibs.aio._store import AsyncStore
 from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
+from dibs.stores.base_async import AsyncStore
 from dibs.stores.postgres._connect import (
     AsyncRecordingPool,
     aforget_replication,

@@ -11,7 +11,7 @@ behind its sync and async connections:
 
 * :class:`~dibs.stores.postgres.PostgresStore` runs them on a thread's pooled
   connection (:meth:`~dibs.stores.postgres.PostgresStore._run`);
-* ``dibs.aio._postgres.AsyncPostgresStore`` awaits them on an async one.
+* ``dibs.stores.postgres._aio.AsyncPostgresStore`` awaits them on an async one.
 
 A driver sends each answer back with ``plan.send`` and throws the one
 exception a plan catches, :class:`LeaveItToTheFunction`, with ``plan.throw``.

@@ -109,7 +109,7 @@ class PostgresStore(Store):
     """
 
     scheme = "postgresql"
-    async_store = "dibs.aio._postgres:AsyncPostgresStore"
+    async_store = "dibs.stores.postgres._aio:AsyncPostgresStore"
     verify_faults = frozenset({"terminate", "restart"})
 
     def __init__(
