@@ -172,9 +172,13 @@ class NaiveStore(Store):
     def from_url(cls, url: str, **options: Any) -> NaiveStore:
         return cls(url.split("://", 1)[1])
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: dibs.ClaimRequest) -> ClaimResult:
+        targets, holder, request_id, ttl = (
+            request.targets,
+            request.holder,
+            request.request_id,
+            request.ttl,
+        )
         key = (holder, targets, ttl)
         with self._lock:
             if request_id in self._requests:

@@ -14,6 +14,7 @@ from dibs import booking
 from dibs import lease as lease  # loading it gives the stores their lease()
 from dibs._clock import Clock, FakeClock, SystemClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     ClaimNotFound,
     DibsError,
@@ -43,6 +44,7 @@ __all__ = [
     "AsyncSingleFlight",
     "Claim",
     "ClaimNotFound",
+    "ClaimRequest",
     "ClaimResult",
     "ClaimState",
     "Clock",

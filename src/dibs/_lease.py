@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dibs._model import Claim, ClaimResult, ClaimState, Target
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     ClaimNotFound,
     DibsError,
@@ -31,7 +32,6 @@ from dibs.exceptions import (
     StoreUnavailable,
 )
 from dibs.limits import TTL_MAX
-from dibs.stores.base import claim_args
 
 _T = TypeVar("_T")
 
@@ -85,7 +85,8 @@ def _terms(
             field="ttl",
             value=ttl,
         )
-    checked, holder_name, _, seconds = claim_args(targets, holder, None, float(ttl))
+    request = ClaimRequest(targets, holder=holder, ttl=float(ttl))  # type: ignore[arg-type]
+    checked, holder_name, seconds = request.targets, request.holder, request.ttl
     assert seconds is not None
     if wait is not None and (
         isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf")

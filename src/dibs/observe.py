@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput
 from dibs.stores.base import Store
 from dibs.stores.base_async import AsyncStore
@@ -349,10 +350,8 @@ class InstrumentedStore(Store):
     # The contract's _-methods are never reached (the public methods above
     # delegate whole), but a Store must define them.
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return self.store._claim(targets, holder, request_id, ttl)
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return self.store._claim(request)
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return self.store._confirm(claim_id, holder, fence)
@@ -490,10 +489,8 @@ class InstrumentedAsyncStore(AsyncStore):
     async def _open(self) -> None:
         await self.store.open()
 
-    async def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return await self.store._claim(targets, holder, request_id, ttl)
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self.store._claim(request)
 
     async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return await self.store._confirm(claim_id, holder, fence)

@@ -8,8 +8,10 @@ every backend gets the same errors for the same bad input.
 from __future__ import annotations
 
 import abc
+import inspect
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -27,14 +29,12 @@ from dibs._model import (
     check_claim_id,
     check_fence,
     check_holder,
-    check_request_id,
     check_retention,
     check_ttl,
-    is_plain_name,
     make_claim,
-    normalize_targets,
     targets_from_text,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     ClaimNotFound,
     HoldLost,
@@ -44,7 +44,7 @@ from dibs.exceptions import (
     SpanKindMismatch,
     StoreClosed,
 )
-from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
+from dibs.limits import NUMBER_MAX
 
 if TYPE_CHECKING:
     from dibs.lease import Lease
@@ -108,6 +108,10 @@ class Store(abc.ABC):
     (``import dibs`` loads it). The lease is a pattern built on this interface, so the store
     layer names it without importing it."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adapt_old_claim(cls)
+
     def __init__(
         self, *, clock: Clock | None = None, request_retention: float = DEFAULT_REQUEST_RETENTION
     ) -> None:
@@ -167,7 +171,7 @@ class Store(abc.ABC):
         """
         if self._closed:
             self._check_open()
-        return self._claim(*claim_args(targets, holder, request_id, ttl))
+        return self._claim(ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl))
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim (idempotent on a confirmed one).
@@ -353,10 +357,12 @@ class Store(abc.ABC):
         return self.clock.now()
 
     @abc.abstractmethod
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        """Claim normalized targets; one atomic step decides and records the request."""
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        """Claim the request's targets; one atomic step decides and records the request.
+
+        ``request`` is checked and normalized (:class:`~dibs.ClaimRequest`); its
+        :attr:`~dibs.ClaimRequest.fingerprint` is what a request ID replays against.
+        """
 
     @abc.abstractmethod
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim: ...
@@ -384,26 +390,6 @@ class Store(abc.ABC):
 
 
 # --- the input checks and log lines both faces share (sync Store, dibs.aio.AsyncStore) ---------
-
-
-def claim_args(
-    targets: object, holder: object, request_id: object, ttl: object
-) -> tuple[tuple[Target, ...], str, str | None, float | None]:
-    """``claim()``'s arguments checked and normalized for a backend's ``_claim``.
-
-    Raises :class:`~dibs.InvalidInput` naming the bad value.
-    """
-    # Fast paths for the common well-formed call; the checkers raise otherwise.
-    normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)  # type: ignore[arg-type]
-    if type(holder) is not str or not holder or not is_plain_name(holder):
-        holder = check_holder(holder)
-    if request_id is not None and (
-        type(request_id) is not str or not request_id or not is_plain_name(request_id)
-    ):
-        request_id = check_request_id(request_id)
-    if ttl is not None and (type(ttl) is not float or not TTL_MIN <= ttl <= TTL_MAX):
-        ttl = check_ttl(ttl)
-    return normalized, holder, request_id, ttl
 
 
 def transition_args(claim_id: object, holder: object, fence: object) -> tuple[str, str, int]:
@@ -454,6 +440,44 @@ def _logger_name(cls: type[Store]) -> str:
         if module.startswith("dibs.stores.") and klass is not Store:
             return module
     return f"dibs.stores.{getattr(cls, 'scheme', 'plugin')}"
+
+
+def adapt_old_claim(cls: type) -> None:
+    """Let a store written for ``_claim(targets, holder, request_id, ttl)`` keep working.
+
+    Stores take one :class:`~dibs.ClaimRequest` since 0.2; a class that still
+    defines the four-argument form gets it wrapped, with a DeprecationWarning
+    naming the class.
+    """
+    method = cls.__dict__.get("_claim")
+    if method is None or getattr(method, "__isabstractmethod__", False):
+        return
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a callable without a signature: leave it be
+        return
+    if list(parameters)[1:] != ["targets", "holder", "request_id", "ttl"]:
+        return
+    warnings.warn(
+        f"{cls.__module__}.{cls.__qualname__}._claim(targets, holder, request_id, ttl) is the "
+        "old form: take one dibs.ClaimRequest (request.targets, .holder, .request_id, .ttl)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    old = method
+    adapted: Callable[..., Any]
+    if inspect.iscoroutinefunction(old):
+
+        async def adapted(self: Any, request: ClaimRequest) -> ClaimResult:
+            return await old(self, request.targets, request.holder, request.request_id, request.ttl)  # type: ignore[no-any-return]
+
+    else:
+
+        def adapted(self: Any, request: ClaimRequest) -> ClaimResult:
+            return old(self, request.targets, request.holder, request.request_id, request.ttl)  # type: ignore[no-any-return]
+
+    adapted.__qualname__ = f"{cls.__qualname__}._claim"
+    cls._claim = adapted  # type: ignore[attr-defined]
 
 
 # --- errors every backend raises, worded once -------------------------------------------------

@@ -31,9 +31,10 @@ from dibs._model import (
     check_claim_id,
     check_holder,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import HoldLost, StoreClosed
 from dibs.stores.base import (
-    claim_args,
+    adapt_old_claim,
     extend_args,
     log_lost,
     log_sweep,
@@ -66,6 +67,10 @@ class AsyncStore(abc.ABC):
 
     scheme: ClassVar[str]
     """The URL scheme this store answers to, for display (logs, metrics)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adapt_old_claim(cls)
 
     _lease_class: ClassVar[type[AsyncLease]]
     """What :meth:`lease` builds: :class:`dibs.lease.AsyncLease`, set when :mod:`dibs.lease`
@@ -164,12 +169,12 @@ class AsyncStore(abc.ABC):
         """Claim every target or none, atomically, and answer who won: :meth:`dibs.Store.claim`."""
         if self._closed:
             self._check_open()
-        args = claim_args(targets, holder, request_id, ttl)
+        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl)
         if not self._opened:
             await self.open()
         elif self._loop is not asyncio.get_running_loop():
             self._check_loop()
-        return await self._claim(*args)
+        return await self._claim(request)
 
     async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim: :meth:`dibs.Store.confirm`."""
@@ -305,9 +310,8 @@ class AsyncStore(abc.ABC):
         """Connect and make the schema ready; raises like :func:`dibs.open`."""
 
     @abc.abstractmethod
-    async def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult: ...
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        """Claim the request's targets: :meth:`dibs.Store._claim`."""
 
     @abc.abstractmethod
     async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim: ...

@@ -69,6 +69,7 @@ from dibs._model import (
     claim_from_micros,
     make_result,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     HoldLost,
     HoldLostReason,
@@ -653,9 +654,13 @@ class MemoryStore(Store):
 
     # --- claim --------------------------------------------------------------------------------
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        targets, holder, request_id, ttl = (
+            request.targets,
+            request.holder,
+            request.request_id,
+            request.ttl,
+        )
         n = self._nstripes
         stripes = self._target_stripes(targets)
         if request_id is not None:

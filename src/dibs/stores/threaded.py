@@ -24,7 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
+from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput, StoreClosed
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store, _logger_name
 from dibs.stores.base_async import AsyncStore
@@ -293,10 +294,8 @@ class ThreadedStore(AsyncStore):
         threading.Thread(target=finish, name=f"dibs-{self.scheme}-close").start()
         return done
 
-    async def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return await self._run(self._store()._claim, targets, holder, request_id, ttl)
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._run(self._store()._claim, request)
 
     async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return await self._run(self._store()._confirm, claim_id, holder, fence)

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import dibs
-from dibs._model import Claim, ClaimResult, ClaimState, Target, Unit, claim_from_micros
+from dibs._model import Claim, ClaimResult, ClaimState, Unit, claim_from_micros
+from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput
 from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
@@ -40,9 +41,8 @@ PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
 
 
 class _CheckThenActMemory(MemoryStore):
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        targets = request.targets
         if all(isinstance(t, Unit) for t in targets) and all(
             self._holder_of(t) is None for t in targets
         ):
@@ -50,13 +50,12 @@ class _CheckThenActMemory(MemoryStore):
             for t in targets:  # BUG: act on a stale check, dropping whoever came in between
                 if isinstance(t, Unit):
                     self._units.pop(t, None)
-        return super()._claim(targets, holder, request_id, ttl)
+        return super()._claim(request)
 
 
 class _CheckThenActSQLite(SQLiteStore):
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        targets = request.targets
         units = [t for t in targets if isinstance(t, Unit)]
         if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
             time.sleep(RACE_WINDOW)
@@ -76,7 +75,7 @@ class _CheckThenActSQLite(SQLiteStore):
                         )
 
             self._retrying(clear)
-        return super()._claim(targets, holder, request_id, ttl)
+        return super()._claim(request)
 
 
 class _UnfencedMemory(MemoryStore):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from dibs._model import Claim, ClaimResult, Target, Unit
+from dibs._model import Claim, ClaimResult, Unit
+from dibs._request import ClaimRequest
 from dibs.stores.base import claim_not_found, not_holder
 from dibs.stores.postgres import PostgresStore, parse_id
 from dibs.verify._workload import RACE_WINDOW
@@ -22,16 +23,15 @@ def _table(store: PostgresStore, name: str) -> str:
 class CheckThenActPostgres(PostgresStore):
     """Reads "is it free?" in one statement, then clears the units blindly in another."""
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        targets = request.targets
         units = [t for t in targets if isinstance(t, Unit)]
         if len(units) == len(targets) and all(self._holder_of(t) is None for t in units):
             time.sleep(RACE_WINDOW)
             delete = f"DELETE FROM {_table(self, 'units_v4')} WHERE resource = %s AND slot = %s "
             for u in units:  # BUG: act on a stale check, dropping whoever came in between
                 self._call((delete + "RETURNING 1").encode(), (u.resource, u.slot))
-        return super()._claim(targets, holder, request_id, ttl)
+        return super()._claim(request)
 
 
 class UnfencedPostgres(PostgresStore):

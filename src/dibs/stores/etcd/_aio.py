@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Self
 
 from dibs._clock import Clock, SystemClock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
+from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 from dibs.stores.base_async import AsyncStore
 from dibs.stores.etcd._keys import Settings
@@ -49,10 +50,8 @@ class AsyncEtcdStore(AsyncStore):
     async def _open(self) -> None:
         await self._driver.run(self._ops.token())
 
-    async def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return await self._driver.run(self._ops.claim(targets, holder, request_id, ttl))
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._driver.run(self._ops.claim(request))
 
     async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return await self._driver.run(self._ops.confirm(claim_id, holder, fence))

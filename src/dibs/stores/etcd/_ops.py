@@ -44,10 +44,10 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
-    fingerprint,
     make_result,
     targets_from_text,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import HoldLost, HoldLostReason, InvalidInput, RequestConflict
 from dibs.stores.base import (
     claim_not_found,
@@ -193,23 +193,24 @@ class Operations:
 
     # --- claim ---------------------------------------------------------------------------------
 
-    def claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> Plan[ClaimResult]:
+    def claim(self, request: ClaimRequest) -> Plan[ClaimResult]:
         """Claim every target or none; see the module docstring for the linearization."""
+        targets = request.targets
         units = [t for t in targets if isinstance(t, Unit)]
         spans = [t for t in targets if isinstance(t, Span)]
         p = ClaimPlan(
             targets=targets,
-            holder=holder,
-            request_id=request_id,
-            ttl=ttl,
+            holder=request.holder,
+            request_id=request.request_id,
+            ttl=request.ttl,
             units=units,
             spans=spans,
             resources=sorted({s.resource for s in spans}),
             unit_keys=[self.keys.unit(u) for u in units],
-            request_key=self.keys.request(request_id) if request_id is not None else None,
-            fingerprint=fingerprint(holder, targets, ttl) if request_id is not None else None,
+            request_key=(
+                self.keys.request(request.request_id) if request.request_id is not None else None
+            ),
+            fingerprint=request.fingerprint if request.request_id is not None else None,
             claim_id=secrets.token_hex(12),
         )
         self._check_limits(p)

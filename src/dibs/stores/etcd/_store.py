@@ -11,7 +11,8 @@ import logging
 from typing import Any, Self
 
 from dibs._clock import Clock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit
+from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.etcd._keys import Settings, parse_url
@@ -77,10 +78,8 @@ class EtcdStore(Store):
         )
         return store
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return self._driver.run(self._ops.claim(targets, holder, request_id, ttl))
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return self._driver.run(self._ops.claim(request))
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return self._driver.run(self._ops.confirm(claim_id, holder, fence))

@@ -20,7 +20,8 @@ from typing import Any, Self, TypeVar
 import psycopg
 
 from dibs._clock import Clock, SystemClock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit, check_retention
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
+from dibs._request import ClaimRequest
 from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
@@ -377,10 +378,8 @@ class AsyncPostgresStore(AsyncStore):
 
     # --- the contract ---------------------------------------------------------------------------
 
-    async def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return await self._run(self._ops.claim(targets, holder, request_id, ttl))
+    async def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return await self._run(self._ops.claim(request))
 
     async def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return await self._run(self._ops.confirm(claim_id, holder, fence))

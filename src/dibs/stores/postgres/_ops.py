@@ -46,12 +46,12 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
-    fingerprint,
     make_claim,
     make_result,
     span_bound_to_number,
     targets_to_text,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
@@ -501,10 +501,14 @@ class Operations:
 
     # --- claim ----------------------------------------------------------------------------------
 
-    def claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> Plan[ClaimResult]:
-        fp = fingerprint(holder, targets, ttl) if request_id is not None else None
+    def claim(self, request: ClaimRequest) -> Plan[ClaimResult]:
+        targets, holder, request_id, ttl = (
+            request.targets,
+            request.holder,
+            request.request_id,
+            request.ttl,
+        )
+        fp = request.fingerprint if request_id is not None else None
         # One unit: one plain statement settles it unless something is in the
         # way (see Statements.claim_unit); then the claim function decides.
         if len(targets) == 1 and type(targets[0]) is Unit:

@@ -46,7 +46,8 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from dibs._clock import Clock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit
+from dibs._request import ClaimRequest
 from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores._retry import Backoff
@@ -305,10 +306,8 @@ class PostgresStore(Store):
 
     # --- the contract -----------------------------------------------------------------------------
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        return self._run(self._ops.claim(targets, holder, request_id, ttl))
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        return self._run(self._ops.claim(request))
 
     def _confirm(self, claim_id: str, holder: str, fence: int) -> Claim:
         return self._run(self._ops.confirm(claim_id, holder, fence))

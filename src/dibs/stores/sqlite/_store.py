@@ -39,13 +39,13 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
-    fingerprint,
     make_claim,
     make_result,
     span_bound_to_number,
     targets_from_text,
     targets_to_text,
 )
+from dibs._request import ClaimRequest
 from dibs.exceptions import (
     HoldLost,
     HoldLostReason,
@@ -242,10 +242,14 @@ class SQLiteStore(Store):
 
     # --- claim ----------------------------------------------------------------------------------
 
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        fp = fingerprint(holder, targets, ttl) if request_id is not None else None
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        targets, holder, request_id, ttl = (
+            request.targets,
+            request.holder,
+            request.request_id,
+            request.ttl,
+        )
+        fp = request.fingerprint if request_id is not None else None
         single = targets[0] if len(targets) == 1 and type(targets[0]) is Unit else None
 
         # The dead holds this claim took over, logged once its transaction committed:
