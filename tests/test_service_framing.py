@@ -501,3 +501,73 @@ def test_headers_within_the_limit_are_served(served: Served) -> None:
     wire = served.wire()
     wire.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8000 + b"\r\n\r\n")
     assert wire.answer().status == 200
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"http://127.0.0.1/healthz", b"HTTP://example.com:80/healthz?x=1", b"http://h/healthz"],
+)
+def test_an_absolute_form_target_is_served_as_its_path(served: Served, target: bytes) -> None:
+    # RFC 9112 3.2.2: a server MUST accept it (h11 passed it on as the path: 404).
+    wire = served.wire()
+    wire.send(b"GET " + target + b" HTTP/1.1\r\nHost: other\r\n\r\n")
+    answer = wire.answer()
+    assert answer.status == 200 and answer.json() == {"status": "ok"}, answer
+    assert_usable(wire)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET http://a b/healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x01b\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x00b\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x7fb\r\n\r\n",
+    ],
+)
+def test_a_bad_target_or_a_control_character_is_400_and_closes(
+    served: Served, request_bytes: bytes
+) -> None:
+    wire = served.wire()
+    wire.send(request_bytes)
+    answer = wire.answer()
+    assert answer.status == 400, answer
+    assert wire.closed()
+
+
+def test_a_tab_in_a_header_value_is_fine(served: Served) -> None:
+    wire = served.wire()
+    wire.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\tb\r\n\r\n")
+    assert wire.answer().status == 200
+
+
+def test_an_http_2_request_line_on_http_1_is_505(h11: Served) -> None:
+    wire = h11.wire()
+    wire.send(b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n")
+    answer = wire.answer()
+    assert answer.status == 505, answer
+    assert wire.closed()
+
+
+def test_http_1_x_is_served_as_http_1_1(h11: Served) -> None:
+    # RFC 9110 2.5: a higher minor version is processed as the highest we know.
+    for request in (b"GET /healthz HTTP/1.2\r\n\r\n", b"GET /healthz HTTP/1.9\r\nHost: x\r\n\r\n"):
+        wire = h11.wire()
+        wire.send(request)
+        assert wire.answer().status == (400 if b"Host" not in request else 200)
+
+
+def test_connect_is_501_this_is_no_proxy(h11: Served) -> None:
+    # httptools takes CONNECT for an upgrade and never answers it.
+    wire = h11.wire()
+    wire.send(b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n")
+    assert wire.answer().status == 501
+
+
+def test_a_target_of_another_scheme_is_400(h11: Served) -> None:
+    # (httptools serves ftp://h/healthz as /healthz.)
+    wire = h11.wire()
+    wire.send(b"GET ftp://h/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert wire.answer().status == 400
+    assert wire.closed()

@@ -3,21 +3,26 @@
 :class:`Framing` is the ASGI middleware in front of every route. Whatever the
 server's parser let through, it answers:
 
-==========================================================  ======  ==================
+==========================================================  ======  ==========
 request                                                     status  connection
-==========================================================  ======  ==================
+==========================================================  ======  ==========
 HTTP/1.1 without ``Host``, several ``Host`` lines, or a     400     closed
 ``Host`` that is not ``uri-host [":" port]``
 ``Transfer-Encoding`` and ``Content-Length`` together       400     closed
+a header value with a control character other than HTAB     400     closed
+a target neither a path nor an absolute URI (``healthz``)   400     closed
+a version ASGI does not know (``HTTP/2.0`` on HTTP/1)       505     closed
 request line and headers over 16 KiB                        431     kept
 a method this service does not recognize                    501     kept
 a ``Content-Encoding`` other than ``identity``              415     kept
-==========================================================  ======  ==================
+==========================================================  ======  ==========
 
-and on the way out it closes the connection after a ``408`` or ``413`` (the
-rest of that body is never read, so the connection's framing is lost), and
-ends a ``HEAD`` response after its headers, so that a stream (the seat map's
-server-sent events) cannot keep the connection busy forever.
+An absolute-form target (``GET http://host/path``), which a server must accept,
+is served as its path, with its authority as the Host. On the way out it
+closes the connection after a ``408`` or ``413`` (the rest of that body is
+never read, so the connection's framing is lost), and ends a ``HEAD`` response
+after its headers, so that a stream (the seat map's server-sent events) cannot
+keep the connection busy forever.
 
 Framing that only the parser sees (a body followed by more bytes than its
 ``Content-Length``, obs-fold, header sizes, pipelining) is the parser's: ``dibs
@@ -30,6 +35,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
+from urllib.parse import unquote
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,9 +46,8 @@ __all__ = ["KNOWN_METHODS", "MAX_HEAD", "Framing", "valid_host"]
 
 # RFC 9110 section 9 and PATCH (RFC 5789): recognized, so a route that does not
 # allow one answers 405 with Allow; any other method is 501 (RFC 9110 9.1).
-KNOWN_METHODS = frozenset(
-    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
-)
+# CONNECT is not among them: this is no proxy, so it is 501 too.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH"})
 
 # Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2); a reg-name may be
 # empty, and an IP-literal is checked by ipaddress below.
@@ -53,6 +58,13 @@ _HOST = re.compile(
 )
 _IP_FUTURE = re.compile(r"v[0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+")
 _CLOSE = (b"connection", b"close")
+# Header values: any control but HTAB is refused (h11 let them through).
+_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# What an ASGI server may put in http_version; h11 also passes HTTP/2.0 and the
+# like through from an HTTP/1 request line, which are not HTTP/1 (RFC 9112 2.3).
+_VERSION = re.compile(r"1\.[0-9]|2|3")
+# The absolute-form of a request target (RFC 9112 3.2.2): a server MUST accept it.
+_ABSOLUTE = re.compile(rb"(?i:https?)://([^/?#]*)(/[^?#]*)?")
 # h11 refuses a head over 16 KiB only while it is incomplete: one that arrives in
 # a single read got through whole. The same bound, then, on every head.
 MAX_HEAD = 16 * 1024
@@ -85,8 +97,10 @@ def _problem(scope: Scope) -> ApiError | None:
     content_length = transfer_encoding = False
     encodings: list[bytes] = []
     size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    bad_value = False
     for name, value in scope["headers"]:
         size += len(name) + len(value) + 4
+        bad_value = bad_value or _CTL.search(value) is not None
         if name == b"host":
             hosts.append(value)
         elif name == b"content-length":
@@ -95,10 +109,16 @@ def _problem(scope: Scope) -> ApiError | None:
             transfer_encoding = True
         elif name == b"content-encoding":
             encodings.append(value)
+    version = scope.get("http_version", "1.1")
+    if not _VERSION.fullmatch(version):
+        return ApiError(505, "http_version_not_supported", f"HTTP/{version} is not supported")
+    if bad_value:
+        # RFC 9110 5.5: CR, LF and NUL MUST be refused (or replaced); other controls too.
+        return ApiError(400, "invalid", "a header value holds a control character")
     # RFC 9112 3.2: a server MUST answer 400 to these.
     if len(hosts) > 1:
         return ApiError(400, "invalid", "send exactly one Host header", {"field": "Host"})
-    if not hosts and scope.get("http_version") == "1.1":
+    if not hosts and version.startswith("1.") and version != "1.0":
         return ApiError(
             400, "invalid", "an HTTP/1.1 request needs a Host header", {"field": "Host"}
         )
@@ -131,6 +151,30 @@ def _problem(scope: Scope) -> ApiError | None:
     return None
 
 
+def _origin_form(scope: Scope) -> Scope | ApiError:
+    """The scope with an absolute-form target made a path (and its authority the Host).
+
+    uvicorn's h11 passes ``http://host/path`` through as the path; a target that
+    is neither a path nor absolute (``healthz``, ``*``) is 400.
+    """
+    root = scope.get("root_path", "").encode("latin-1")
+    raw: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    target = raw[len(root) :] if root and raw.startswith(root) else raw
+    if target.startswith(b"/"):
+        return scope
+    match = _ABSOLUTE.fullmatch(target)
+    if match is None or not valid_host(match.group(1)):
+        return ApiError(400, "invalid", "the request target must be a path or an absolute URI")
+    path = match.group(2) or b"/"
+    headers = [(k, v) for k, v in scope["headers"] if k != b"host"]
+    return {
+        **scope,
+        "raw_path": root + path,
+        "path": scope.get("root_path", "") + unquote(path.decode("latin-1")),
+        "headers": [(b"host", match.group(1)), *headers],
+    }
+
+
 class Framing:
     """Refuse badly framed requests and keep every connection's framing sound (module doc).
 
@@ -146,8 +190,14 @@ class Framing:
             await self.app(scope, receive, send)
             return
         problem = _problem(scope)
+        if problem is None:
+            checked = _origin_form(scope)
+            if isinstance(checked, ApiError):
+                problem = checked
+            else:
+                scope = checked
         if problem is not None:
-            if problem.status == 400:
+            if problem.status in (400, 505):
                 # The message's framing is in doubt: nothing after it is a request.
                 problem.headers = {**problem.headers, "Connection": "close"}
             await self.render(problem)(scope, receive, send)
