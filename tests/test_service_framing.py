@@ -369,7 +369,7 @@ def test_any_unknown_token_is_501_on_dibs_serves_parser(h11: Served, method: byt
 @pytest.mark.parametrize(
     ("method", "path"),
     [(b"PUT", b"/healthz"), (b"PATCH", b"/v1/claims"), (b"POST", b"/healthz"),
-     (b"OPTIONS", b"/v1/claims"), (b"DELETE", b"/v1/claims")],
+     (b"OPTIONS", b"/v1/claims"), (b"DELETE", b"/v1/claims"), (b"QUERY", b"/v1/claims")],
 )  # fmt: skip
 def test_a_known_method_a_route_does_not_allow_stays_405(
     served: Served, method: bytes, path: bytes

@@ -44,10 +44,13 @@ from dibs.service._guard import ApiError
 
 __all__ = ["KNOWN_METHODS", "MAX_HEAD", "Framing", "valid_host"]
 
-# RFC 9110 section 9 and PATCH (RFC 5789): recognized, so a route that does not
-# allow one answers 405 with Allow; any other method is 501 (RFC 9110 9.1).
-# CONNECT is not among them: this is no proxy, so it is 501 too.
-KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH"})
+# RFC 9110 section 9, PATCH (RFC 5789) and QUERY (the IETF's safe method with a
+# body; OpenAPI 3.2 has it): recognized, so a path that does not allow one
+# answers 405 with Allow; any other method is 501 (RFC 9110 9.1). CONNECT is not
+# among them: this is no proxy.
+KNOWN_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH", "QUERY"}
+)
 
 # Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2); a reg-name may be
 # empty, and an IP-literal is checked by ipaddress below.
