@@ -571,3 +571,23 @@ def test_a_target_of_another_scheme_is_400(h11: Served) -> None:
     wire.send(b"GET ftp://h/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert wire.answer().status == 400
     assert wire.closed()
+
+
+def test_a_client_that_leaves_mid_body_is_499_not_an_internal_error(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    resource = f"gone-{uuid.uuid4()}"
+    wire = served.wire()
+    with caplog.at_level("INFO", logger="dibs.service"):
+        wire.send(claim_request(served, resource)[:-5])
+        wire.close()
+        # The next request on another connection is answered after the first
+        # one's handler has seen the disconnect (or the body timeout).
+        while not any(getattr(r, "status", None) in (499, 500) for r in caplog.records):
+            probe = served.wire()
+            assert_usable(probe)
+            probe.close()
+    assert not [r for r in caplog.records if r.getMessage() == "unhandled error"]
+    statuses = [getattr(r, "status", None) for r in caplog.records if r.getMessage() == "request"]
+    assert 499 in statuses and 500 not in statuses, statuses
+    assert not held(served, resource)

@@ -22,7 +22,8 @@ is served as its path, with its authority as the Host. On the way out it
 closes the connection after a ``408`` or ``413`` (the rest of that body is
 never read, so the connection's framing is lost), and ends a ``HEAD`` response
 after its headers, so that a stream (the seat map's server-sent events) cannot
-keep the connection busy forever.
+keep the connection busy forever. A client that leaves before its body ends
+is logged as ``499``, not as an unhandled error.
 
 Framing that only the parser sees (a body followed by more bytes than its
 ``Content-Length``, obs-fold, header sizes, pipelining) is the parser's: ``dibs
@@ -37,6 +38,7 @@ import re
 from collections.abc import Callable
 from urllib.parse import unquote
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -209,14 +211,26 @@ class Framing:
             await self._head(scope, receive, send)
             return
 
+        started = False
+
         async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] in (408, 413):
-                # The body was not read to its end: what follows it on the
-                # connection is not a request (RFC 9110 15.5.9, 15.5.14).
-                message["headers"] = [*message.get("headers", ()), _CLOSE]
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] in (408, 413):
+                    # The body was not read to its end: what follows it on the
+                    # connection is not a request (RFC 9110 15.5.9, 15.5.14).
+                    message["headers"] = [*message.get("headers", ()), _CLOSE]
             await send(message)
 
-        await self.app(scope, receive, send_closing)
+        try:
+            await self.app(scope, receive, send_closing)
+        except ClientDisconnect:
+            # The client closed before its body ended: nobody to answer, and no
+            # internal error. 499 (nginx's "client closed request") is what the
+            # access log and metrics record; the server writes nothing.
+            if not started:
+                await send({"type": "http.response.start", "status": 499, "headers": []})
 
     async def _head(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run a HEAD request, ending its response with its headers (RFC 9110 9.3.2).
