@@ -591,3 +591,36 @@ def test_a_client_that_leaves_mid_body_is_499_not_an_internal_error(
     statuses = [getattr(r, "status", None) for r in caplog.records if r.getMessage() == "request"]
     assert 499 in statuses and 500 not in statuses, statuses
     assert not held(served, resource)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"", b"Authorization: Bearer nope\r\n", b"Content-Encoding: gzip\r\n"],
+)
+def test_an_answer_before_an_expected_body_closes_the_connection(
+    served: Served, extra: bytes
+) -> None:
+    # 401 / 415 before the body was asked for: no 100 Continue went out, so the
+    # client may or may not send the body; the next request it writes must not
+    # be read as that body (h11 answered it 400, httptools hung).
+    wire = served.wire()
+    wire.send(
+        b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n" + extra
+        + b"Content-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+    )  # fmt: skip
+    answer = wire.answer()
+    assert answer.status in (401, 415) and answer.closes, answer
+    assert wire.closed()
+
+
+def test_an_expected_body_that_was_asked_for_keeps_the_connection(served: Served) -> None:
+    resource = f"continue-{uuid.uuid4()}"
+    body = json.dumps({"targets": [{"resource": resource, "slot": ""}]}).encode()
+    wire = served.wire()
+    wire.send(claim_request(served, resource, body=b"", length=len(body),
+                            extra=b"Expect: 100-continue\r\n"))  # fmt: skip
+    assert wire.answer().status == 100
+    wire.send(body)
+    answer = wire.answer()
+    assert answer.status == 201 and not answer.closes, answer
+    assert_usable(wire)

@@ -20,10 +20,12 @@ a ``Content-Encoding`` other than ``identity``              415     kept
 An absolute-form target (``GET http://host/path``), which a server must accept,
 is served as its path, with its authority as the Host. On the way out it
 closes the connection after a ``408`` or ``413`` (the rest of that body is
-never read, so the connection's framing is lost), and ends a ``HEAD`` response
-after its headers, so that a stream (the seat map's server-sent events) cannot
-keep the connection busy forever. A client that leaves before its body ends
-is logged as ``499``, not as an unhandled error.
+never read, so the connection's framing is lost) and after any answer to an
+``Expect: 100-continue`` request given before its body was asked for (the
+client may send that body or not); it ends a ``HEAD`` response after its
+headers, so that a stream (the seat map's server-sent events) cannot keep the
+connection busy forever. A client that leaves before its body ends is logged
+as ``499``, not as an unhandled error.
 
 Framing that only the parser sees (a body followed by more bytes than its
 ``Content-Length``, obs-fold, header sizes, pipelining) is the parser's: ``dibs
@@ -201,8 +203,12 @@ class Framing:
                 problem = checked
             else:
                 scope = checked
+        # A client that sent "Expect: 100-continue" and gets a final answer before
+        # the body was asked for may send it or not (RFC 9110 10.1.1): what
+        # follows on the connection is ambiguous, so it is closed.
+        expects = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
         if problem is not None:
-            if problem.status in (400, 505):
+            if problem.status in (400, 505) or expects:
                 # The message's framing is in doubt: nothing after it is a request.
                 problem.headers = {**problem.headers, "Connection": "close"}
             await self.render(problem)(scope, receive, send)
@@ -211,20 +217,25 @@ class Framing:
             await self._head(scope, receive, send)
             return
 
-        started = False
+        started = asked = False
+
+        async def receive_body() -> Message:
+            nonlocal asked
+            asked = True
+            return await receive()
 
         async def send_closing(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if message["status"] in (408, 413):
+                if message["status"] in (408, 413) or (expects and not asked):
                     # The body was not read to its end: what follows it on the
                     # connection is not a request (RFC 9110 15.5.9, 15.5.14).
                     message["headers"] = [*message.get("headers", ()), _CLOSE]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_closing)
+            await self.app(scope, receive_body if expects else receive, send_closing)
         except ClientDisconnect:
             # The client closed before its body ended: nobody to answer, and no
             # internal error. 499 (nginx's "client closed request") is what the
