@@ -313,7 +313,7 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -341,8 +341,8 @@ def create_app(
     return app
 
 
-def error_response(exc: ApiError) -> Response:
-    """The response for an :class:`ApiError`, from a handler or from the framing middleware."""
+def error_response(exc: ApiError, scope: Scope) -> Response:
+    """The framing middleware's answer for an :class:`ApiError`: the handlers' own."""
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 

@@ -185,10 +185,11 @@ def _origin_form(scope: Scope) -> Scope | ApiError:
 class Framing:
     """Refuse badly framed requests and keep every connection's framing sound (module doc).
 
-    ``render`` turns an :class:`ApiError` into the response the API gives for it.
+    ``render`` turns an :class:`ApiError` (and the request's scope) into the
+    response the API gives for it.
     """
 
-    def __init__(self, app: ASGIApp, render: Callable[[ApiError], Response]) -> None:
+    def __init__(self, app: ASGIApp, render: Callable[[ApiError, Scope], Response]) -> None:
         self.app = app
         self.render = render
 
@@ -211,7 +212,7 @@ class Framing:
             if problem.status in (400, 505) or expects:
                 # The message's framing is in doubt: nothing after it is a request.
                 problem.headers = {**problem.headers, "Connection": "close"}
-            await self.render(problem)(scope, receive, send)
+            await self.render(problem, scope)(scope, receive, send)
             return
         if scope["method"] == "HEAD":
             await self._head(scope, receive, send)
