@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import uvicorn
@@ -26,6 +26,7 @@ import uvicorn
 import dibs
 from dibs.aio import AsyncStore
 from dibs.service import KeyRing, Service, ServiceConfig, create_app
+from dibs.service._cli import HTTP_PARSER
 from dibs.service._stores import SharedFace
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
@@ -102,10 +103,12 @@ def serve_in_thread(
     store: Store | None = None,
     keys: KeyRing | None = None,
     async_store: AsyncStore | None = None,
+    http: Literal["h11", "httptools"] = HTTP_PARSER,
 ) -> Iterator[Running]:
     """Run the app on uvicorn in a thread of this process until the block ends.
 
     An ``async_store`` that is a :class:`SharedFace` brings its sync store along.
+    ``http`` is uvicorn's parser: ``dibs serve``'s by default.
     """
     ring = keys or KeyRing(None)
     if store is None and isinstance(async_store, SharedFace):
@@ -114,7 +117,13 @@ def serve_in_thread(
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            http=http,
         )
     )
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)

@@ -34,6 +34,7 @@ from dibs.exceptions import DibsError
 from dibs.service._api import Api
 from dibs.service._board import Board
 from dibs.service._config import ServiceConfig
+from dibs.service._framing import Framing
 from dibs.service._guard import ApiError, new_request_id
 from dibs.service._keys import KeyRing
 from dibs.service._metrics import Metrics
@@ -334,8 +335,15 @@ def create_app(
     # another path (/v1/claims/%2f used to answer 307).
     app.router.redirect_slashes = False
     app.state.service = service
+    # Framing runs inside AccessLog, so that the requests it refuses are logged and counted.
+    app.add_middleware(Framing, render=error_response)
     app.add_middleware(AccessLog, service=service)
     return app
+
+
+def error_response(exc: ApiError, scope: Scope) -> Response:
+    """The framing middleware's answer for an :class:`ApiError`: the handlers' own."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _route(path: str, **handlers: Callable[[Request], Awaitable[Response]]) -> Route:

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 from dibs._cli_options import (
     add_store_option,
@@ -27,6 +28,14 @@ from dibs.stores import default_url
 __all__ = ["add_commands"]
 
 DEFAULT_KEYS = "dibs-keys.json"
+
+# uvicorn's HTTP/1.1 parser. h11, not httptools: httptools answered a request's
+# leftover bytes (a Content-Length shorter than the body sent) with a 400 and
+# closed the connection before the request itself was answered, although its
+# claim was made; it bounded no header size and refused unknown methods as 400.
+# h11 answers requests in order, for 50-100 us more server CPU per request
+# (benchmarks/bench_service_parsers.py; docs/service.md, "HTTP framing").
+HTTP_PARSER: Literal["h11", "httptools"] = "h11"
 
 
 def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -177,6 +186,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         proxy_headers=args.proxy_headers,
         forwarded_allow_ips=args.forwarded_allow_ips,
         root_path=args.root_path,
+        http=HTTP_PARSER,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=10,
     )
