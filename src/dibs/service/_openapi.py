@@ -225,6 +225,20 @@ def _schemas(max_targets: int) -> dict[str, Any]:
             },
             "required": ["error", "message"],
         },
+        "Lot": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+            "required": ["name", "size"],
+        },
+        "Showing": {
+            "type": "object",
+            "properties": {
+                "slot": {"type": "string"},
+                "rows": {"type": "integer"},
+                "cols": {"type": "integer"},
+            },
+            "required": ["slot", "rows", "cols"],
+        },
         "ParkRequest": {
             "type": "object",
             "properties": {
@@ -521,7 +535,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(
                         {
                             "type": "object",
-                            "properties": {"lots": {"type": "array"}},
+                            "properties": {"lots": {"type": "array", "items": _ref("Lot")}},
                             "required": ["lots"],
                         },
                         "Names and sizes.",
@@ -626,7 +640,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(
                         {
                             "type": "object",
-                            "properties": {"showings": {"type": "array"}},
+                            "properties": {"showings": {"type": "array", "items": _ref("Showing")}},
                             "required": ["showings"],
                         },
                         "Slots and grid sizes.",
