@@ -73,7 +73,7 @@ from dibs.service._wire import (
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base import Store
 
-__all__ = ["Api"]
+__all__ = ["Api", "body_digest"]
 
 _T = TypeVar("_T")
 _RETRY = {"Retry-After": "1"}
@@ -89,6 +89,11 @@ _HOLD_LOST = {
 
 def _not_found() -> ApiError:
     return ApiError(404, "not_found", "you have no such claim")
+
+
+def body_digest(body: object) -> str:
+    """The fingerprint of a request's meaning, to tell a duplicate from a reuse."""
+    return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
 
 
 def _media_type_is_json(header: str | None) -> bool:
@@ -126,6 +131,9 @@ class Api:
         self.ids = ClaimIds(config.id_secret or secrets.token_bytes(32))
         # Claims are frozen dataclasses: share them, no copies.
         self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
+        # The body digest of each (operation, holder, key) in flight, and an
+        # event set when it ends; only the event loop's thread touches it.
+        self._running: dict[tuple[str, str, str], tuple[str, asyncio.Event]] = {}
         self._on_change = on_change
 
     # --- the steps every operation takes ----------------------------------------------------------
@@ -272,6 +280,66 @@ class Api:
                 400, "invalid", f"unknown field {json.dumps(unknown[0])}", {"field": unknown[0]}
             )
 
+    async def once(
+        self,
+        operation: str,
+        holder: str,
+        key: str,
+        digest: str,
+        work: Callable[[], Awaitable[_T]],
+    ) -> tuple[_T, bool]:
+        """Run ``work`` for a holder's Idempotency-Key, one request of that key at a time.
+
+        Return its value and whether it was another request's answer, shared.
+        A duplicate of the in-flight request (same ``digest`` of the body)
+        waits for its answer; a request with another body waits until it
+        ends and then runs, so the store's request record answers it (422) and
+        the first request completes as if alone. Either wait is bounded by
+        ``idempotency_wait``, then raises 409 ``in_progress``.
+        """
+        flight = (operation, holder, key)
+
+        def lead() -> Awaitable[_T]:
+            # Called by the flight's leader when it starts the work, with no
+            # await in between: whoever sees the flight also sees its digest.
+            done = asyncio.Event()
+            self._running[flight] = (digest, done)
+
+            async def run() -> _T:
+                try:
+                    return await work()
+                finally:
+                    if self._running.get(flight, (None, None))[1] is done:
+                        del self._running[flight]
+                    done.set()
+
+            return run()
+
+        deadline = asyncio.get_running_loop().time() + self.config.idempotency_wait
+        waited = False
+        try:
+            while (running := self._running.get(flight)) is not None and running[0] != digest:
+                waited = True
+                async with asyncio.timeout_at(deadline):
+                    await running[1].wait()
+            if running is None:
+                answer = await self.flights.call(flight, lead)
+            else:
+                waited = True
+                async with asyncio.timeout_at(deadline):
+                    answer = await self.flights.call(flight, lead)
+        except TimeoutError:
+            self.metrics.idempotency_waits.labels("gave_up").inc()
+            raise ApiError(
+                409,
+                "in_progress",
+                "a request with this Idempotency-Key is still in progress; retry",
+                headers=_RETRY,
+            ) from None
+        if waited:
+            self.metrics.idempotency_waits.labels("answered").inc()
+        return answer.value, answer.shared
+
     def _claim_id(self, request: Request) -> str:
         """The store claim ID behind the path's wire ID; 404 for one that is not ours."""
         claim_id = self.ids.from_wire(request.path_params["claim_id"])
@@ -310,30 +378,8 @@ class Api:
         if idempotency_key is None:
             result = await claim()
         else:
-            # One flight per (holder, key, body): a duplicate with the same body
-            # waits for the first; one with another body goes to the store, whose
-            # request record answers it RequestConflict (422).
-            digest = hashlib.sha256(
-                json.dumps([[target_to_json(t) for t in targets], ttl]).encode()
-            ).hexdigest()
-            flight = (holder, idempotency_key, digest)
-            if self.flights.in_flight(flight):
-                try:
-                    answer = await asyncio.wait_for(
-                        self.flights.call(flight, claim), self.config.idempotency_wait
-                    )
-                except TimeoutError:
-                    self.metrics.idempotency_waits.labels("gave_up").inc()
-                    raise ApiError(
-                        409,
-                        "in_progress",
-                        "a request with this Idempotency-Key is still in progress; retry",
-                        headers=_RETRY,
-                    ) from None
-                self.metrics.idempotency_waits.labels("answered").inc()
-            else:
-                answer = await self.flights.call(flight, claim)
-            result, shared = answer.value, answer.shared
+            digest = body_digest([[target_to_json(t) for t in targets], ttl])
+            result, shared = await self.once("claim", holder, idempotency_key, digest, claim)
         # Idempotent-Replayed says only "this key answered before": a waiter
         # that shared the first request's flight, or the store's request record
         # for this key. The store also answers a holder re-claiming exactly what

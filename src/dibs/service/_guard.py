@@ -30,6 +30,8 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 KEY_PATTERN = r'^(?:"(?:[ !#-\[\]-~]|\\["\\])+"|[!#-~]+)$'
 _KEY = re.compile(KEY_PATTERN)
 MAX_KEY = 255
+"""Characters in a key; its header, quoted and escaped, may be up to MAX_KEY_HEADER."""
+MAX_KEY_HEADER = 2 * MAX_KEY + 2
 
 
 @dataclass
@@ -63,13 +65,15 @@ def parse_idempotency_key(header: str | None) -> str | None:
         return None
     text = header.strip()
     key = ""
-    if len(text) <= MAX_KEY and _KEY.match(text):
+    # The bound is on the key, not on its serialization: the quotes and the
+    # escaping backslashes of a Structured Field string do not count.
+    if len(text) <= MAX_KEY_HEADER and _KEY.match(text):
         key = text
         if text.startswith('"'):
             key = text[1:-1]
             if "\\" in key:
                 key = re.sub(r"\\(.)", r"\1", key)
-    if not key:
+    if not key or len(key) > MAX_KEY:
         raise ApiError(
             400,
             "invalid",

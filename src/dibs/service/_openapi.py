@@ -13,7 +13,7 @@ import json
 from functools import cache
 from typing import Any
 
-from dibs.service._guard import KEY_PATTERN, MAX_KEY
+from dibs.service._guard import KEY_PATTERN, MAX_KEY, MAX_KEY_HEADER
 from dibs.service._ids import WIRE_ID_PATTERN
 from dibs.service._wire import (
     BOUND_PATTERN,
@@ -91,8 +91,10 @@ _KEY_HEADER = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
-    "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
-    "schema": {"type": "string", "maxLength": MAX_KEY, "pattern": KEY_PATTERN},
+    "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft), or a bare token: '
+    f"a key of 1-{MAX_KEY} printable ASCII characters (the quotes and escapes do not count). "
+    "Remembered for the store's request retention (24 h by default) from its first use.",
+    "schema": {"type": "string", "maxLength": MAX_KEY_HEADER, "pattern": KEY_PATTERN},
 }
 _LOT = {"name": "lot", "in": "path", "required": True, "schema": _NAME}
 _VEHICLE = {"name": "vehicle", "in": "path", "required": True, "schema": _NAME}
