@@ -28,7 +28,6 @@ import asyncio
 import hashlib
 import json
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -53,7 +52,7 @@ from dibs.exceptions import (
 )
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
-from dibs.service._ids import ClaimIds
+from dibs.service._ids import ClaimIds, stored_secret
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._wire import (
@@ -126,9 +125,10 @@ class Api:
         self.config = config
         self.metrics = metrics
         self.limiter = RateLimiter(config.rate, config.burst)
-        # Without a configured secret the wire IDs of this instance are its own:
-        # instances sharing a store must share the secret (docs/service.md).
-        self.ids = ClaimIds(config.id_secret or secrets.token_bytes(32))
+        # Without a configured secret, the one kept in the store: every instance
+        # on the store reads the same (docs/service.md), on first need.
+        self._ids = None if config.id_secret is None else ClaimIds(config.id_secret)
+        self._ids_lock = asyncio.Lock()
         # Claims are frozen dataclasses: share them, no copies.
         self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
         # The body digest of each (operation, holder, key) in flight, and an
@@ -340,9 +340,26 @@ class Api:
             self.metrics.idempotency_waits.labels("answered").inc()
         return answer.value, answer.shared
 
-    def _claim_id(self, request: Request) -> str:
+    @property
+    def ids(self) -> ClaimIds:
+        """The claim-ID permutation; :meth:`load_ids` must have answered once."""
+        assert self._ids is not None, "await Api.load_ids() first"
+        return self._ids
+
+    async def load_ids(self) -> ClaimIds:
+        """The claim-ID permutation, its secret read from (or made in) the store on first need.
+
+        Raises 503 when the store does not answer, like any store call.
+        """
+        if self._ids is None:
+            async with self._ids_lock:
+                if self._ids is None:
+                    self._ids = ClaimIds(await self.call("id_secret", stored_secret(self.aio)))
+        return self._ids
+
+    async def _claim_id(self, request: Request) -> str:
         """The store claim ID behind the path's wire ID; 404 for one that is not ours."""
-        claim_id = self.ids.from_wire(request.path_params["claim_id"])
+        claim_id = (await self.load_ids()).from_wire(request.path_params["claim_id"])
         if claim_id is None:
             raise _not_found()
         return claim_id
@@ -366,6 +383,7 @@ class Api:
             raise invalid(exc) from None
         holder = key.holder
         request_id = None if idempotency_key is None else request_id_for(holder, idempotency_key)
+        await self.load_ids()  # before the claim: a claim made must get its answer
 
         async def claim() -> ClaimResult:
             return await self.call(
@@ -418,7 +436,7 @@ class Api:
     async def get_claim(self, request: Request) -> Response:
         """``GET /v1/claims/{id}``: one of the caller's claims."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         claim = await self.call("get", self.aio.get(claim_id))
         # A released claim is gone, as DELETE promised; an expired one stays
         # readable so its holder can learn why (until the sweeper purges it).
@@ -433,6 +451,7 @@ class Api:
         wanted = request.query_params.get("holder", "me")
         if wanted not in ("me", key.holder):
             raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
+        await self.load_ids()
         claims = await self.call("claims_of", self.aio.claims_of(key.holder))
         # The holder is the caller's own name (the seat map shows "you are ...").
         return JSONResponse(
@@ -446,7 +465,7 @@ class Api:
     async def confirm(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence"})
         fence = self._fence(body.get("fence"))
@@ -459,7 +478,7 @@ class Api:
     async def extend(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/extend``: push the caller's live hold's expiry."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence", "ttl"})
         fence = self._fence(body.get("fence"))
@@ -481,7 +500,7 @@ class Api:
         Idempotent: a claim that already ended answers ``released: false``.
         """
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence"})
         self.parameters(request, {"fence"})

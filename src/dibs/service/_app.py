@@ -264,6 +264,10 @@ def create_app(
             await aio.open()
         except DibsError:
             log.exception("the async store did not open; the first request retries")
+        try:
+            await api.load_ids()
+        except ApiError:
+            log.exception("the claim-ID secret was not read; the first request retries")
         jobs = [asyncio.create_task(service.sweep_forever())]
         jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
         service.ready = True

@@ -189,6 +189,7 @@ class Patterns:
         holder = key.holder
         request_id = request_id_for(holder, idempotency_key)
         digest = body_digest([[target_to_json(c) for c in units], ttl])
+        await self.api.load_ids()
 
         async def dispatch() -> Match:
             # The key's body is remembered by the store's request record of a
