@@ -416,15 +416,13 @@ class Api:
         if not result:
             if fresh:
                 self.metrics.claimed("taken")
-            return JSONResponse(
-                {
-                    "error": "taken",
-                    "message": "another holder has some of these targets",
-                    "taken": [target_to_wire(t) for t in result.taken],
-                },
-                status_code=409,
-                headers=headers,
-            )
+            return ApiError(
+                409,
+                "taken",
+                "another holder has some of these targets",
+                {"taken": [target_to_wire(t) for t in result.taken]},
+                headers,
+            ).response(request.scope.get("root_path", ""))
         assert result.claim is not None
         if fresh:
             self.metrics.claimed("granted")

@@ -34,7 +34,7 @@ from dibs.exceptions import DibsError
 from dibs.service._api import Api
 from dibs.service._board import Board
 from dibs.service._config import ServiceConfig
-from dibs.service._guard import ApiError, new_request_id
+from dibs.service._guard import PROBLEM_JSON, ApiError, new_request_id
 from dibs.service._keys import KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
@@ -182,11 +182,7 @@ class Service:
         try:
             await self.api.call("ready", self.aio.holder_of(probe))
         except ApiError as exc:
-            return JSONResponse(
-                {"status": "unavailable", "message": exc.message},
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
+            return exc.response(request.scope.get("root_path", ""))
         return JSONResponse({"status": "ready", "store": self.store.scheme})
 
     async def metrics_page(self, request: Request) -> Response:
@@ -316,18 +312,15 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return exc.response(request.scope.get("root_path", ""))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         if exc.status_code >= 500:  # Starlette raises none today; never let one pass as ours
             error = "internal"
-        return JSONResponse(
-            {"error": error, "message": str(exc.detail)},
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
+        problem = ApiError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {}))
+        return problem.response(request.scope.get("root_path", ""))
 
     app = Starlette(
         routes=routes,
@@ -399,14 +392,16 @@ class AccessLog:
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id})
             if not sent:
-                body = json.dumps(
-                    {"error": "internal", "message": "internal error", "request_id": request_id}
-                ).encode()
+                problem = ApiError(500, "internal", "internal error", {"request_id": request_id})
+                body = json.dumps(problem.body(scope.get("root_path", ""))).encode()
                 await send_wrapper(
                     {
                         "type": "http.response.start",
                         "status": 500,
-                        "headers": [(b"content-type", b"application/json")],
+                        "headers": [
+                            (b"content-type", PROBLEM_JSON.encode()),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
                     }
                 )
                 await send({"type": "http.response.body", "body": body})

@@ -13,7 +13,7 @@ import json
 from functools import cache
 from typing import Any
 
-from dibs.service._guard import KEY_PATTERN, MAX_KEY, MAX_KEY_HEADER
+from dibs.service._guard import KEY_PATTERN, MAX_KEY, MAX_KEY_HEADER, PROBLEM_JSON, PROBLEMS
 from dibs.service._ids import WIRE_ID_PATTERN
 from dibs.service._wire import (
     BOUND_PATTERN,
@@ -66,7 +66,9 @@ def _json(schema: dict[str, Any], description: str, **headers: str) -> dict[str,
 
 
 def _error(description: str, **headers: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description, **headers)
+    answer = _json(_ref("Error"), description, **headers)
+    answer["content"] = {PROBLEM_JSON: answer["content"]["application/json"]}
+    return answer
 
 
 _RETRY = "Seconds to wait before retrying."
@@ -204,16 +206,23 @@ def _schemas(max_targets: int) -> dict[str, Any]:
         },
         "Error": {
             "type": "object",
+            "description": "An RFC 9457 problem details document; `error` and `message` "
+            "are the service's own members (the code and the text clients read before).",
             "properties": {
+                "type": {
+                    "type": "string",
+                    "format": "uri-reference",
+                    "description": "The problem type: `/docs#problem-<error>` on this service.",
+                },
+                "title": {"type": "string", "description": "The same for every `error` code."},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string"},
+                "instance": {"type": "string", "format": "uri-reference"},
                 "error": {
                     "type": "string",
-                    "description": "A stable code: invalid, unauthorized, forbidden, not_found, "
-                    "taken, hold_lost, in_progress, idempotency_key_reused, too_large, "
-                    "unsupported_media_type, rate_limited, timeout, unavailable, "
-                    "method_not_allowed, full, already_parked, vehicle_blocked, none_free, "
-                    "internal.",
+                    "description": "A stable code: " + ", ".join(PROBLEMS) + ".",
                 },
-                "message": {"type": "string"},
+                "message": {"type": "string", "description": "The same text as `detail`."},
                 "field": {"type": "string", "description": "With `invalid`: the field at fault."},
                 "reason": {
                     "enum": ["expired", "taken_over", "released", "fence"],
@@ -224,8 +233,9 @@ def _schemas(max_targets: int) -> dict[str, Any]:
                     "items": _ref("ClaimedTarget"),
                     "description": "With `taken`: your targets that someone else holds.",
                 },
+                "request_id": {"type": "string", "description": "With `internal`."},
             },
-            "required": ["error", "message"],
+            "required": ["type", "title", "status", "detail", "error", "message"],
         },
         "Lot": {
             "type": "object",
@@ -613,7 +623,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "summary": "Claim the first free candidate, in order of preference",
                 "description": "For dispatch: tries each candidate unit, a few rounds with "
                 "jittered backoff. The Idempotency-Key is required: a retry answers the "
-                "candidate the first try got.",
+                "candidate the first try got; the same key with another body is `422`.",
                 "operationId": "match",
                 "security": auth,
                 "parameters": [{**_KEY_HEADER, "required": True}],
@@ -629,7 +639,14 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                         "dispatch's own unit).",
                         **{"Idempotent-Replayed": "`true` when an earlier try answered."},
                     ),
-                    "409": _error("`none_free`: every candidate was taken."),
+                    "409": _error(
+                        "`none_free`: every candidate was taken; or `in_progress`: a "
+                        "request with this key is still running.",
+                        **{"Retry-After": "With `in_progress`."},
+                    ),
+                    "422": _error(
+                        "This Idempotency-Key was used with other candidates or another ttl."
+                    ),
                     **_COMMON,
                 },
             }
@@ -779,6 +796,16 @@ def render_docs(doc: dict[str, Any]) -> str:
             for status, answer in op["responses"].items():
                 parts.append(f"<li><code>{esc(status)}</code> {esc(answer['description'])}</li>")
             parts.append("</ul>")
+    parts.append(
+        "<h2 id=problems>Problems</h2><p>Every error is an RFC 9457 problem "
+        "details document (<code>application/problem+json</code>); its "
+        "<code>type</code> links here.</p>"
+    )
+    for code, (title, text) in PROBLEMS.items():
+        parts.append(
+            f"<h3 id=problem-{esc(code)}><code>{esc(code)}</code>: {esc(title)}</h3>"
+            f"<p>{esc(text)}</p>"
+        )
     parts.append("<h2>Schemas</h2>")
     for name, schema in doc["components"]["schemas"].items():
         parts.append(

@@ -219,9 +219,7 @@ class Patterns:
 
         found, shared = await self.api.once("match", holder, idempotency_key, digest, dispatch)
         if not found:
-            return JSONResponse(
-                {"error": "none_free", "message": "every candidate is taken"}, status_code=409
-            )
+            raise ApiError(409, "none_free", "every candidate is taken")
         assert found.claim is not None and found.candidate is not None
         replayed = found.replayed or shared
         if not replayed:
