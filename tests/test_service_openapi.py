@@ -215,3 +215,46 @@ def _read_through(ops: dict[str, Any], client: Any, claim_id: str) -> None:
     missing = ops["get_claim"].sync_detailed("A" * 16, client=client)
     assert missing.status_code == 404
     assert type(missing.parsed).__name__ == "Error" and missing.parsed.error == "not_found"
+
+
+def _operations(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path, item in document["paths"].items():
+        for method, op in item.items():
+            yield f"{method.upper()} {path}", op
+
+
+def test_every_error_answer_is_documented_as_a_problem(document: dict[str, Any]) -> None:
+    for where, op in _operations(document):
+        for status, answer in op["responses"].items():
+            if int(status) >= 400:
+                assert answer["content"] == {
+                    "application/problem+json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                }, (where, status)
+
+
+def test_every_operation_documents_the_errors_its_steps_can_answer(
+    document: dict[str, Any],
+) -> None:
+    """A body can be too slow, too large or not JSON; a key can be missing or over its rate."""
+    for where, op in _operations(document):
+        statuses = set(op["responses"])
+        if "requestBody" in op:
+            assert {"400", "408", "413", "415"} <= statuses, where
+        if op.get("security") or where.startswith("GET /v1/showings"):
+            assert {"401", "429"} <= statuses, where
+
+
+def test_a_private_seat_map_answers_its_documented_401() -> None:
+    config = ServiceConfig(
+        store_url="memory://", keys_file=None, public_map=False, showings=(Showing("show-1"),)
+    )
+    with serve_in_thread(config) as s, s.client() as anon:
+        document = anon.get("/openapi.json").json()
+        for path, template in [
+            ("/v1/showings", "/v1/showings"),
+            ("/v1/showings/show-1", "/v1/showings/{slot}"),
+            ("/v1/showings/show-1/events", "/v1/showings/{slot}/events"),
+        ]:
+            r = anon.get(path)
+            assert r.status_code == 401, path
+            _check(document, template, "get", r)

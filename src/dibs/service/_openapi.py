@@ -75,12 +75,18 @@ _RETRY = "Seconds to wait before retrying."
 _COMMON = {
     "400": _error("Bad input; `field` names it."),
     "401": _error("No valid API key.", **{"WWW-Authenticate": "Bearer challenge."}),
+    "408": _error("`timeout`: the request body arrived too slowly."),
     "413": _error("The request body is larger than the limit."),
     "415": _error("The request has a body that is not `application/json`."),
     "429": _error("This key's rate limit was exceeded.", **{"Retry-After": _RETRY}),
     "503": _error("The store did not answer in time or is unreachable.", **{"Retry-After": _RETRY}),
 }
-_READ = {k: v for k, v in _COMMON.items() if k not in ("413", "415")}
+_READ = {k: v for k, v in _COMMON.items() if k not in ("408", "413", "415")}
+# The seat map's routes need a key only with --private-map.
+_MAP = {
+    "401": _error("With `--private-map`: no valid API key."),
+    "429": _COMMON["429"],
+}
 _CLAIM_ID = {
     "name": "claim_id",
     "in": "path",
@@ -663,7 +669,8 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                             "required": ["showings"],
                         },
                         "Slots and grid sizes.",
-                    )
+                    ),
+                    **_MAP,
                 },
             }
         },
@@ -676,6 +683,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(_ref("SeatMap"), "Seat states; never who holds them."),
                     "404": _error("No such showing."),
                     "503": _COMMON["503"],
+                    **_MAP,
                 },
             }
         },
@@ -692,6 +700,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     },
                     "404": _error("No such showing."),
+                    **_MAP,
                 },
             }
         },
@@ -699,7 +708,16 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
             "get": {
                 "summary": "Liveness: the process answers",
                 "operationId": "health",
-                "responses": {"200": _json({"type": "object"}, "Alive.")},
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"status": {"const": "ok"}},
+                            "required": ["status"],
+                        },
+                        "Alive.",
+                    )
+                },
             }
         },
         "/readyz": {
@@ -707,7 +725,17 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "summary": "Readiness: the store answers",
                 "operationId": "readiness",
                 "responses": {
-                    "200": _json({"type": "object"}, "Ready."),
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "status": {"const": "ready"},
+                                "store": {"type": "string", "description": "The URL scheme."},
+                            },
+                            "required": ["status", "store"],
+                        },
+                        "Ready.",
+                    ),
                     "503": _COMMON["503"],
                 },
             }
