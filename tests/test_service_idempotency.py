@@ -161,3 +161,23 @@ def test_match_reusing_a_key_with_other_candidates_is_422() -> None:
         assert r.status_code == 422, r.text
         assert r.json()["error"] == "idempotency_key_reused"
     assert [c["id"] for c in mine] == [first.json()["claim"]["id"]]
+
+
+@pytest.mark.parametrize("path", ["/v1/claims", "/v1/match"])
+def test_an_idempotency_key_sent_twice_is_400(path: str) -> None:
+    """Two field lines combine into a list (RFC 9110 section 5.3), which is no key."""
+    config = ServiceConfig(store_url="memory://", keys_file=None)
+    field = "targets" if path == "/v1/claims" else "candidates"
+    body = {field: [{"resource": "twice", "slot": "s"}]}
+    with serve_in_thread(config) as s, s.client("alice") as c:
+        for keys in ([("Idempotency-Key", '"a"'), ("Idempotency-Key", '"b"')],
+                     [("Idempotency-Key", '"a"'), ("Idempotency-Key", '"a"')]):  # fmt: skip
+            r = c.post(path, json=body, headers=keys)
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] == "Idempotency-Key"
+        assert store_is_untouched(s)
+
+
+def store_is_untouched(s: Any) -> bool:
+    assert s.service is not None
+    return s.service.store.holder_of(dibs.Unit("twice", "s")) is None

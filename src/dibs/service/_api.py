@@ -373,7 +373,7 @@ class Api:
     async def create_claim(self, request: Request) -> Response:
         """``POST /v1/claims``: claim every target or none."""
         key = self.authorize(request)
-        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
         body = await self.read_body(request)
         self.fields(body, {"targets", "ttl"})
         try:

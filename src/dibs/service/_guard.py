@@ -147,13 +147,18 @@ def invalid(exc: InvalidInput) -> ApiError:
     return ApiError(400, "invalid", str(exc), {"field": exc.field})
 
 
-def parse_idempotency_key(header: str | None) -> str | None:
-    """The Idempotency-Key header's value, or None when absent.
+def parse_idempotency_key(header: str | list[str] | None) -> str | None:
+    """The Idempotency-Key header's value (or its field lines), or None when absent.
 
     The IETF draft makes it a Structured Field string (``"abc"``); a bare
     token is accepted too, since many clients send one. Raises
-    :class:`ApiError` (400) for an empty, oversized or malformed key.
+    :class:`ApiError` (400) for an empty, oversized or malformed key, and for
+    a header sent twice (its lines combine into a list, not one string).
     """
+    if isinstance(header, list):
+        if not header:
+            return None
+        header = ", ".join(header)
     if header is None:
         return None
     text = header.strip()

@@ -168,7 +168,7 @@ class Patterns:
     async def match(self, request: Request) -> Response:
         """``POST /v1/match``: claim the first free candidate (Idempotency-Key required)."""
         key = self.api.authorize(request)
-        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
         if idempotency_key is None:
             raise ApiError(
                 400,
