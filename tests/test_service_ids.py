@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 import dibs
 from conftest import StoreMaker
 from dibs.service import KeyRing, ServiceConfig, create_app
-from dibs.service._ids import SECRET_UNIT, ClaimIds
+from dibs.service._ids import SECRET_UNIT, ClaimIds, stored_secret_sync
 from test_service_support import free_port, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
@@ -125,3 +125,48 @@ def test_the_secret_unit_is_reserved_on_the_wire() -> None:
             "/v1/claims", json={"targets": [{"resource": SECRET_UNIT.resource, "slot": ""}]}
         )
     assert probe.status_code == 400 and grab.status_code == 400
+
+
+def test_many_stores_racing_for_the_secret_all_read_one(make_store: StoreMaker) -> None:
+    """The secret's claim is the linearization point: of 16 racers exactly one makes it."""
+    racers = 16
+    stores = [make_store() for _ in range(racers)]  # memory://: one store, shared
+    start = threading.Barrier(racers)
+    secrets: list[bytes] = []
+
+    def race(store: dibs.Store) -> None:
+        start.wait()
+        secrets.append(stored_secret_sync(store))
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(secrets) == racers and len(set(secrets)) == 1
+    assert len(secrets[0]) >= 16
+
+
+def test_an_app_read_before_it_serves_agrees_with_one_that_served(
+    make_store: StoreMaker,
+) -> None:
+    keys = KeyRing(None)
+    if make_store.kind == "memory":
+        store = make_store()
+        config = ServiceConfig(store_url="memory://", keys_file=None)
+        served, unserved = (create_app(config, store=store, keys=keys) for _ in range(2))
+    else:
+        config = ServiceConfig(store_url=make_store.url, keys_file=None)
+        served, unserved = (create_app(config, keys=keys) for _ in range(2))
+    token = keys.create("alice")[0]
+    with serve_together([served]) as (url,):
+        r = httpx.post(
+            f"{url}/v1/claims",
+            json={"targets": [{"resource": "r", "slot": ""}]},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert r.status_code == 201, r.text
+    api = unserved.state.service.api
+    assert api.ids.from_wire(r.json()["id"]) is not None
+    if make_store.kind != "memory":
+        unserved.state.service.store.close()

@@ -52,7 +52,7 @@ from dibs.exceptions import (
 )
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
-from dibs.service._ids import ClaimIds, stored_secret
+from dibs.service._ids import ClaimIds, stored_secret, stored_secret_sync
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._wire import (
@@ -342,8 +342,13 @@ class Api:
 
     @property
     def ids(self) -> ClaimIds:
-        """The claim-ID permutation; :meth:`load_ids` must have answered once."""
-        assert self._ids is not None, "await Api.load_ids() first"
+        """The claim-ID permutation (handlers await :meth:`load_ids` instead).
+
+        Read before the app has served anything, it reads the store's secret
+        through the sync store, blocking: for code outside the event loop.
+        """
+        if self._ids is None:
+            self._ids = ClaimIds(stored_secret_sync(self.store))
         return self._ids
 
     async def load_ids(self) -> ClaimIds:

@@ -34,8 +34,9 @@ import secrets
 from dibs._model import Unit
 from dibs.aio import AsyncStore
 from dibs.exceptions import StoreUnavailable
+from dibs.stores.base import Store
 
-__all__ = ["SECRET_UNIT", "WIRE_ID_PATTERN", "ClaimIds", "stored_secret"]
+__all__ = ["SECRET_UNIT", "WIRE_ID_PATTERN", "ClaimIds", "stored_secret", "stored_secret_sync"]
 
 SECRET_UNIT = Unit("dibs.service.id-secret", "")
 """The reserved unit whose one confirmed claim keeps the store's claim-ID secret."""
@@ -136,6 +137,30 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
+def stored_secret_sync(store: Store) -> bytes:
+    """:func:`stored_secret` on a sync store, for callers outside the event loop."""
+    mine = _SECRET_HOLDER + secrets.token_urlsafe(32)
+    for _ in range(3):
+        result = store.claim(SECRET_UNIT, holder=mine, ttl=None)
+        secret = _secret(mine if result else store.holder_of(SECRET_UNIT))
+        if secret is not None:
+            return secret
+    raise _not_a_secret()
+
+
+def _secret(holder: str | None) -> bytes | None:
+    if holder is not None and holder.startswith(_SECRET_HOLDER):
+        return holder.removeprefix(_SECRET_HOLDER).encode()
+    return None  # released between the claim and the read (by hand): claim again
+
+
+def _not_a_secret() -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the claim-ID secret's unit {SECRET_UNIT} is held by something else; "
+        "give the service a secret (--id-secret-file)"
+    )
+
+
 async def stored_secret(store: AsyncStore) -> bytes:
     """The claim-ID secret kept in ``store``, made now if it has none yet.
 
@@ -148,11 +173,7 @@ async def stored_secret(store: AsyncStore) -> bytes:
         # Linearization point: this confirmed claim on the secret's unit. Of
         # instances starting together, exactly one wins; the rest read its holder.
         result = await store.claim(SECRET_UNIT, holder=mine, ttl=None)
-        holder = mine if result else await store.holder_of(SECRET_UNIT)
-        if holder is not None and holder.startswith(_SECRET_HOLDER):
-            return holder.removeprefix(_SECRET_HOLDER).encode()
-        # Released between our claim and our read (by hand): claim it again.
-    raise StoreUnavailable(
-        f"the claim-ID secret's unit {SECRET_UNIT} is held by something else; "
-        "give the service a secret (--id-secret-file)"
-    )
+        secret = _secret(mine if result else await store.holder_of(SECRET_UNIT))
+        if secret is not None:
+            return secret
+    raise _not_a_secret()
