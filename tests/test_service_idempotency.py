@@ -76,7 +76,7 @@ class FirstClaimGated(GatedStore):
     """Only the first claim waits at the gate (before the store); later ones go straight in."""
 
     async def _claim(self, *args: Any) -> dibs.ClaimResult:
-        if args[0][0] == SECRET_UNIT:
+        if args[0].targets == (SECRET_UNIT,):
             return await super(GatedStore, self)._claim(*args)
         self.calls += 1
         if self.calls == 1:

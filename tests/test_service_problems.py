@@ -23,7 +23,7 @@ from dibs.service._config import LotSpec
 from dibs.service._guard import PROBLEMS
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
-from test_service_support import GatedStore, Running, serve_in_thread
+from test_service_support import GatedStore, Running, reserved, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -205,7 +205,7 @@ class BrokenStore(SharedFace):
         super().__init__(MemoryStore(), threads=1)
 
     async def _claim(self, *args: Any) -> dibs.ClaimResult:
-        if any(t.resource.startswith("dibs.") for t in args[0]):
+        if reserved(args[0]):
             return await super()._claim(*args)
         raise RuntimeError("a bug")
 

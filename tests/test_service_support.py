@@ -85,7 +85,7 @@ class GatedStore(SharedFace):
             raise
 
     async def _claim(self, *args: Any) -> dibs.ClaimResult:
-        if _reserved(args[0]):
+        if reserved(args[0]):
             return await super()._claim(*args)
         self.calls += 1
         self.entered.set()
@@ -97,9 +97,12 @@ class GatedStore(SharedFace):
         return result
 
 
-def _reserved(targets: tuple[dibs.Unit | dibs.Span, ...]) -> bool:
-    """Whether a claim is the service's own (the claim-ID secret, a match key's body)."""
-    return any(t.resource.startswith("dibs.") for t in targets)
+def reserved(request: Any) -> bool:
+    """Whether a claim (a store's ``_claim`` argument) is the service's own.
+
+    The claim-ID secret and a match key's body are claims on ``dibs.`` units.
+    """
+    return any(t.resource.startswith("dibs.") for t in request.targets)
 
 
 @contextlib.contextmanager
