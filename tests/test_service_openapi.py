@@ -187,6 +187,7 @@ def _the_generated_client_parses_every_200(where: Path, svc: Running) -> None:
         generated = client_module.AuthenticatedClient(base_url=svc.url, token=svc.token("gen"))
         with generated as client:
             _read_through(ops, client, claim.json()["id"])
+            _write_through(client)
     finally:
         sys.path.remove(str(where))
         for name in [m for m in sys.modules if m == "dibs_client" or m.startswith("dibs_client.")]:
@@ -258,3 +259,56 @@ def test_a_private_seat_map_answers_its_documented_401() -> None:
             r = anon.get(path)
             assert r.status_code == 401, path
             _check(document, template, "get", r)
+
+
+def _write_through(client: Any) -> None:
+    """Every write through the generated client, each answer parsed into its success model."""
+    api = "dibs_client.api.default."
+    models = importlib.import_module("dibs_client.models")
+    call = {
+        name: importlib.import_module(api + name).sync_detailed
+        for name in (
+            "create_claim", "extend_claim", "confirm_claim", "release_claim",
+            "park_vehicle", "unpark_vehicle", "match",
+        )
+    }  # fmt: skip
+
+    def ok(answer: Any, status: int) -> Any:
+        assert answer.status_code == status, answer.content
+        assert answer.parsed is not None and type(answer.parsed).__name__ != "Error"
+        return answer.parsed
+
+    unit = models.Unit(resource="gen-seat", slot="s")
+    made = ok(
+        call["create_claim"](
+            client=client, body=models.ClaimRequest(targets=[unit], ttl=60), idempotency_key='"g1"'
+        ),
+        201,
+    )
+    extended = ok(
+        call["extend_claim"](
+            made.id, client=client, body=models.ExtendRequest(fence=made.fence, ttl=60)
+        ),
+        200,
+    )
+    assert extended.id == made.id
+    ok(
+        call["confirm_claim"](made.id, client=client, body=models.FenceRequest(fence=made.fence)),
+        200,
+    )
+    released = ok(call["release_claim"](made.id, client=client, fence=made.fence), 200)
+    assert released.released is True
+    ok(
+        call["park_vehicle"]("lot-1", client=client, body=models.ParkRequest(vehicle="gen-car")),
+        201,
+    )
+    ok(call["unpark_vehicle"]("lot-1", "gen-car", client=client), 200)
+    matched = ok(
+        call["match"](
+            client=client,
+            body=models.MatchRequest(candidates=[models.Unit(resource="gen-driver", slot="s")]),
+            idempotency_key='"gen-ride"',
+        ),
+        201,
+    )
+    assert matched.candidate.resource == "gen-driver"
