@@ -380,7 +380,8 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "before it expires; without, it is confirmed at once. Send an "
                 "`Idempotency-Key` to make retries safe: the same key and body replay the "
                 "first answer (`Idempotent-Replayed: true`); a concurrent duplicate waits "
-                "for the first request's answer. Re-claiming exactly the targets of a "
+                "for the first request's answer, and one with another body waits for the "
+                "first to end and is then `422`. Re-claiming exactly the targets of a "
                 "live claim of yours answers that claim with `200` (the natural key).",
                 "operationId": "createClaim",
                 "security": auth,
