@@ -51,7 +51,7 @@ def claim(c: httpx.Client, *targets: dict[str, Any], ttl: float | None = 60) -> 
 
 def assert_json_error(r: httpx.Response, status: int, field: str | None = None) -> None:
     assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
+    assert r.headers["content-type"] == "application/problem+json"
     doc = r.json()
     assert set(doc) >= {"error", "message"}
     if field is not None:
@@ -247,7 +247,7 @@ def test_every_path_under_v1_answers_json(svc: Running, path: str) -> None:
         for method in ("GET", "POST", "DELETE"):
             r = c.request(method, path)
             assert 400 <= r.status_code < 500, (method, path, r.status_code)
-            assert r.headers["content-type"].startswith("application/json"), (method, path)
+            assert r.headers["content-type"] == "application/problem+json", (method, path)
 
 
 def test_releasing_an_ended_claim_is_200_released_false(svc: Running) -> None:

@@ -28,7 +28,6 @@ import asyncio
 import hashlib
 import json
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -53,7 +52,7 @@ from dibs.exceptions import (
 )
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
-from dibs.service._ids import ClaimIds
+from dibs.service._ids import ClaimIds, stored_secret, stored_secret_sync
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._wire import (
@@ -73,7 +72,7 @@ from dibs.service._wire import (
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base import Store
 
-__all__ = ["Api"]
+__all__ = ["Api", "body_digest"]
 
 _T = TypeVar("_T")
 _RETRY = {"Retry-After": "1"}
@@ -89,6 +88,11 @@ _HOLD_LOST = {
 
 def _not_found() -> ApiError:
     return ApiError(404, "not_found", "you have no such claim")
+
+
+def body_digest(body: object) -> str:
+    """The fingerprint of a request's meaning, to tell a duplicate from a reuse."""
+    return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
 
 
 def _media_type_is_json(header: str | None) -> bool:
@@ -121,11 +125,15 @@ class Api:
         self.config = config
         self.metrics = metrics
         self.limiter = RateLimiter(config.rate, config.burst)
-        # Without a configured secret the wire IDs of this instance are its own:
-        # instances sharing a store must share the secret (docs/service.md).
-        self.ids = ClaimIds(config.id_secret or secrets.token_bytes(32))
+        # Without a configured secret, the one kept in the store: every instance
+        # on the store reads the same (docs/service.md), on first need.
+        self._ids = None if config.id_secret is None else ClaimIds(config.id_secret)
+        self._ids_lock = asyncio.Lock()
         # Claims are frozen dataclasses: share them, no copies.
         self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
+        # The body digest of each (operation, holder, key) in flight, and an
+        # event set when it ends; only the event loop's thread touches it.
+        self._running: dict[tuple[str, str, str], tuple[str, asyncio.Event]] = {}
         self._on_change = on_change
 
     # --- the steps every operation takes ----------------------------------------------------------
@@ -272,9 +280,91 @@ class Api:
                 400, "invalid", f"unknown field {json.dumps(unknown[0])}", {"field": unknown[0]}
             )
 
-    def _claim_id(self, request: Request) -> str:
+    async def once(
+        self,
+        operation: str,
+        holder: str,
+        key: str,
+        digest: str,
+        work: Callable[[], Awaitable[_T]],
+    ) -> tuple[_T, bool]:
+        """Run ``work`` for a holder's Idempotency-Key, one request of that key at a time.
+
+        Return its value and whether it was another request's answer, shared.
+        A duplicate of the in-flight request (same ``digest`` of the body)
+        waits for its answer; a request with another body waits until it
+        ends and then runs, so the store's request record answers it (422) and
+        the first request completes as if alone. Either wait is bounded by
+        ``idempotency_wait``, then raises 409 ``in_progress``.
+        """
+        flight = (operation, holder, key)
+
+        def lead() -> Awaitable[_T]:
+            # Called by the flight's leader when it starts the work, with no
+            # await in between: whoever sees the flight also sees its digest.
+            done = asyncio.Event()
+            self._running[flight] = (digest, done)
+
+            async def run() -> _T:
+                try:
+                    return await work()
+                finally:
+                    if self._running.get(flight, (None, None))[1] is done:
+                        del self._running[flight]
+                    done.set()
+
+            return run()
+
+        deadline = asyncio.get_running_loop().time() + self.config.idempotency_wait
+        waited = False
+        try:
+            while (running := self._running.get(flight)) is not None and running[0] != digest:
+                waited = True
+                async with asyncio.timeout_at(deadline):
+                    await running[1].wait()
+            if running is None:
+                answer = await self.flights.call(flight, lead)
+            else:
+                waited = True
+                async with asyncio.timeout_at(deadline):
+                    answer = await self.flights.call(flight, lead)
+        except TimeoutError:
+            self.metrics.idempotency_waits.labels("gave_up").inc()
+            raise ApiError(
+                409,
+                "in_progress",
+                "a request with this Idempotency-Key is still in progress; retry",
+                headers=_RETRY,
+            ) from None
+        if waited:
+            self.metrics.idempotency_waits.labels("answered").inc()
+        return answer.value, answer.shared
+
+    @property
+    def ids(self) -> ClaimIds:
+        """The claim-ID permutation (handlers await :meth:`load_ids` instead).
+
+        Read before the app has served anything, it reads the store's secret
+        through the sync store, blocking: for code outside the event loop.
+        """
+        if self._ids is None:
+            self._ids = ClaimIds(stored_secret_sync(self.store))
+        return self._ids
+
+    async def load_ids(self) -> ClaimIds:
+        """The claim-ID permutation, its secret read from (or made in) the store on first need.
+
+        Raises 503 when the store does not answer, like any store call.
+        """
+        if self._ids is None:
+            async with self._ids_lock:
+                if self._ids is None:
+                    self._ids = ClaimIds(await self.call("id_secret", stored_secret(self.aio)))
+        return self._ids
+
+    async def _claim_id(self, request: Request) -> str:
         """The store claim ID behind the path's wire ID; 404 for one that is not ours."""
-        claim_id = self.ids.from_wire(request.path_params["claim_id"])
+        claim_id = (await self.load_ids()).from_wire(request.path_params["claim_id"])
         if claim_id is None:
             raise _not_found()
         return claim_id
@@ -288,7 +378,7 @@ class Api:
     async def create_claim(self, request: Request) -> Response:
         """``POST /v1/claims``: claim every target or none."""
         key = self.authorize(request)
-        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
         body = await self.read_body(request)
         self.fields(body, {"targets", "ttl"})
         try:
@@ -298,6 +388,7 @@ class Api:
             raise invalid(exc) from None
         holder = key.holder
         request_id = None if idempotency_key is None else request_id_for(holder, idempotency_key)
+        await self.load_ids()  # before the claim: a claim made must get its answer
 
         async def claim() -> ClaimResult:
             return await self.call(
@@ -310,30 +401,8 @@ class Api:
         if idempotency_key is None:
             result = await claim()
         else:
-            # One flight per (holder, key, body): a duplicate with the same body
-            # waits for the first; one with another body goes to the store, whose
-            # request record answers it RequestConflict (422).
-            digest = hashlib.sha256(
-                json.dumps([[target_to_json(t) for t in targets], ttl]).encode()
-            ).hexdigest()
-            flight = (holder, idempotency_key, digest)
-            if self.flights.in_flight(flight):
-                try:
-                    answer = await asyncio.wait_for(
-                        self.flights.call(flight, claim), self.config.idempotency_wait
-                    )
-                except TimeoutError:
-                    self.metrics.idempotency_waits.labels("gave_up").inc()
-                    raise ApiError(
-                        409,
-                        "in_progress",
-                        "a request with this Idempotency-Key is still in progress; retry",
-                        headers=_RETRY,
-                    ) from None
-                self.metrics.idempotency_waits.labels("answered").inc()
-            else:
-                answer = await self.flights.call(flight, claim)
-            result, shared = answer.value, answer.shared
+            digest = body_digest([[target_to_json(t) for t in targets], ttl])
+            result, shared = await self.once("claim", holder, idempotency_key, digest, claim)
         # Idempotent-Replayed says only "this key answered before": a waiter
         # that shared the first request's flight, or the store's request record
         # for this key. The store also answers a holder re-claiming exactly what
@@ -352,15 +421,13 @@ class Api:
         if not result:
             if fresh:
                 self.metrics.claimed("taken")
-            return JSONResponse(
-                {
-                    "error": "taken",
-                    "message": "another holder has some of these targets",
-                    "taken": [target_to_wire(t) for t in result.taken],
-                },
-                status_code=409,
-                headers=headers,
-            )
+            return ApiError(
+                409,
+                "taken",
+                "another holder has some of these targets",
+                {"taken": [target_to_wire(t) for t in result.taken]},
+                headers,
+            ).response(request.scope.get("root_path", ""))
         assert result.claim is not None
         if fresh:
             self.metrics.claimed("granted")
@@ -372,7 +439,7 @@ class Api:
     async def get_claim(self, request: Request) -> Response:
         """``GET /v1/claims/{id}``: one of the caller's claims."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         claim = await self.call("get", self.aio.get(claim_id))
         # A released claim is gone, as DELETE promised; an expired one stays
         # readable so its holder can learn why (until the sweeper purges it).
@@ -387,6 +454,7 @@ class Api:
         wanted = request.query_params.get("holder", "me")
         if wanted not in ("me", key.holder):
             raise ApiError(403, "forbidden", "you can list only your own claims (holder=me)")
+        await self.load_ids()
         claims = await self.call("claims_of", self.aio.claims_of(key.holder))
         # The holder is the caller's own name (the seat map shows "you are ...").
         return JSONResponse(
@@ -400,7 +468,7 @@ class Api:
     async def confirm(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence"})
         fence = self._fence(body.get("fence"))
@@ -413,7 +481,7 @@ class Api:
     async def extend(self, request: Request) -> Response:
         """``POST /v1/claims/{id}/extend``: push the caller's live hold's expiry."""
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence", "ttl"})
         fence = self._fence(body.get("fence"))
@@ -435,7 +503,7 @@ class Api:
         Idempotent: a claim that already ended answers ``released: false``.
         """
         key = self.authorize(request)
-        claim_id = self._claim_id(request)
+        claim_id = await self._claim_id(request)
         body = await self.read_body(request)
         self.fields(body, {"fence"})
         self.parameters(request, {"fence"})

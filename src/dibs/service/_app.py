@@ -35,7 +35,7 @@ from dibs.service._api import Api
 from dibs.service._board import Board
 from dibs.service._config import ServiceConfig
 from dibs.service._framing import Framing
-from dibs.service._guard import ApiError, new_request_id
+from dibs.service._guard import PROBLEM_JSON, ApiError, new_request_id
 from dibs.service._keys import KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
@@ -183,11 +183,7 @@ class Service:
         try:
             await self.api.call("ready", self.aio.holder_of(probe))
         except ApiError as exc:
-            return JSONResponse(
-                {"status": "unavailable", "message": exc.message},
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
+            return exc.response(request.scope.get("root_path", ""))
         return JSONResponse({"status": "ready", "store": self.store.scheme})
 
     async def metrics_page(self, request: Request) -> Response:
@@ -265,6 +261,10 @@ def create_app(
             await aio.open()
         except DibsError:
             log.exception("the async store did not open; the first request retries")
+        try:
+            await api.load_ids()
+        except ApiError:
+            log.exception("the claim-ID secret was not read; the first request retries")
         jobs = [asyncio.create_task(service.sweep_forever())]
         jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
         service.ready = True
@@ -313,18 +313,15 @@ def create_app(
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return exc.response(request.scope.get("root_path", ""))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         if exc.status_code >= 500:  # Starlette raises none today; never let one pass as ours
             error = "internal"
-        return JSONResponse(
-            {"error": error, "message": str(exc.detail)},
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
+        problem = ApiError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {}))
+        return problem.response(request.scope.get("root_path", ""))
 
     app = Starlette(
         routes=routes,
@@ -343,7 +340,7 @@ def create_app(
 
 def error_response(exc: ApiError, scope: Scope) -> Response:
     """The framing middleware's answer for an :class:`ApiError`: the handlers' own."""
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return exc.response(scope.get("root_path", ""))
 
 
 def _route(path: str, **handlers: Callable[[Request], Awaitable[Response]]) -> Route:
@@ -403,14 +400,16 @@ class AccessLog:
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id})
             if not sent:
-                body = json.dumps(
-                    {"error": "internal", "message": "internal error", "request_id": request_id}
-                ).encode()
+                problem = ApiError(500, "internal", "internal error", {"request_id": request_id})
+                body = json.dumps(problem.body(scope.get("root_path", ""))).encode()
                 await send_wrapper(
                     {
                         "type": "http.response.start",
                         "status": 500,
-                        "headers": [(b"content-type", b"application/json")],
+                        "headers": [
+                            (b"content-type", PROBLEM_JSON.encode()),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
                     }
                 )
                 await send({"type": "http.response.body", "body": body})

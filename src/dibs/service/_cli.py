@@ -124,7 +124,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--id-secret-file",
         metavar="FILE",
         help="a file whose bytes key the opaque claim IDs (default $DIBS_ID_SECRET, else "
-        "random per process); every instance on one store needs the same",
+        "a secret kept in the store, made by the first instance: every instance on one "
+        "store then agrees)",
     )
     p.add_argument("--root-path", default="", help="path prefix when mounted behind a proxy")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -132,7 +133,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _id_secret(path: str | None) -> bytes | None:
-    """The claim-ID secret: the file's bytes, else $DIBS_ID_SECRET, else None (random)."""
+    """The claim-ID secret: the file's bytes, else $DIBS_ID_SECRET, else None (the store's)."""
     if path is not None:
         return Path(path).read_bytes().strip()
     secret = os.environ.get("DIBS_ID_SECRET")

@@ -101,8 +101,8 @@ class ServiceConfig:
     ``idempotency_wait`` how long a duplicate of an in-flight Idempotency-Key
     waits for the first request before it is answered ``409``. ``id_secret``
     keys the permutation that makes claim IDs opaque on the wire; when None,
-    each instance draws its own, so instances that share a store (or a
-    restarted instance whose clients kept claim IDs) need one set.
+    the secret kept in the store (made by the first instance), so every
+    instance on one store, and every restart, agrees on claim IDs.
     """
 
     store_url: str = "sqlite:///dibs.db"

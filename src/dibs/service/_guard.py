@@ -1,7 +1,17 @@
-"""What stands in front of every API call: errors as JSON, rate limits, request IDs and logs."""
+"""What stands in front of every API call: problem details, rate limits, request IDs and logs.
+
+Every error the service answers is an RFC 9457 problem details document
+(``application/problem+json``): ``type``, ``title``, ``status``, ``detail``,
+and the service's own members beside them, ``error`` (a stable code, the one
+clients matched before problem details) and ``message`` (the same text as
+``detail``), plus facts such as ``field``, ``reason`` or ``taken``. The
+``type`` is the code's entry on the service's own ``/docs`` page
+(``/docs#problem-taken``), a URI relative to the request's.
+"""
 
 from __future__ import annotations
 
+import http
 import json
 import logging
 import math
@@ -12,9 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 from dibs.exceptions import InvalidInput
 
 __all__ = [
+    "PROBLEMS",
+    "PROBLEM_JSON",
     "ApiError",
     "JsonFormatter",
     "RateLimiter",
@@ -30,11 +44,64 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 KEY_PATTERN = r'^(?:"(?:[ !#-\[\]-~]|\\["\\])+"|[!#-~]+)$'
 _KEY = re.compile(KEY_PATTERN)
 MAX_KEY = 255
+"""Characters in a key; its header, quoted and escaped, may be up to MAX_KEY_HEADER."""
+MAX_KEY_HEADER = 2 * MAX_KEY + 2
+
+
+PROBLEM_JSON = "application/problem+json"
+
+PROBLEMS: dict[str, tuple[str, str]] = {
+    "invalid": ("Invalid input", "A value is not valid; `field` names it."),
+    "unauthorized": ("No valid API key", "Send `Authorization: Bearer <API key>`."),
+    "forbidden": ("Forbidden", "You can list only your own claims (`holder=me`)."),
+    "not_found": (
+        "Not found",
+        "No such route, showing or lot, or no such claim or vehicle of yours (another "
+        "holder's answers the same).",
+    ),
+    "method_not_allowed": ("Method not allowed", "`Allow` lists the path's methods."),
+    "taken": (
+        "Targets taken",
+        "Another holder has some of these targets; `taken` lists them, never who.",
+    ),
+    "hold_lost": (
+        "Hold lost",
+        "The hold expired, was taken over or released, or the fence is stale; see `reason`.",
+    ),
+    "in_progress": (
+        "Request in progress",
+        "A request with this Idempotency-Key is still running; retry after `Retry-After`.",
+    ),
+    "idempotency_key_reused": (
+        "Idempotency-Key reused",
+        "This Idempotency-Key was used with a different request body.",
+    ),
+    "too_large": ("Request body too large", "The body is larger than the service's limit."),
+    "unsupported_media_type": (
+        "Unsupported media type",
+        "Send the body as `Content-Type: application/json`.",
+    ),
+    "rate_limited": ("Rate limit exceeded", "This key's rate limit; retry after `Retry-After`."),
+    "timeout": (
+        "Timed out",
+        "The request body arrived too slowly (408), or the store did not answer in time (503).",
+    ),
+    "unavailable": ("Store unavailable", "The store is unreachable; retry after `Retry-After`."),
+    "full": ("Lot full", "No run of `length` adjacent free slots now."),
+    "already_parked": (
+        "Vehicle already parked",
+        "This vehicle is parked with another length; see `position` and `length`.",
+    ),
+    "vehicle_blocked": ("Vehicle blocked", "Another claim holds this vehicle's own unit."),
+    "none_free": ("No candidate free", "Every candidate was taken."),
+    "internal": ("Internal error", "An unexpected error; `request_id` finds it in the logs."),
+}
+"""Each error code's problem ``title`` (the same for every occurrence) and documentation."""
 
 
 @dataclass
 class ApiError(Exception):
-    """An answer other than success: the status, the JSON body, extra headers."""
+    """An answer other than success: the status, the problem document, extra headers."""
 
     status: int
     error: str
@@ -42,9 +109,37 @@ class ApiError(Exception):
     extra: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
 
-    def body(self) -> dict[str, Any]:
-        """The JSON error document: ``error`` (a stable code), ``message``, and facts."""
-        return {"error": self.error, "message": self.message, **self.extra}
+    def body(self, root_path: str = "") -> dict[str, Any]:
+        """The RFC 9457 problem document, with ``error`` (a stable code), ``message`` and facts.
+
+        ``root_path`` is the path the service is mounted under, for ``type``.
+        """
+        title = PROBLEMS[self.error][0] if self.error in PROBLEMS else _phrase(self.status)
+        return {
+            "type": f"{root_path}/docs#problem-{self.error}",
+            "title": title,
+            "status": self.status,
+            "detail": self.message,
+            "error": self.error,
+            "message": self.message,
+            **self.extra,
+        }
+
+    def response(self, root_path: str = "") -> JSONResponse:
+        """This error as an ``application/problem+json`` response."""
+        return JSONResponse(
+            self.body(root_path),
+            status_code=self.status,
+            headers=self.headers,
+            media_type=PROBLEM_JSON,
+        )
+
+
+def _phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def invalid(exc: InvalidInput) -> ApiError:
@@ -52,24 +147,31 @@ def invalid(exc: InvalidInput) -> ApiError:
     return ApiError(400, "invalid", str(exc), {"field": exc.field})
 
 
-def parse_idempotency_key(header: str | None) -> str | None:
-    """The Idempotency-Key header's value, or None when absent.
+def parse_idempotency_key(header: str | list[str] | None) -> str | None:
+    """The Idempotency-Key header's value (or its field lines), or None when absent.
 
     The IETF draft makes it a Structured Field string (``"abc"``); a bare
     token is accepted too, since many clients send one. Raises
-    :class:`ApiError` (400) for an empty, oversized or malformed key.
+    :class:`ApiError` (400) for an empty, oversized or malformed key, and for
+    a header sent twice (its lines combine into a list, not one string).
     """
+    if isinstance(header, list):
+        if not header:
+            return None
+        header = ", ".join(header)
     if header is None:
         return None
     text = header.strip()
     key = ""
-    if len(text) <= MAX_KEY and _KEY.match(text):
+    # The bound is on the key, not on its serialization: the quotes and the
+    # escaping backslashes of a Structured Field string do not count.
+    if len(text) <= MAX_KEY_HEADER and _KEY.match(text):
         key = text
         if text.startswith('"'):
             key = text[1:-1]
             if "\\" in key:
                 key = re.sub(r"\\(.)", r"\1", key)
-    if not key:
+    if not key or len(key) > MAX_KEY:
         raise ApiError(
             400,
             "invalid",

@@ -10,6 +10,12 @@ client sends back. The plaintext starts with four fixed bytes, so an ID that
 was tampered with decrypts to garbage and is refused before any store call
 (a 404, like any claim that is not yours).
 
+The secret is the deployment's: given (``--id-secret-file``), or else kept in
+the store itself (:func:`stored_secret`), so that every instance on one store
+agrees with no set-up. The first instance to start claims a reserved unit
+with the secret in its holder name; the claim's unique key makes it the only
+one, and every later instance reads it back.
+
 Plaintext layout: ``00 00 00 <kind>`` then, for kind 0, a store ID that is a
 decimal integer below 2**63 as 8 big-endian bytes (a 16-character wire ID);
 for kind 1, any other store ID as UTF-8, then ``0x80`` and zeros up to a
@@ -23,8 +29,18 @@ import functools
 import hashlib
 import hmac
 import re
+import secrets
 
-__all__ = ["WIRE_ID_PATTERN", "ClaimIds"]
+from dibs._model import Unit
+from dibs.aio import AsyncStore
+from dibs.exceptions import StoreUnavailable
+from dibs.stores.base import Store
+
+__all__ = ["SECRET_UNIT", "WIRE_ID_PATTERN", "ClaimIds", "stored_secret", "stored_secret_sync"]
+
+SECRET_UNIT = Unit("dibs.service.id-secret", "")
+"""The reserved unit whose one confirmed claim keeps the store's claim-ID secret."""
+_SECRET_HOLDER = "dibs.id-secret:"
 
 _MAGIC = b"\x00\x00\x00"
 _ROUNDS = 4
@@ -119,3 +135,45 @@ def _xor(data: bytes, pad: bytes) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def stored_secret_sync(store: Store) -> bytes:
+    """:func:`stored_secret` on a sync store, for callers outside the event loop."""
+    mine = _SECRET_HOLDER + secrets.token_urlsafe(32)
+    for _ in range(3):
+        result = store.claim(SECRET_UNIT, holder=mine, ttl=None)
+        secret = _secret(mine if result else store.holder_of(SECRET_UNIT))
+        if secret is not None:
+            return secret
+    raise _not_a_secret()
+
+
+def _secret(holder: str | None) -> bytes | None:
+    if holder is not None and holder.startswith(_SECRET_HOLDER):
+        return holder.removeprefix(_SECRET_HOLDER).encode()
+    return None  # released between the claim and the read (by hand): claim again
+
+
+def _not_a_secret() -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the claim-ID secret's unit {SECRET_UNIT} is held by something else; "
+        "give the service a secret (--id-secret-file)"
+    )
+
+
+async def stored_secret(store: AsyncStore) -> bytes:
+    """The claim-ID secret kept in ``store``, made now if it has none yet.
+
+    Raises what the store raises; :class:`~dibs.StoreUnavailable` if the
+    secret's unit is held by something that is not a secret (never, unless
+    someone claimed the reserved unit outside the service).
+    """
+    mine = _SECRET_HOLDER + secrets.token_urlsafe(32)
+    for _ in range(3):
+        # Linearization point: this confirmed claim on the secret's unit. Of
+        # instances starting together, exactly one wins; the rest read its holder.
+        result = await store.claim(SECRET_UNIT, holder=mine, ttl=None)
+        secret = _secret(mine if result else await store.holder_of(SECRET_UNIT))
+        if secret is not None:
+            return secret
+    raise _not_a_secret()

@@ -13,7 +13,7 @@ import json
 from functools import cache
 from typing import Any
 
-from dibs.service._guard import KEY_PATTERN, MAX_KEY
+from dibs.service._guard import KEY_PATTERN, MAX_KEY, MAX_KEY_HEADER, PROBLEM_JSON, PROBLEMS
 from dibs.service._ids import WIRE_ID_PATTERN
 from dibs.service._wire import (
     BOUND_PATTERN,
@@ -66,19 +66,27 @@ def _json(schema: dict[str, Any], description: str, **headers: str) -> dict[str,
 
 
 def _error(description: str, **headers: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description, **headers)
+    answer = _json(_ref("Error"), description, **headers)
+    answer["content"] = {PROBLEM_JSON: answer["content"]["application/json"]}
+    return answer
 
 
 _RETRY = "Seconds to wait before retrying."
 _COMMON = {
     "400": _error("Bad input; `field` names it."),
     "401": _error("No valid API key.", **{"WWW-Authenticate": "Bearer challenge."}),
+    "408": _error("`timeout`: the request body arrived too slowly."),
     "413": _error("The request body is larger than the limit."),
     "415": _error("The request has a body that is not `application/json`."),
     "429": _error("This key's rate limit was exceeded.", **{"Retry-After": _RETRY}),
     "503": _error("The store did not answer in time or is unreachable.", **{"Retry-After": _RETRY}),
 }
-_READ = {k: v for k, v in _COMMON.items() if k not in ("413", "415")}
+_READ = {k: v for k, v in _COMMON.items() if k not in ("408", "413", "415")}
+# The seat map's routes need a key only with --private-map.
+_MAP = {
+    "401": _error("With `--private-map`: no valid API key."),
+    "429": _COMMON["429"],
+}
 _CLAIM_ID = {
     "name": "claim_id",
     "in": "path",
@@ -91,8 +99,10 @@ _KEY_HEADER = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
-    "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft).',
-    "schema": {"type": "string", "maxLength": MAX_KEY, "pattern": KEY_PATTERN},
+    "description": 'A Structured Field string, e.g. "4e1d…" (IETF draft), or a bare token: '
+    f"a key of 1-{MAX_KEY} printable ASCII characters (the quotes and escapes do not count). "
+    "Remembered for the store's request retention (24 h by default) from its first use.",
+    "schema": {"type": "string", "maxLength": MAX_KEY_HEADER, "pattern": KEY_PATTERN},
 }
 _LOT = {"name": "lot", "in": "path", "required": True, "schema": _NAME}
 _VEHICLE = {"name": "vehicle", "in": "path", "required": True, "schema": _NAME}
@@ -202,16 +212,23 @@ def _schemas(max_targets: int) -> dict[str, Any]:
         },
         "Error": {
             "type": "object",
+            "description": "An RFC 9457 problem details document; `error` and `message` "
+            "are the service's own members (the code and the text clients read before).",
             "properties": {
+                "type": {
+                    "type": "string",
+                    "format": "uri-reference",
+                    "description": "The problem type: `/docs#problem-<error>` on this service.",
+                },
+                "title": {"type": "string", "description": "The same for every `error` code."},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string"},
+                "instance": {"type": "string", "format": "uri-reference"},
                 "error": {
                     "type": "string",
-                    "description": "A stable code: invalid, unauthorized, forbidden, not_found, "
-                    "taken, hold_lost, in_progress, idempotency_key_reused, too_large, "
-                    "unsupported_media_type, rate_limited, timeout, unavailable, "
-                    "method_not_allowed, full, already_parked, vehicle_blocked, none_free, "
-                    "internal.",
+                    "description": "A stable code: " + ", ".join(PROBLEMS) + ".",
                 },
-                "message": {"type": "string"},
+                "message": {"type": "string", "description": "The same text as `detail`."},
                 "field": {"type": "string", "description": "With `invalid`: the field at fault."},
                 "reason": {
                     "enum": ["expired", "taken_over", "released", "fence"],
@@ -222,8 +239,23 @@ def _schemas(max_targets: int) -> dict[str, Any]:
                     "items": _ref("ClaimedTarget"),
                     "description": "With `taken`: your targets that someone else holds.",
                 },
+                "request_id": {"type": "string", "description": "With `internal`."},
             },
-            "required": ["error", "message"],
+            "required": ["type", "title", "status", "detail", "error", "message"],
+        },
+        "Lot": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+            "required": ["name", "size"],
+        },
+        "Showing": {
+            "type": "object",
+            "properties": {
+                "slot": {"type": "string"},
+                "rows": {"type": "integer"},
+                "cols": {"type": "integer"},
+            },
+            "required": ["slot", "rows", "cols"],
         },
         "ParkRequest": {
             "type": "object",
@@ -348,7 +380,8 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "before it expires; without, it is confirmed at once. Send an "
                 "`Idempotency-Key` to make retries safe: the same key and body replay the "
                 "first answer (`Idempotent-Replayed: true`); a concurrent duplicate waits "
-                "for the first request's answer. Re-claiming exactly the targets of a "
+                "for the first request's answer, and one with another body waits for the "
+                "first to end and is then `422`. Re-claiming exactly the targets of a "
                 "live claim of yours answers that claim with `200` (the natural key).",
                 "operationId": "createClaim",
                 "security": auth,
@@ -521,7 +554,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(
                         {
                             "type": "object",
-                            "properties": {"lots": {"type": "array"}},
+                            "properties": {"lots": {"type": "array", "items": _ref("Lot")}},
                             "required": ["lots"],
                         },
                         "Names and sizes.",
@@ -597,7 +630,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "summary": "Claim the first free candidate, in order of preference",
                 "description": "For dispatch: tries each candidate unit, a few rounds with "
                 "jittered backoff. The Idempotency-Key is required: a retry answers the "
-                "candidate the first try got.",
+                "candidate the first try got; the same key with another body is `422`.",
                 "operationId": "match",
                 "security": auth,
                 "parameters": [{**_KEY_HEADER, "required": True}],
@@ -613,7 +646,14 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                         "dispatch's own unit).",
                         **{"Idempotent-Replayed": "`true` when an earlier try answered."},
                     ),
-                    "409": _error("`none_free`: every candidate was taken."),
+                    "409": _error(
+                        "`none_free`: every candidate was taken; or `in_progress`: a "
+                        "request with this key is still running.",
+                        **{"Retry-After": "With `in_progress`."},
+                    ),
+                    "422": _error(
+                        "This Idempotency-Key was used with other candidates or another ttl."
+                    ),
                     **_COMMON,
                 },
             }
@@ -626,11 +666,12 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(
                         {
                             "type": "object",
-                            "properties": {"showings": {"type": "array"}},
+                            "properties": {"showings": {"type": "array", "items": _ref("Showing")}},
                             "required": ["showings"],
                         },
                         "Slots and grid sizes.",
-                    )
+                    ),
+                    **_MAP,
                 },
             }
         },
@@ -643,6 +684,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                     "200": _json(_ref("SeatMap"), "Seat states; never who holds them."),
                     "404": _error("No such showing."),
                     "503": _COMMON["503"],
+                    **_MAP,
                 },
             }
         },
@@ -659,6 +701,7 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     },
                     "404": _error("No such showing."),
+                    **_MAP,
                 },
             }
         },
@@ -666,7 +709,16 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
             "get": {
                 "summary": "Liveness: the process answers",
                 "operationId": "health",
-                "responses": {"200": _json({"type": "object"}, "Alive.")},
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"status": {"const": "ok"}},
+                            "required": ["status"],
+                        },
+                        "Alive.",
+                    )
+                },
             }
         },
         "/readyz": {
@@ -674,7 +726,17 @@ def _paths(lots: tuple[str, ...], showings: tuple[str, ...]) -> dict[str, Any]:
                 "summary": "Readiness: the store answers",
                 "operationId": "readiness",
                 "responses": {
-                    "200": _json({"type": "object"}, "Ready."),
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "status": {"const": "ready"},
+                                "store": {"type": "string", "description": "The URL scheme."},
+                            },
+                            "required": ["status", "store"],
+                        },
+                        "Ready.",
+                    ),
                     "503": _COMMON["503"],
                 },
             }
@@ -763,6 +825,16 @@ def render_docs(doc: dict[str, Any]) -> str:
             for status, answer in op["responses"].items():
                 parts.append(f"<li><code>{esc(status)}</code> {esc(answer['description'])}</li>")
             parts.append("</ul>")
+    parts.append(
+        "<h2 id=problems>Problems</h2><p>Every error is an RFC 9457 problem "
+        "details document (<code>application/problem+json</code>); its "
+        "<code>type</code> links here.</p>"
+    )
+    for code, (title, text) in PROBLEMS.items():
+        parts.append(
+            f"<h3 id=problem-{esc(code)}><code>{esc(code)}</code>: {esc(title)}</h3>"
+            f"<p>{esc(text)}</p>"
+        )
     parts.append("<h2>Schemas</h2>")
     for name, schema in doc["components"]["schemas"].items():
         parts.append(

@@ -20,18 +20,27 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dibs._model import Unit
+from dibs._model import Unit, target_to_json
 from dibs.exceptions import InvalidInput
 from dibs.lot import AlreadyParked, Lot, NotParked, VehicleBlocked
-from dibs.matching import REQUEST_RESOURCE, match
-from dibs.service._api import Api
+from dibs.matching import REQUEST_RESOURCE, Match, match
+from dibs.service._api import Api, body_digest
 from dibs.service._config import LotSpec
 from dibs.service._guard import ApiError, invalid, parse_idempotency_key
-from dibs.service._wire import RESERVED, check_name, parse_targets, parse_ttl, request_id_for
+from dibs.service._wire import (
+    MIN_TTL,
+    RESERVED,
+    check_name,
+    parse_targets,
+    parse_ttl,
+    request_id_for,
+)
 
 # The match pattern's own units must be in the reserved namespace, or a client
 # could claim another's match key through POST /v1/claims.
 assert REQUEST_RESOURCE.startswith(RESERVED)
+BODY_RESOURCE = f"{RESERVED}match.body"
+"""The resource of the units whose request records remember each match key's body."""
 
 __all__ = ["Patterns"]
 
@@ -159,7 +168,7 @@ class Patterns:
     async def match(self, request: Request) -> Response:
         """``POST /v1/match``: claim the first free candidate (Idempotency-Key required)."""
         key = self.api.authorize(request)
-        idempotency_key = parse_idempotency_key(request.headers.get("idempotency-key"))
+        idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
         if idempotency_key is None:
             raise ApiError(
                 400,
@@ -179,27 +188,43 @@ class Patterns:
             raise ApiError(400, "invalid", "candidates are units", {"field": "candidates"})
         holder = key.holder
         request_id = request_id_for(holder, idempotency_key)
-        found = await self.api.call_sync(
-            "match",
-            lambda: match(
-                self.api.store,
-                units,
-                holder=holder,
-                request_id=request_id,
-                ttl=ttl,
-                attempts=3,
-                backoff=0.02,
-                max_backoff=0.1,
-            ),
-        )
-        if not found:
-            return JSONResponse(
-                {"error": "none_free", "message": "every candidate is taken"}, status_code=409
+        digest = body_digest([[target_to_json(c) for c in units], ttl])
+        await self.api.load_ids()
+
+        async def dispatch() -> Match:
+            # The key's body is remembered by the store's request record of a
+            # claim whose unit spells the digest: another body under this key
+            # is a RequestConflict (422), across instances and for the store's
+            # request_retention, like the key of a claim. Its hold ends at once.
+            record = Unit(BODY_RESOURCE, f"{digest}:{request_id}")
+            await self.api.call(
+                "match_key",
+                self.api.aio.claim(
+                    record, holder=holder, request_id=f"{BODY_RESOURCE}:{request_id}", ttl=MIN_TTL
+                ),
             )
+            return await self.api.call_sync(
+                "match",
+                lambda: match(
+                    self.api.store,
+                    units,
+                    holder=holder,
+                    request_id=request_id,
+                    ttl=ttl,
+                    attempts=3,
+                    backoff=0.02,
+                    max_backoff=0.1,
+                ),
+            )
+
+        found, shared = await self.api.once("match", holder, idempotency_key, digest, dispatch)
+        if not found:
+            raise ApiError(409, "none_free", "every candidate is taken")
         assert found.claim is not None and found.candidate is not None
-        if not found.replayed:
+        replayed = found.replayed or shared
+        if not replayed:
             self.api.changed(found.claim.targets)
-        headers = {"Idempotent-Replayed": "true"} if found.replayed else {}
+        headers = {"Idempotent-Replayed": "true"} if replayed else {}
         return JSONResponse(
             {
                 "candidate": {"resource": found.candidate.resource, "slot": found.candidate.slot},
