@@ -44,6 +44,7 @@ except ImportError:  # the cli extra is not installed: plain text
 else:
     _RICH = True
 
+from dibs._extras import needs
 from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
 from dibs.stores import redact, store_class
 
@@ -434,13 +435,8 @@ def warn_once(conn: Any, where: str) -> None:
 
 
 def _etcd(url: str, timeout: float) -> list[Finding]:
-    try:
+    with needs("etcd", "dibs doctor on an etcd:// store"):
         import httpx  # noqa: PLC0415 (only for etcd)
-    except ImportError:
-        raise StoreMisconfigured(
-            "dibs doctor needs httpx to read an etcd cluster: pip install httpx",
-            cause="httpx is not installed",
-        ) from None
     parts = urlsplit(url)
     endpoints = [e.strip() for e in parts.netloc.split(",") if e.strip()]
     if not endpoints:
