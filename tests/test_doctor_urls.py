@@ -89,6 +89,26 @@ def test_the_async_face_refuses_the_same_urls_alike(tmp_path: Path, template: st
     assert str(raised.value) == message
 
 
+@pytest.mark.parametrize("template", BAD)
+def test_what_only_reads_a_store_refuses_the_same_urls_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], template: str
+) -> None:
+    # create=False asks exists() first: it must not judge a URL opening would refuse.
+    url = template.format(tmp=tmp_path)
+    message = _refusal(url)
+    with pytest.raises(_MISTAKES) as raised:
+        dibs.open(url, create=False)
+    assert str(raised.value) == message
+    commands = [["sweep", "--store", url]]
+    if not url.startswith("memory"):  # dibs jobs refuses memory:// whatever its URL
+        commands.append(["jobs", "list", "--store", url])
+    for command in commands:
+        capsys.readouterr()
+        assert main(command) == 2, command
+        assert capsys.readouterr().err == f"dibs: error: {message}\n", command
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_url_passes_every_url_open_takes(tmp_path: Path) -> None:
     for url in (
         PG,

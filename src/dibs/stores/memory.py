@@ -243,6 +243,7 @@ class MemoryStore(Store):
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
         """Never: a memory:// store is born empty in the process that opens it."""
+        cls.check_url(url, **options)  # a URL opening would refuse is refused, not "missing"
         return False
 
     def _now_us(self) -> int:

@@ -230,6 +230,7 @@ class PostgresStore(Store):
         Raises :class:`~dibs.StoreMisconfigured` or :class:`~dibs.StoreUnavailable`
         when the database cannot be reached, as opening does.
         """
+        cls.check_url(url, **options)  # what opening would refuse, refused alike
         conninfo, ours = split_url(url)
         merged = {**ours, **options}
         with first_connection(conninfo, float(merged.get("pool_timeout", 10.0))) as conn:

@@ -194,6 +194,7 @@ class SQLiteStore(Store):
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
         """Whether the SQLite file exists (``:memory:`` always does); nothing is created."""
+        cls.check_url(url, **options)  # what opening would refuse, refused alike
         path, _ = cls._split_url(url)
         return path == ":memory:" or os.path.isfile(path)
 
