@@ -188,6 +188,16 @@ def test_the_core_and_the_embedded_stores_need_no_extra(tmp_path: Path) -> None:
     assert [r[1] for r in results] == ["no error"] * 4 + [0, 1], results
 
 
+def test_a_worker_app_that_needs_a_missing_extra_gets_it_named(tmp_path: Path) -> None:
+    # Not "cannot import the app": the app imported fine up to the store it opens.
+    (tmp_path / "dibs_extras_app.py").write_text(
+        f"import dibs, dibs.tasks\nprocessor = dibs.tasks.TaskProcessor(store=dibs.open({PG!r}))\n"
+    )
+    code = "from dibs.tasks._command import load_app; load_app('dibs_extras_app:processor', None)"
+    results = _run("psycopg", [("load_app", "py", code)], tmp_path)
+    assert results[0][1] == "MissingExtra", results
+
+
 def test_missing_extra_is_an_import_error_that_pickles() -> None:
     import pickle
 
