@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import psycopg
@@ -32,10 +33,11 @@ from dibs import (
     Unit,
 )
 from dibs._model import fingerprint, span_bound_to_number, targets_to_text
-from dibs.stores._migrate import Migrations
+from dibs.stores._migrate import Migrations, sql_statements
 from dibs.stores.jobs import Job
 from dibs.stores.sqlite import SCHEMA_VERSION, SQLiteStore
-from dibs.stores.sqlite._schema import CLAIMS, upgrade
+from dibs.stores.sqlite._schema import CLAIMS, JOBS, upgrade
+from sqlite_v1 import build_v1
 
 SCHEMAS = Path(__file__).parent / "schemas"
 JOB = Job(id="j1", name="send", args="[[], {}]", run_at=0.0, attempt=1, max_attempts=3,
@@ -415,3 +417,122 @@ def test_an_older_dibs_refuses_a_newer_schema_and_a_newer_dibs_upgrades_an_older
         str(SCHEMA_VERSION),
     )
     conn.close()
+
+
+# --- upgrades are linear in the claims --------------------------------------------------------
+
+
+def _upgrade_steps(path: Path) -> int:
+    """SQLite VM instructions (in hundreds) that upgrading the file at ``path`` runs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    conn.set_progress_handler(count, 100)
+    conn.execute("BEGIN IMMEDIATE")
+    upgrade(conn, CLAIMS, str(path))
+    conn.execute("COMMIT")
+    conn.set_progress_handler(None, 0)
+    conn.close()
+    return steps
+
+
+def test_upgrading_a_version_1_file_costs_the_same_per_claim_at_any_size(tmp_path: Path) -> None:
+    # Counted work, not time: a quadratic step (a scan per claim) makes the larger
+    # file cost about 4x more per claim; a linear one about the same.
+    per_claim = {}
+    for claims in (500, 2000):
+        path = tmp_path / f"v1-{claims}.db"
+        build_v1(path, claims)
+        per_claim[claims] = _upgrade_steps(path) / claims
+    assert per_claim[2000] < 1.5 * per_claim[500], per_claim
+
+
+def _explain_rows(conn: sqlite3.Connection, statement: str) -> list[tuple[int, int, str]]:
+    return [(r[0], r[1], r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + statement)]
+
+
+def _rescans(plan: list[tuple[int, int, str]]) -> list[str]:
+    """The full-table scans in ``plan`` that run once per row of something else."""
+    parent_of = {node: parent for node, parent, _ in plan}
+    detail_of = {node: detail for node, _, detail in plan}
+    scans_under: dict[int, int] = {}
+    found = []
+    for _, parent, detail in plan:
+        if not detail.startswith("SCAN ") or detail.startswith("SCAN CONSTANT"):
+            continue
+        scans_under[parent] = scans_under.get(parent, 0) + 1
+        if scans_under[parent] > 1:  # a nested loop whose inner side is a scan
+            found.append(detail)
+        up = parent
+        while up:
+            if detail_of.get(up, "").startswith("CORRELATED"):  # a scan per outer row
+                found.append(detail)
+                break
+            up = parent_of.get(up, 0)
+    return found
+
+
+@pytest.mark.parametrize("schema", ["claims", "jobs"])
+def test_no_sqlite_upgrade_step_scans_a_table_once_per_row(tmp_path: Path, schema: str) -> None:
+    # Every statement of every step, explained on a populated file just before it runs.
+    path = tmp_path / "old.db"
+    if schema == "claims":
+        build_v1(path, 200)
+        migrations, found = CLAIMS, 1
+    else:
+        SQLiteStore(path).close()
+        conn = _sqlite_file(path, "sqlite_jobs_v0.sql")
+        conn.execute(
+            "INSERT INTO dibs_jobs (id, name, args, run_at, attempt, max_attempts, state, "
+            "retries, failures) VALUES ('j1', 'send', '[[], {}]', 0, 1, 3, 'running', 0, 0)"
+        )
+        conn.close()
+        migrations, found = JOBS, 0
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    explained = 0
+    for script in migrations.steps[found:]:
+        for statement in sql_statements(script):
+            if statement.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "WITH"):
+                assert _rescans(_explain_rows(conn, statement)) == [], statement
+                explained += 1
+            conn.execute(statement)
+    conn.execute("ROLLBACK")
+    conn.close()
+    assert explained > 0
+
+
+def test_a_second_opener_waits_for_an_upgrade_in_progress_and_finds_it_done(
+    tmp_path: Path,
+) -> None:
+    # The upgrade holds the write lock (BEGIN IMMEDIATE) until it commits; another
+    # process opening the file meanwhile waits for it (busy_timeout), then finds version 2.
+    path = tmp_path / "v1.db"
+    build_v1(path, 100)
+    upgrading = sqlite3.connect(path, isolation_level=None)
+    upgrading.execute("BEGIN IMMEDIATE")
+    upgrade(upgrading, CLAIMS, str(path))
+    opened: list[object] = []
+    opener = threading.Thread(target=lambda: opened.append(_open_or_error(path)))
+    opener.start()
+    opener.join(0.5)  # only to let it reach the lock; nothing is judged by the clock
+    assert opened == []  # still waiting, not failed
+    upgrading.execute("COMMIT")
+    upgrading.close()
+    opener.join(60)
+    assert opened == ["version 2, claim 20 held by holder-20"]
+
+
+def _open_or_error(path: Path) -> object:
+    try:
+        with SQLiteStore(path) as store:
+            claim = store.get("20")
+            assert claim is not None
+            return f"version {SCHEMA_VERSION}, claim 20 held by {claim.holder}"
+    except Exception as exc:  # reported to the test's thread
+        return exc

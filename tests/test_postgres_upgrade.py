@@ -11,6 +11,7 @@ claims that came across. Old and new code never run side by side unnoticed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -340,3 +341,73 @@ def test_ids_and_fences_after_the_upgrade_exceed_every_earlier_one(
             assert claim is not None and int(claim.id) > top_id and claim.fence > top_fence
             assert store.get(claim.id) == claim
         assert store.get(str(top_id + 100)) is None
+
+
+# --- the upgrade is linear in the claims --------------------------------------------------------
+
+_BULK_V3 = (
+    # Claims 1..n: a held group of two units every tenth, otherwise a single unit; every
+    # third with a granted request, every seventh also a lost request record.
+    """INSERT INTO {s}.claims (id, holder, targets, state, fence, expires_at, request_id,
+                               created_at, updated_at)
+       SELECT i, 'h' || i %% 97,
+              CASE WHEN i %% 10 = 0 THEN '[["u","row","' || i || 'a"],["u","row","' || i || 'b"]]'
+                   ELSE '[["u","seat","' || i || '"]]' END,
+              'held', i, now() + interval '1 hour',
+              CASE WHEN i %% 3 = 0 THEN 'r-' || i END, now(), now()
+       FROM generate_series(1, %(n)s) i""",
+    """INSERT INTO {s}.units (resource, slot, claim_id, expires_at)
+       SELECT 'seat', id::text, id, expires_at FROM {s}.claims WHERE id %% 10 <> 0
+       UNION ALL SELECT 'row', id || 'a', id, expires_at FROM {s}.claims WHERE id %% 10 = 0
+       UNION ALL SELECT 'row', id || 'b', id, expires_at FROM {s}.claims WHERE id %% 10 = 0""",
+    """INSERT INTO {s}.requests (request_id, fingerprint, claim_id, created_at)
+       SELECT request_id, 'fp-' || id, id, now() FROM {s}.claims WHERE request_id IS NOT NULL
+       UNION ALL
+       SELECT 'lost-' || i, 'fp', NULL, now() FROM generate_series(7, %(n)s, 7) i""",
+    "ANALYZE {s}.claims",
+    "ANALYZE {s}.units",
+    "ANALYZE {s}.requests",
+)
+
+
+def _rescans(node: dict[str, Any], inner: bool = False) -> list[str]:
+    """The scans of a whole table in ``node``'s plan that run once per row of something else."""
+    kind = node["Node Type"]
+    per_row = inner or (
+        node.get("Parent Relationship") == "SubPlan"
+        and not str(node.get("Subplan Name", "")).startswith("hashed")
+    )
+    found = [f"{kind} on {node.get('Relation Name')}"] if per_row and kind == "Seq Scan" else []
+    children = node.get("Plans", [])
+    for i, child in enumerate(children):
+        found += _rescans(child, per_row or (kind == "Nested Loop" and i == 1))
+    return found
+
+
+def test_no_upgrade_step_scans_a_table_once_per_row(
+    pg_url: str, v3_schema: tuple[str, str]
+) -> None:
+    # Every statement of version 4's step, explained on a populated version-3 schema just
+    # before it runs: a nested loop over a sequential scan would make the upgrade quadratic.
+    from dibs.stores._migrate import sql_statements
+    from dibs.stores.postgres._sql import CLAIMS
+
+    _, schema = v3_schema
+    with psycopg.connect(pg_url) as conn:
+        for statement in _BULK_V3:
+            conn.execute(
+                statement.replace("{s}", schema).encode(), {"n": 5000} if "%" in statement else None
+            )
+        conn.commit()
+        explained = 0
+        # Comments first: one of them holds a semicolon.
+        for template in sql_statements(re.sub(r"--[^\n]*", "", CLAIMS.steps[3])):
+            statement = template.replace("{s}", schema)
+            if statement.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "WITH"):
+                plan = conn.execute(f"EXPLAIN (FORMAT JSON) {statement}".encode()).fetchone()
+                assert plan is not None
+                assert _rescans(plan[0][0]["Plan"]) == [], statement
+                explained += 1
+            conn.execute(statement.encode())
+        conn.rollback()
+    assert explained == 4

@@ -27,7 +27,13 @@ from dibs._cli_options import (
 )
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
 from dibs.demo._view import ProgressView, render_json, render_summary
-from dibs.exceptions import DibsError, InvalidInput, StoreMisconfigured, StoreUnavailable
+from dibs.exceptions import (
+    DibsError,
+    InvalidInput,
+    MissingExtra,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 from dibs.service._cli import add_commands as add_service_commands
 from dibs.tasks._cli import add_jobs_command
 from dibs.tasks._command import load_app, run_worker
@@ -39,8 +45,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 """The demo's audit failed, or the store could not do its job."""
 EXIT_USAGE = 2
-"""Bad arguments, a bad store URL, or a store that cannot be opened as configured (a wrong
-password, a missing database, directory or store); argparse uses 2 as well."""
+"""Bad arguments, a bad store URL, a store that cannot be opened as configured (a wrong
+password, a missing database, directory or store), or an extra the command needs that is
+not installed; argparse uses 2 as well."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInput as exc:
         print(f"dibs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except StoreMisconfigured as exc:
+    except (StoreMisconfigured, MissingExtra) as exc:
         print(f"dibs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except DibsError as exc:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 try:
     import rich.console
@@ -44,7 +44,8 @@ except ImportError:  # the cli extra is not installed: plain text
 else:
     _RICH = True
 
-from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
+from dibs._extras import needs
+from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 from dibs.stores import redact, store_class
 
 __all__ = [
@@ -109,8 +110,16 @@ class Report:
 
 
 def examine(url: str, *, timeout: float = 5.0) -> Report:
-    """Read the durability settings of the store at ``url``; see the module docstring."""
-    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+    """Read the durability settings of the store at ``url``; see the module docstring.
+
+    The URL is checked first as :func:`dibs.open` checks it (the store's own
+    :meth:`~dibs.Store.check_url`), so what opening refuses is refused here with
+    the same :class:`~dibs.InvalidInput`, :class:`~dibs.UnknownScheme` or
+    :class:`~dibs.MissingExtra`, before anything is read.
+    """
+    cls = store_class(url)
+    cls.check_url(url)
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
     if scheme in ("postgresql", "postgres"):
         findings = _postgres(url, timeout)
     elif scheme == "sqlite":
@@ -120,7 +129,6 @@ def examine(url: str, *, timeout: float = 5.0) -> Report:
     elif scheme == "etcd":
         findings = _etcd(url, timeout)
     else:
-        cls = store_class(url)  # UnknownScheme, listing every known scheme, for a typo
         findings = [
             Finding(
                 Severity.WARNING,
@@ -147,22 +155,14 @@ _MEMORY = Finding(
 
 # --- sqlite ---------------------------------------------------------------------------------------
 
-_SQLITE_SYNCHRONOUS = ("off", "normal", "full", "extra")  # as SQLiteStore takes them
-
 
 def _sqlite(url: str) -> list[Finding]:
     from dibs.stores.sqlite import SQLiteStore  # noqa: PLC0415 (only for sqlite://)
 
-    # The store's own reading of the URL: the same file (percent-decoded), and the
-    # options it would refuse refused here, never judged as the default.
+    # The store's own reading of the URL (already checked by examine()): the same file,
+    # percent-decoded, and the synchronous it would run with.
     path, options = SQLiteStore._split_url(url)
     synchronous = str(options.get("synchronous", "normal")).lower()  # the store's default
-    if synchronous not in _SQLITE_SYNCHRONOUS:
-        raise InvalidInput(
-            f"synchronous must be one of {sorted(_SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
-            field="synchronous",
-            value=options["synchronous"],
-        )
     if path == ":memory:":
         return [_MEMORY]
     if not os.path.isfile(path):
@@ -434,17 +434,11 @@ def warn_once(conn: Any, where: str) -> None:
 
 
 def _etcd(url: str, timeout: float) -> list[Finding]:
-    try:
+    with needs("etcd", "dibs doctor on an etcd:// store"):
         import httpx  # noqa: PLC0415 (only for etcd)
-    except ImportError:
-        raise StoreMisconfigured(
-            "dibs doctor needs httpx to read an etcd cluster: pip install httpx",
-            cause="httpx is not installed",
-        ) from None
-    parts = urlsplit(url)
-    endpoints = [e.strip() for e in parts.netloc.split(",") if e.strip()]
-    if not endpoints:
-        raise InvalidInput(f"etcd URL names no endpoint: {url!r}", field="url", value=url)
+    from dibs.stores.etcd._keys import parse_url  # noqa: PLC0415 (only for etcd)
+
+    endpoints = parse_url(url).endpoints  # as the store reads them: host:port, default port
     with httpx.Client(timeout=timeout) as client:
         members: list[dict[str, Any]] | None = None
         errors: list[str] = []

@@ -17,6 +17,7 @@ promises::
     ├── StoreMisconfigured (RuntimeError)  cannot be opened as configured; retrying won't help
     ├── StoreUnavailable (ConnectionError) transient; the only error worth retrying
     ├── ResourceBusy (TimeoutError)        exclusive() or lease() found it taken too long
+    ├── MissingExtra (ImportError)         an optional dependency is not installed
     │
     │   raised by the patterns, defined beside them:
     ├── lot.NotParked (LookupError)        removing a vehicle that holds no slots
@@ -42,6 +43,7 @@ __all__ = [
     "HoldLost",
     "HoldLostReason",
     "InvalidInput",
+    "MissingExtra",
     "NotHolder",
     "RequestConflict",
     "ResourceBusy",
@@ -181,3 +183,15 @@ class ResourceBusy(DibsError, TimeoutError):
 
     resource: str
     waited: float
+
+
+class MissingExtra(DibsError, ImportError):
+    """Raised when a feature needs a package that only one of dibs's extras installs.
+
+    ``extra`` names the extra (``pip install 'dibs[<extra>]'`` installs it) and
+    ``name`` the module that could not be imported; the original
+    ``ImportError`` is the ``__cause__``.
+    """
+
+    extra: str
+    name: str

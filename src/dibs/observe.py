@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
+from dibs._extras import needs
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Target, Unit
 from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput
@@ -90,7 +91,7 @@ def instrument(
     returns an :class:`InstrumentedAsyncStore`. Uses the global tracer and
     meter providers unless others are given. Closing the returned store closes
     ``store``. Raises :class:`~dibs.InvalidInput` for something that is not a
-    store, and ``ImportError`` when ``opentelemetry-api`` is not installed.
+    store, and :class:`~dibs.MissingExtra` when ``opentelemetry-api`` is not installed.
     """
     if isinstance(store, InstrumentedStore | InstrumentedAsyncStore):
         return store
@@ -98,12 +99,8 @@ def instrument(
         raise InvalidInput(
             f"instrument() takes a dibs store, got {store!r}", field="store", value=store
         )
-    try:
+    with needs("otel", "dibs.observe.instrument()"):
         from opentelemetry import metrics, trace  # noqa: PLC0415  (optional: only when asked)
-    except ImportError as exc:  # pragma: no cover - the otel extra is installed in tests
-        raise ImportError(
-            f"dibs.observe needs OpenTelemetry: pip install 'dibs[otel]' ({exc})"
-        ) from exc
     import dibs  # noqa: PLC0415  (dibs imports this module's users; here only for the version)
 
     tracer = trace.get_tracer("dibs", dibs.__version__, tracer_provider=tracer_provider)

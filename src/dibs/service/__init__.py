@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dibs._extras import needs
+
 if TYPE_CHECKING:
     from dibs.service._app import Service, create_app
     from dibs.service._config import ServiceConfig, Showing
@@ -32,5 +34,6 @@ _WHERE = {
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        return getattr(importlib.import_module(f"dibs.service.{_WHERE[name]}"), name)
+        with needs("service", f"dibs.service.{name}"):
+            return getattr(importlib.import_module(f"dibs.service.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'dibs.service' has no attribute {name!r}")

@@ -21,6 +21,7 @@ from dibs._cli_options import (
     positive_number,
     seconds,
 )
+from dibs._extras import needs
 from dibs.exceptions import InvalidInput
 from dibs.service._keys import KeyRing
 from dibs.stores import default_url
@@ -142,18 +143,12 @@ def _id_secret(path: str | None) -> bytes | None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     # Imported here so that the rest of ``dibs`` works without the service extra.
-    try:
+    with needs("service", "dibs serve"):  # the dibs command exits 2 with the message
         import uvicorn  # noqa: PLC0415
 
         from dibs.service._app import create_app  # noqa: PLC0415
         from dibs.service._config import LotSpec, ServiceConfig, Showing  # noqa: PLC0415
         from dibs.service._guard import JsonFormatter  # noqa: PLC0415
-    except ImportError as exc:
-        print(
-            f"dibs serve needs the service extra: pip install 'dibs[service]' ({exc})",
-            file=sys.stderr,
-        )
-        return 2
     showings = tuple(Showing.parse(s) for s in args.showing or ["show-1:8x12"])
     config = ServiceConfig(
         store_url=args.store or default_url(),

@@ -137,6 +137,18 @@ class Store(abc.ABC):
         """
 
     @classmethod
+    def check_url(cls, url: str, **options: Any) -> None:
+        """Refuse, without I/O, what :meth:`from_url` would refuse of ``url`` and ``options``.
+
+        ``dibs doctor`` asks this before it reads a store, so that a URL
+        :func:`dibs.open` refuses is refused with the same
+        :class:`~dibs.InvalidInput`. The built-in stores run the checks their
+        ``from_url`` runs before its first I/O; the default checks nothing (a
+        plug-in store's URL is then checked only by opening it).
+        """
+        return
+
+    @classmethod
     def exists(cls, url: str, **options: Any) -> bool | None:
         """Whether a store already exists at ``url``, found without creating anything.
 

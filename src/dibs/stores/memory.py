@@ -66,6 +66,7 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
+    check_retention,
     claim_from_micros,
     make_result,
 )
@@ -225,16 +226,24 @@ class MemoryStore(Store):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
         """Open from ``memory://`` (the URL carries no options)."""
+        cls.check_url(url)
+        return cls(**options)
+
+    @classmethod
+    def check_url(cls, url: str, **options: Any) -> None:
+        """Refuse a ``memory://`` URL with a path or options (:class:`~dibs.InvalidInput`)."""
         rest = url.split("://", 1)[1]
         if rest not in ("", "/"):
             raise InvalidInput(
                 f"memory:// takes no path or options, got {url!r}", field="url", value=url
             )
-        return cls(**options)
+        if "request_retention" in options:
+            check_retention(options["request_retention"])
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
         """Never: a memory:// store is born empty in the process that opens it."""
+        cls.check_url(url, **options)  # a URL opening would refuse is refused, not "missing"
         return False
 
     def _now_us(self) -> int:

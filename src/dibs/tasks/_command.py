@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 import dibs
-from dibs.exceptions import InvalidInput
+from dibs.exceptions import InvalidInput, MissingExtra
 from dibs.tasks._processor import QUEUES_ENV, TaskProcessor
 
 __all__ = ["load_app", "run_worker"]
@@ -43,6 +43,8 @@ def load_app(
         sys.path.insert(0, os.getcwd())  # as `python -m` does: apps next to the caller import
     try:
         module = importlib.import_module(module_name)
+    except MissingExtra:
+        raise  # the app reached a store or feature whose extra is missing: say which
     except ImportError as exc:
         raise InvalidInput(
             f"cannot import {module_name!r}: {exc}", field="app", value=spec

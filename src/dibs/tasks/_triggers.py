@@ -21,13 +21,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from dibs._extras import needs
 from dibs.exceptions import InvalidInput
 
 try:
     from croniter import CroniterBadDateError, croniter  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - exercised only without the extra
+except ImportError as missing:  # the tasks extra is not installed: cron schedules say so
     croniter = None
     CroniterBadDateError = ValueError
+    _CRONITER_MISSING: ImportError | None = missing
+else:
+    _CRONITER_MISSING = None
 
 __all__ = ["CronTrigger", "EveryTrigger", "Trigger", "zone"]
 
@@ -111,16 +115,14 @@ class CronTrigger:
     """Occurrences of a cron expression read as wall-clock times in ``tz``, per the DST policy.
 
     Raises :class:`~dibs.InvalidInput` for an expression croniter rejects or
-    one that never matches (such as February 30th).
+    one that never matches (such as February 30th), and :class:`~dibs.MissingExtra`
+    without the tasks extra.
     """
 
     def __init__(self, expr: str, tz: ZoneInfo) -> None:
-        if croniter is None:  # pragma: no cover
-            raise InvalidInput(
-                "cron schedules need the croniter package: pip install 'dibs[tasks]'",
-                field="expr",
-                value=expr,
-            )
+        if _CRONITER_MISSING is not None:
+            with needs("tasks", "a cron schedule"):
+                raise _CRONITER_MISSING
         if not isinstance(expr, str) or not croniter.is_valid(expr):
             raise InvalidInput(f"not a valid cron expression: {expr!r}", field="expr", value=expr)
         self.expr = expr

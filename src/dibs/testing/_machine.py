@@ -11,14 +11,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from dibs._extras import needs
+
+with needs("testing", "dibs.testing.StoreStateMachine"):
+    from hypothesis import strategies as st
+    from hypothesis.stateful import (
+        RuleBasedStateMachine,
+        initialize,
+        invariant,
+        precondition,
+        rule,
+    )
 
 from dibs._clock import FakeClock
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, normalize_targets

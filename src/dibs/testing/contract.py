@@ -17,9 +17,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import pytest
-
 import dibs
+from dibs._extras import needs
+
+with needs("testing", "dibs.testing.StoreContract"):
+    import pytest
+
 from dibs import (
     ClaimNotFound,
     ClaimState,

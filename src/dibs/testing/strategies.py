@@ -13,7 +13,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from hypothesis import strategies as st
+from dibs._extras import needs
+
+with needs("testing", "dibs.testing.strategies"):
+    from hypothesis import strategies as st
 
 from dibs._model import Span, Target, Unit, span_bound_to_number
 from dibs.limits import NAME_MAX_BYTES, NUMBER_MAX, NUMBER_MIN, TTL_MAX, TTL_MIN

@@ -48,6 +48,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
+from dibs._extras import needs
 from dibs.verify._cluster import (
     ClusterSetupError,
     EtcdCluster,
@@ -326,7 +327,8 @@ class PostgresHA:
         return any(r.get("sync_state") == "sync" for r in body.get("replication", []))
 
     def _create_database(self) -> None:
-        import psycopg  # noqa: PLC0415 (the postgres extra)
+        with needs("postgres", "dibs verify on PostgreSQL"):
+            import psycopg  # noqa: PLC0415 (the postgres extra)
 
         def connect() -> psycopg.Connection[Any]:
             return psycopg.connect(self.url(admin=True, dbname="postgres"), autocommit=True)
@@ -340,7 +342,8 @@ class PostgresHA:
 
     def wal_receivers(self, i: int) -> list[int]:
         """The process IDs of member ``i``'s WAL receiver (a standby has one)."""
-        import psycopg  # noqa: PLC0415
+        with needs("postgres", "dibs verify on PostgreSQL"):
+            import psycopg  # noqa: PLC0415 (the postgres extra)
 
         with psycopg.connect(self.member_url(i), autocommit=True) as conn:
             rows = conn.execute(

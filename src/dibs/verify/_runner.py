@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+from dibs._extras import needs
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores import store_class
 from dibs.stores.base import Store
@@ -287,7 +288,8 @@ def command_restart(command: str, url: str, patience: float = 120.0) -> Callable
     """
 
     def restart() -> None:
-        import psycopg  # noqa: PLC0415 (an optional extra)
+        with needs("postgres", "dibs verify on PostgreSQL"):
+            import psycopg  # noqa: PLC0415 (the postgres extra)
 
         from dibs.stores.postgres import split_url  # noqa: PLC0415
 
@@ -670,7 +672,8 @@ def _settle(
     the window of its op in flight. Returns the stamped ``settle`` event, or
     None if that could not be established (the op then stays open to the end).
     """
-    import psycopg  # noqa: PLC0415 (an optional extra)
+    with needs("postgres", "dibs verify on PostgreSQL"):
+        import psycopg  # noqa: PLC0415 (the postgres extra)
 
     from dibs.stores.postgres import split_url  # noqa: PLC0415
 
@@ -747,7 +750,8 @@ def _pause(slot: _Slot, workload: Workload, nemesis: list[dict[str, Any]]) -> No
 
 def _terminate(admin_url: str, store_url: str, nemesis: list[dict[str, Any]]) -> None:
     """Cut every client connection to the store's database (PostgreSQL)."""
-    import psycopg  # noqa: PLC0415 (an optional extra)
+    with needs("postgres", "dibs verify on PostgreSQL"):
+        import psycopg  # noqa: PLC0415 (the postgres extra)
 
     dbname = unquote(urlsplit(store_url).path.lstrip("/"))
     with psycopg.connect(admin_url, autocommit=True) as admin:

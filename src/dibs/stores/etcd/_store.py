@@ -11,7 +11,7 @@ import logging
 from typing import Any, Self
 
 from dibs._clock import Clock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
@@ -58,6 +58,12 @@ class EtcdStore(Store):
         self.settings = settings
         self._ops = Operations(settings, clock, lambda: self.request_retention)
         self._driver = SyncDriver(settings)
+
+    @classmethod
+    def check_url(cls, url: str, **options: Any) -> None:
+        """Refuse what :meth:`from_url` would refuse before it reaches a member; no I/O."""
+        _, rest = open_settings(url, dict(options))
+        check_retention(rest["request_retention"])
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:

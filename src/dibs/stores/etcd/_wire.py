@@ -22,10 +22,10 @@ import weakref
 from collections.abc import Generator
 from typing import Any, TypeAlias, TypeVar
 
-try:
+from dibs._extras import needs
+
+with needs("etcd", "the etcd:// store"):
     import httpx
-except ImportError as missing:  # pragma: no cover - the extra is not installed
-    raise ImportError("the etcd:// store needs httpx: pip install 'dibs[etcd]'") from missing
 
 from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
 from dibs.stores.etcd._keys import Settings

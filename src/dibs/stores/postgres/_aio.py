@@ -17,7 +17,10 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, Self, TypeVar
 
-import psycopg
+from dibs._extras import needs
+
+with needs("postgres", "the postgresql:// store"):
+    import psycopg
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention

@@ -35,6 +35,7 @@ on a thread's pooled connection.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -46,7 +47,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from dibs._clock import Clock
-from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit
+from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
@@ -202,12 +203,34 @@ class PostgresStore(Store):
         return cls(conninfo, **{**ours, **options})
 
     @classmethod
+    def check_url(cls, url: str, **options: Any) -> None:
+        """Refuse what :meth:`from_url` would refuse before it connects; no I/O."""
+        conninfo, ours = split_url(url)
+        # The constructor's defaults, from its signature: one copy of them.
+        given = {
+            name: param.default
+            for name, param in inspect.signature(cls.__init__).parameters.items()
+            if param.kind is param.KEYWORD_ONLY
+        }
+        given.update(ours, **options)
+        check_retention(given["request_retention"])
+        pool_options(
+            conninfo,
+            schema=given["schema"],
+            pool_min=given["pool_min"],
+            pool_max=given["pool_max"],
+            pool_timeout=given["pool_timeout"],
+            max_retries=given["max_retries"],
+        )
+
+    @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
         """Whether the database holds this store's schema; creates nothing.
 
         Raises :class:`~dibs.StoreMisconfigured` or :class:`~dibs.StoreUnavailable`
         when the database cannot be reached, as opening does.
         """
+        cls.check_url(url, **options)  # what opening would refuse, refused alike
         conninfo, ours = split_url(url)
         merged = {**ours, **options}
         with first_connection(conninfo, float(merged.get("pool_timeout", 10.0))) as conn:

@@ -39,6 +39,7 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
+    check_retention,
     make_claim,
     make_result,
     span_bound_to_number,
@@ -96,6 +97,35 @@ _FLAGS = {"1": True, "true": True, "yes": True, "on": True,
 _T = TypeVar("_T")
 
 
+def _check_options(path: object, **options: Any) -> dict[str, Any]:
+    """The store's own options that are given, checked and normalized; raises InvalidInput."""
+    if not str(path):
+        raise InvalidInput("sqlite path must not be empty", field="path", value=path)
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        if name == "synchronous":
+            if str(value).lower() not in _SYNCHRONOUS:
+                raise InvalidInput(
+                    f"synchronous must be one of {sorted(_SYNCHRONOUS)}, got {value!r}",
+                    field="synchronous",
+                    value=value,
+                )
+            checked[name] = str(value).lower()
+        elif name == "busy_timeout":
+            checked[name] = check_seconds("busy_timeout", value)
+        elif name == "group_commit":
+            if not isinstance(value, bool):
+                raise InvalidInput(
+                    f"group_commit must be True or False, got {value!r}",
+                    field="group_commit",
+                    value=value,
+                )
+            checked[name] = value
+        else:
+            raise InvalidInput(f"unknown SQLite store option {name!r}", field=name, value=value)
+    return checked
+
+
 class _Lost(Exception):
     """Internal: roll the claim back and answer "taken"."""
 
@@ -121,24 +151,13 @@ class SQLiteStore(Store):
         group_commit: bool = False,
     ) -> None:
         super().__init__(clock=clock, request_retention=request_retention)
-        if not str(path):
-            raise InvalidInput("sqlite path must not be empty", field="path", value=path)
-        if str(synchronous).lower() not in _SYNCHRONOUS:
-            raise InvalidInput(
-                f"synchronous must be one of {sorted(_SYNCHRONOUS)}, got {synchronous!r}",
-                field="synchronous",
-                value=synchronous,
-            )
+        checked = _check_options(
+            path, busy_timeout=busy_timeout, synchronous=synchronous, group_commit=group_commit
+        )
         self.path = os.fspath(path)
-        self.busy_timeout = check_seconds("busy_timeout", busy_timeout)
-        self.synchronous = str(synchronous).lower()
-        if not isinstance(group_commit, bool):
-            raise InvalidInput(
-                f"group_commit must be True or False, got {group_commit!r}",
-                field="group_commit",
-                value=group_commit,
-            )
-        self.group_commit = group_commit
+        self.busy_timeout = checked["busy_timeout"]
+        self.synchronous = checked["synchronous"]
+        self.group_commit = checked["group_commit"]
         # Connections, transactions, busy retries and the fork rules; shared with the job table.
         self._pool = SQLitePool(
             self.path, busy_timeout=self.busy_timeout, synchronous=self.synchronous
@@ -163,8 +182,19 @@ class SQLiteStore(Store):
         return cls(path, **{**query, **options})
 
     @classmethod
+    def check_url(cls, url: str, **options: Any) -> None:
+        """Refuse what :meth:`from_url` would refuse, without touching the file."""
+        path, query = cls._split_url(url)
+        merged = {**query, **options}
+        if "request_retention" in merged:
+            check_retention(merged.pop("request_retention"))
+        merged.pop("clock", None)
+        _check_options(path, **merged)
+
+    @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
         """Whether the SQLite file exists (``:memory:`` always does); nothing is created."""
+        cls.check_url(url, **options)  # what opening would refuse, refused alike
         path, _ = cls._split_url(url)
         return path == ":memory:" or os.path.isfile(path)
 

@@ -53,6 +53,12 @@ WHERE NOT EXISTS (
     SELECT 1 FROM dibs_units_v2 v WHERE v.resource = u.resource AND v.slot = u.slot
 );
 
+-- Get by claim ID, confirm, extend and release, and the next fence, which is
+-- max(fence) over both tables + 1 (sweep never purges the highest fence).
+-- Built before the next statement, whose NOT EXISTS looks units up by fence:
+-- without it each claim scans every unit row, and the upgrade is quadratic.
+CREATE INDEX dibs_units_v2_by_fence ON dibs_units_v2 (fence);
+
 INSERT INTO dibs_claims_v2
     (fence, holder, targets, state, expires_at, taken_over, request_id, created_at, updated_at)
 SELECT c.fence, c.holder, c.targets, c.state, c.expires_at, c.taken_over, c.request_id,
@@ -90,9 +96,6 @@ DROP TABLE dibs_claims;
 DROP TABLE dibs_spans;
 DROP TABLE dibs_requests;
 
--- Get by claim ID, confirm, extend and release, and the next fence, which is
--- max(fence) over both tables + 1 (sweep never purges the highest fence).
-CREATE INDEX dibs_units_v2_by_fence ON dibs_units_v2 (fence);
 -- claims_of(). Every single-unit claim in its row, whatever its state, so that
 -- confirm and release (which change only the state) leave this index alone.
 CREATE INDEX dibs_units_v2_by_holder ON dibs_units_v2 (holder) WHERE holder IS NOT NULL;
