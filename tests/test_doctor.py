@@ -8,6 +8,7 @@ etcd: real members started here (``/usr/bin/etcd``), one and three.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -27,7 +28,7 @@ import pytest
 
 import dibs
 from dibs.cli import main
-from dibs.doctor import Severity, etcd_findings, examine, render_text
+from dibs.doctor import Finding, Severity, etcd_findings, examine, render_text
 from pgrepl import _REPLICATION, ReplicatedCluster
 from pgserver import PostgresServer
 
@@ -457,10 +458,37 @@ def test_an_unreachable_postgresql_is_not_reported_as_losing_data(
     assert "StoreUnavailable" in capsys.readouterr().err
 
 
-def test_a_plugin_store_is_named_and_not_judged(
+def test_a_plugin_store_answers_for_itself(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Doctor asks the store class (Store.durability): toy:// inherits the memory store's
+    storage and so its answer; one that overrides durability() is reported as it says."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugin_store"))
+    code, report = _doctor(capsys, "toy://")
+    assert code == 1
+    assert [f["setting"] for f in report["findings"]] == ["store"]
+    assert report["findings"][0]["severity"] == "danger"
+
+    import toy_store
+
+    mine = Finding(Severity.OK, "replicas", "3", "every write reaches 3 replicas")
+    monkeypatch.setattr(
+        toy_store.ToyStore, "durability", classmethod(lambda cls, url, *, timeout=5.0: [mine])
+    )
+    code, report = _doctor(capsys, "toy://")
+    assert code == 0
+    assert report["findings"] == [{**dataclasses.asdict(mine), "severity": "ok"}]
+
+
+def test_a_plugin_store_that_does_not_know_is_named_and_not_judged(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugin_store"))
+    import toy_store
+
+    monkeypatch.setattr(
+        toy_store.ToyStore, "durability", classmethod(lambda cls, url, *, timeout=5.0: None)
+    )
     code, report = _doctor(capsys, "toy://")
     assert code == 0
     [found] = report["findings"]

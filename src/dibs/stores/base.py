@@ -49,6 +49,7 @@ from dibs.limits import NUMBER_MAX
 if TYPE_CHECKING:
     from dibs.lease import Lease
     from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.durability import Finding
     from dibs.stores.jobs import JobTable
 
 __all__ = ["DEFAULT_REQUEST_RETENTION", "Store"]
@@ -147,6 +148,18 @@ class Store(abc.ABC):
         plug-in store's URL is then checked only by opening it).
         """
         return
+
+    @classmethod
+    def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding] | None:
+        """What in the store's settings at ``url`` could lose an acknowledged claim.
+
+        ``dibs doctor`` asks this (see :mod:`dibs.stores.durability`): each
+        built-in store reads its own settings; None (the default) means the
+        store does not know its own. Raises
+        :class:`~dibs.StoreMisconfigured` or :class:`~dibs.StoreUnavailable`
+        when the settings cannot be read.
+        """
+        return None
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool | None:

@@ -88,6 +88,7 @@ from dibs.stores.base import (
     span_kind_mismatch,
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader, UnchangingFeed
+from dibs.stores.durability import IN_MEMORY, Finding
 from dibs.stores.jobs import JobTable, MemoryJobs
 
 __all__ = ["MemoryStore"]
@@ -239,6 +240,11 @@ class MemoryStore(Store):
             )
         if "request_retention" in options:
             check_retention(options["request_retention"])
+
+    @classmethod
+    def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
+        """Keeps nothing across a restart: :meth:`dibs.Store.durability`."""
+        return [IN_MEMORY]
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:

@@ -15,6 +15,8 @@ from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_reten
 from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
+from dibs.stores.durability import Finding
+from dibs.stores.etcd import _durability
 from dibs.stores.etcd._keys import Settings, parse_url
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._wire import SyncDriver
@@ -58,6 +60,11 @@ class EtcdStore(Store):
         self.settings = settings
         self._ops = Operations(settings, clock, lambda: self.request_retention)
         self._driver = SyncDriver(settings)
+
+    @classmethod
+    def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
+        """Member count and quorum health: :meth:`dibs.Store.durability`."""
+        return _durability.findings(url, timeout)
 
     @classmethod
     def check_url(cls, url: str, **options: Any) -> None:

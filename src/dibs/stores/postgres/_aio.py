@@ -25,7 +25,6 @@ with needs("postgres", "the postgresql:// store"):
 from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
-from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 from dibs.stores.base_async import AsyncStore
@@ -37,6 +36,7 @@ from dibs.stores.postgres._connect import (
     first_connection,
     unreplicated,
 )
+from dibs.stores.postgres._durability import warn_once
 from dibs.stores.postgres._ops import (
     RETRY,
     LeaveItToTheFunction,

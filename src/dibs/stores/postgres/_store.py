@@ -49,12 +49,13 @@ from psycopg.rows import TupleRow
 from dibs._clock import Clock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
-from dibs.doctor import warn_once
 from dibs.stores._fork import abandon
 from dibs.stores._retry import Backoff
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
+from dibs.stores.durability import Finding
 from dibs.stores.jobs import JobTable
+from dibs.stores.postgres import _durability
 from dibs.stores.postgres._connect import (
     RecordingPool,
     describe,
@@ -63,6 +64,7 @@ from dibs.stores.postgres._connect import (
     unreplicated,
     watch_replication,
 )
+from dibs.stores.postgres._durability import warn_once
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._ops import (
     RETRY,
@@ -222,6 +224,11 @@ class PostgresStore(Store):
             pool_timeout=given["pool_timeout"],
             max_retries=given["max_retries"],
         )
+
+    @classmethod
+    def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
+        """fsync, page writes, synchronous commit, standbys: :meth:`dibs.Store.durability`."""
+        return _durability.findings(url, timeout)
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:

@@ -66,7 +66,9 @@ from dibs.stores.base import (
     span_kind_mismatch,
 )
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
+from dibs.stores.durability import Finding
 from dibs.stores.jobs import JobTable
+from dibs.stores.sqlite import _durability
 from dibs.stores.sqlite._conn import SQLitePool
 from dibs.stores.sqlite._group import GroupCommit
 from dibs.stores.sqlite._jobs import SQLiteJobs
@@ -190,6 +192,14 @@ class SQLiteStore(Store):
             check_retention(merged.pop("request_retention"))
         merged.pop("clock", None)
         _check_options(path, **merged)
+
+    @classmethod
+    def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
+        """The file's journal mode and the URL's ``synchronous``: :meth:`dibs.Store.durability`."""
+        # The store's own reading of the URL: the same file, percent-decoded, and the
+        # synchronous it would run with (its default when the URL names none).
+        path, options = cls._split_url(url)
+        return _durability.findings(path, str(options.get("synchronous", "normal")).lower())
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
