@@ -7,9 +7,10 @@ from typing import Any
 
 from dibs._model import check_name
 from dibs.exceptions import InvalidInput
+from dibs.limits import NUMBER_MAX
 from dibs.tasks._handle import Backoff
 
-__all__ = ["check_fn", "check_id", "task_options"]
+__all__ = ["check_fn", "check_id", "check_limit", "task_options"]
 
 
 def check_fn(fn: object) -> None:
@@ -27,6 +28,23 @@ def check_id(value: object, field: str) -> str:
     NUL, no lone surrogates.
     """
     return check_name(value, field)
+
+
+def check_limit(limit: object) -> int | None:
+    """Return ``limit`` (None: no limit) or raise :class:`~dibs.InvalidInput` unless it is an
+    int from 1 to 2**63 - 1.
+
+    0 is refused rather than read as "none" or "no limit": either reading is a
+    surprise to someone, and None already says "all".
+    """
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= NUMBER_MAX
+    ):
+        raise InvalidInput(
+            f"limit must be an int from 1 to 2**63 - 1 (None: no limit), got {limit!r}",
+            field="limit", value=limit,
+        )  # fmt: skip
+    return limit
 
 
 def task_options(

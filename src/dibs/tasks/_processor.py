@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar
 
 from dibs._clock import Clock
 from dibs.exceptions import InvalidInput
-from dibs.limits import NAME_MAX_BYTES, NUMBER_MAX
+from dibs.limits import NAME_MAX_BYTES
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
@@ -32,7 +32,7 @@ from dibs.tasks._errors import (
 )
 from dibs.tasks._handle import Backoff, TaskHandle
 from dibs.tasks._jobs import Job
-from dibs.tasks._options import check_fn, check_id, task_options
+from dibs.tasks._options import check_fn, check_id, check_limit, task_options
 from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
@@ -456,12 +456,7 @@ class TaskProcessor:
         names = None if queues is None else _check_queues(queues)
         if task is not None:
             check_id(task, "task")
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= NUMBER_MAX
-        ):
-            raise InvalidInput(f"limit must be an int from 1 to 2**63 - 1, got {limit!r}",
-                               field="limit", value=limit)  # fmt: skip
-        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=limit)
+        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=check_limit(limit))
         return [to_record(row) for row in rows]
 
     def retry(self, job_id: str) -> bool:
