@@ -231,14 +231,28 @@ def test_any_connection_the_driver_allows_gives_the_right_ids(
 def test_a_batch_on_an_autocommit_connection_is_still_all_or_none(
     make_store: StoreMaker, client: TaskProcessor
 ) -> None:
-    """No transaction of the caller's (psycopg autocommit): the batch makes its own, so a
-    batch larger than one INSERT (200 rows) cannot be half added."""
-    if make_store.kind != "postgresql":
-        pytest.skip("psycopg's autocommit")
-    conn = psycopg.connect(make_store.url.partition("?")[0], autocommit=True)
+    """No transaction of the caller's (psycopg autocommit; SQLite isolation_level=None and
+    no BEGIN): the batch makes its own, so a batch larger than one INSERT (200 rows)
+    cannot be half added. Before, on SQLite, each INSERT committed on its own."""
+    if make_store.kind == "memory":
+        pytest.skip("memory takes no connection")
+    if make_store.kind == "sqlite":
+        conn: Any = sqlite3.connect(make_store.tmp_path / "dibs.db", isolation_level=None)
+        sent: list[str] = []
+        conn.set_trace_callback(sent.append)
+    else:
+        conn = psycopg.connect(make_store.url.partition("?")[0], autocommit=True)
     try:
         ids = client.enqueue_many("echo", [(n,) for n in range(450)], connection=conn)
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if isinstance(conn, sqlite3.Connection):
+            inserts = [i for i, text in enumerate(sent) if text.startswith("INSERT")]
+            begins = [i for i, text in enumerate(sent) if text.startswith("BEGIN")]
+            commits = [i for i, text in enumerate(sent) if text == "COMMIT"]
+            assert len(inserts) == 3 and len(begins) == len(commits) == 1, sent
+            assert begins[0] < inserts[0] and inserts[-1] < commits[0]
+            assert not conn.in_transaction
+        else:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     finally:
         conn.close()
     assert sorted(_rows(client)) == sorted(ids) and len(set(ids)) == 450

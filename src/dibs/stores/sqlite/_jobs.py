@@ -208,7 +208,17 @@ class SQLiteJobs(SQLJobs):
             )
         try:
             self._check_file(connection)
-            return work(connection)
+            if not _autocommits(connection):
+                return work(connection)  # in the caller's transaction, open or implicit
+            # No transaction of the caller's, and none implicit: a batch is still one.
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(connection)
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+            return result
         except sqlite3.ProgrammingError as exc:  # closed, or used from another thread
             raise _unusable(connection, exc) from exc
         except sqlite3.OperationalError as exc:
@@ -252,6 +262,18 @@ class SQLiteJobs(SQLJobs):
                 "would take the job instead",
                 field="connection", value=connection,
             )  # fmt: skip
+
+
+def _autocommits(connection: sqlite3.Connection) -> bool:
+    """Whether each statement on ``connection`` would commit on its own: not in a
+    transaction, and none begun implicitly (``autocommit=True`` on Python 3.12+, or
+    ``isolation_level=None``)."""
+    if connection.in_transaction:
+        return False
+    autocommit = getattr(connection, "autocommit", None)  # Python 3.12+
+    if isinstance(autocommit, bool):
+        return autocommit
+    return connection.isolation_level is None
 
 
 def _code(exc: sqlite3.Error) -> int:
