@@ -215,3 +215,17 @@ def test_a_huge_misfire_window_or_max_running_means_no_limit(client: TaskProcess
     """Past any real number, these are comparisons only: accepted, and harmless."""
     schedule = client.every(60, "t", id="w", misfire=Misfire(window=HUGE), max_running=HUGE)
     assert client.unschedule(schedule.id)
+
+
+@pytest.mark.parametrize("bad", ["1e12", "inf", "-1", "soon"])
+def test_dibs_worker_checks_its_drain_timeout_when_it_starts(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``--timeout 1e12`` was accepted, and shutdown() refused it at SIGTERM, so the
+    worker stopped without draining; now it exits 2 at once, with shutdown()'s message."""
+    from dibs.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", "--app", "no_such_module:processor", "--timeout", bad])
+    assert exited.value.code == 2
+    assert "timeout must be a number of seconds" in capsys.readouterr().err
