@@ -89,14 +89,16 @@ class PostgresJobs(SQLJobs):
             upgrade(conn, self.schema, JOBS)
             # The store's identity, created once: a caller's connection must reach this row
             # (this database and schema), not merely some job table of the same name.
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {}.meta (key, value) VALUES ('store_id', %s) "
-                    "ON CONFLICT DO NOTHING"
-                ).format(sql.Identifier(schema)),
-                (secrets.token_hex(16),),
-            )
-            self._identity = _identity(conn, schema)
+            # Read first: opening a store that has one writes nothing.
+            if _identity(conn, schema, has_meta=True)[1] is None:
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.meta (key, value) VALUES ('store_id', %s) "
+                        "ON CONFLICT DO NOTHING"
+                    ).format(sql.Identifier(schema)),
+                    (secrets.token_hex(16),),
+                )
+            self._identity = _identity(conn, schema, has_meta=True)
         self._verified: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def close(self) -> None:
@@ -229,16 +231,21 @@ _CALLERS_MISTAKES = (
 """Errors on a caller's connection that retrying cannot mend: :class:`~dibs.InvalidInput`."""
 
 
-def _identity(conn: psycopg.Connection[Any], schema: str) -> tuple[str, str | None]:
+def _identity(
+    conn: psycopg.Connection[Any], schema: str, *, has_meta: bool = False
+) -> tuple[str, str | None]:
     """``(database, store_id)`` as ``conn`` sees them; ``store_id`` None without a store.
 
     Reads that cannot fail on a connection to the wrong place (``to_regclass`` answers
     NULL for a missing schema or table), so a caller's transaction stays usable.
+    ``has_meta``: the store's own transaction, which has just made sure of the table;
+    no ``to_regclass``, whose cache may miss a table another process just created.
     """
     cur = psycopg.Cursor(conn, row_factory=tuple_row)
     meta = sql.SQL("{}.meta").format(sql.Identifier(schema)).as_string(conn)
     row = cur.execute(
-        "SELECT current_database()::text, to_regclass(CAST(%s AS text)) IS NOT NULL", (meta,)
+        "SELECT current_database()::text, %s OR to_regclass(CAST(%s AS text)) IS NOT NULL",
+        (has_meta, meta),
     ).fetchone()
     assert row is not None
     database, found = str(row[0]), bool(row[1])
