@@ -15,8 +15,10 @@ import pytest
 
 import dibs
 from conftest import StoreMaker
+from dibs import InvalidInput
 from dibs.cli import main
 from dibs.stores.jobs import Job, JobTable
+from dibs.tasks import TaskProcessor
 from dibs.tasks._jobs import job_table
 
 
@@ -192,3 +194,31 @@ def test_names_the_api_refuses_are_refused_with_the_value(
         main(["jobs", "list", "--limit", str(2**70), "--store", url])
     assert exited.value.code == 2 and str(2**70) in capsys.readouterr().err
     assert not (tmp_path / "any.db").exists()
+
+
+def test_limit_means_what_jobs_limit_means(
+    place: StoreMaker, jobs: JobTable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--limit`` takes what ``TaskProcessor.jobs(limit=)`` takes, ``all`` for None. Before:
+    ``--limit 0`` listed every job while ``jobs(limit=0)`` raised."""
+    code, out, _ = run(capsys, "jobs", "list", "--store", place.url, "--limit", "2", "--json")
+    assert code == 0 and len(json.loads(out)) == 2
+    code, out, _ = run(capsys, "jobs", "list", "--store", place.url, "--limit", "all", "--json")
+    assert code == 0 and len(json.loads(out)) == 5
+    with dibs.open(place.url) as store:
+        processor = TaskProcessor(store=store, take_jobs=False, sweep_every=None)
+        try:
+            for wrong in (0, -1, 2**70):
+                with pytest.raises(InvalidInput) as raised:
+                    processor.jobs(limit=wrong)
+                with pytest.raises(SystemExit) as exited:
+                    main(["jobs", "list", "--store", place.url, "--limit", str(wrong)])
+                _, err = capsys.readouterr()
+                assert exited.value.code == 2 and str(raised.value) in err, (wrong, err)
+        finally:
+            processor.shutdown(timeout=60)
+    for wrong in ("none", "1.5", "", "9" * 5000):
+        with pytest.raises(SystemExit) as exited:
+            main(["jobs", "list", "--store", place.url, "--limit", wrong])
+        _, err = capsys.readouterr()
+        assert exited.value.code == 2 and "limit must be an int" in err, (wrong, err)

@@ -129,22 +129,25 @@ def _bound_kind(name: str, value: object) -> str:
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidInput(
-                f"span {name} must be timezone-aware, got naive {value!r}",
+                f"span {name} must be timezone-aware, got naive {shown(value)}",
                 field=name,
                 value=value,
             )
         return "time"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(
-            f"span {name} must be a number or an aware datetime, got {value!r}",
+            f"span {name} must be a number or an aware datetime, got {shown(value)}",
             field=name,
             value=value,
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidInput(f"span {name} must be finite, got {value!r}", field=name, value=value)
+        raise InvalidInput(
+            f"span {name} must be finite, got {shown(value)}", field=name, value=value
+        )
     if not NUMBER_MIN <= value <= NUMBER_MAX:
         raise InvalidInput(
-            f"span {name} must lie in the signed 64-bit range [-2**63, 2**63 - 1], got {value!r}",
+            f"span {name} must lie in the signed 64-bit range [-2**63, 2**63 - 1], "
+            f"got {shown(value)}",
             field=name,
             value=value,
         )
@@ -170,7 +173,7 @@ def is_plain_name(value: str) -> bool:
 def _check_name(name: str, value: object) -> None:
     """Raise :class:`InvalidInput` unless ``value`` is a string in the name domain."""
     if not isinstance(value, str):
-        raise InvalidInput(f"{name} must be a string, got {value!r}", field=name, value=value)
+        raise InvalidInput(f"{name} must be a string, got {shown(value)}", field=name, value=value)
     if "\x00" in value:
         raise InvalidInput(f"{name} must not contain NUL characters", field=name, value=value)
     try:
@@ -392,7 +395,7 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
         return (targets,)
     if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):
         raise InvalidInput(
-            f"targets must be a Unit, a Span or a list of them, got {targets!r}",
+            f"targets must be a Unit, a Span or a list of them, got {shown(targets)}",
             field="targets",
             value=targets,
         )
@@ -413,7 +416,7 @@ def normalize_targets(targets: Target | Iterable[Target]) -> tuple[Target, ...]:
                 spans.append(item)
         else:
             raise InvalidInput(
-                f"each target must be a Unit or a Span, got {item!r}",
+                f"each target must be a Unit or a Span, got {shown(item)}",
                 field="targets",
                 value=item,
             )
@@ -509,10 +512,19 @@ def check_fence(fence: object) -> int:
     return fence
 
 
-def _short(value: object) -> str:
-    """The repr of a bad value, cut short: an error message must not carry a megabyte."""
-    text = repr(value)
+def shown(value: object) -> str:
+    """The repr of a bad value for an error message, cut short (it must not carry a
+    megabyte), and never raising: an int past Python's int-to-str digit limit has none."""
+    try:
+        text = repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            return f"an int of {value.bit_length()} bits"
+        return f"a {type(value).__name__} with no repr"
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+_short = shown
 
 
 # --- encoding shared by the stores that persist -----------------------------------------------

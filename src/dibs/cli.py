@@ -22,7 +22,6 @@ from dibs._cli_options import (
     open_existing,
     positive_int,
     seconds,
-    seconds_or_zero,
     whole_number,
 )
 from dibs.demo import DEFAULT_URL, DemoConfig, run_demo
@@ -36,7 +35,7 @@ from dibs.exceptions import (
 )
 from dibs.service._cli import add_commands as add_service_commands
 from dibs.tasks._cli import add_jobs_command
-from dibs.tasks._command import load_app, run_worker
+from dibs.tasks._command import drain_seconds, load_app, run_worker
 from dibs.verify._cli import add_verify_command
 
 __all__ = ["main"]
@@ -300,7 +299,7 @@ def _add_worker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument(
         "--timeout",
-        type=seconds_or_zero,
+        type=drain_seconds,
         default=30.0,
         help="seconds to drain running jobs after SIGTERM before cancelling them (default 30)",
     )

@@ -70,7 +70,8 @@ _RETRY = (
 _GIVE_UP = "(cancel_requested = TRUE OR attempt >= max_attempts)"
 
 _SQL = {
-    "standing": f"SELECT id FROM {{jobs}} WHERE id = :id OR (key = :key AND {_LIVE}) LIMIT 1",
+    "standing": "SELECT {id_out} FROM {jobs} "
+    f"WHERE id = :id OR (key = :key AND {_LIVE}) LIMIT 1",
     "get": f"SELECT {COLUMNS} FROM {{jobs}} WHERE id = :id",
     "take": "WITH picked AS (SELECT j.id FROM {jobs} AS j "
     "WHERE j.state = 'pending' AND j.run_at <= {now}{queues}{names} "
@@ -136,6 +137,14 @@ _SQL = {
     "ON CONFLICT (id) DO UPDATE SET watermark = excluded.watermark",
 }
 
+
+def _text(value: Any) -> str:
+    """A text value read back on any connection: a caller's may hand it over as bytes."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode()
+    return str(value)
+
+
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z_0-9]*)")
 
 
@@ -168,6 +177,9 @@ class Dialect:
     """Whether list parameters are passed as JSON text (SQLite) rather than lists."""
     insert_returning: str = "{insert} RETURNING id"
     """How an INSERT reports the IDs it added (PostgreSQL also notifies ``:channel``)."""
+    id_out: str = "id"
+    """A job ID as :meth:`SQLJobs.add_many` reads it back (SQLite: as a BLOB, which neither
+    a caller connection's ``text_factory`` nor its converters touch)."""
     precheck: bool = False
     """Whether a take reads first and writes only if a job is due (SQLite: the single
     writer lock is the scarce thing; PostgreSQL: the read would be a commit of its own)."""
@@ -208,6 +220,7 @@ class SQLJobs(abc.ABC):
             "names": "",
             "states": "",
             "ids": "",
+            "id_out": d.id_out,
             "now": "{now}",
         }
         fields.update(parts)
@@ -326,7 +339,7 @@ class SQLJobs(abc.ABC):
                     for col, value in zip(COLUMN_NAMES, row_values(job), strict=True):
                         params[f"{col}_{i}"] = value
                 statement = self._statement(self._insert_text(len(chunk)), ("insert", len(chunk)))
-                added = {str(row[0]) for row in self._run(conn, statement, params).fetchall()}
+                added = {_text(row[0]) for row in self._run(conn, statement, params).fetchall()}
                 for job in chunk:
                     if job.id in added:
                         standing.append(job.id)
@@ -334,7 +347,7 @@ class SQLJobs(abc.ABC):
                     row = self._run(
                         conn, self._statement("standing"), {"id": job.id, "key": job.key}
                     ).fetchone()
-                    standing.append(None if row is None else str(row[0]))
+                    standing.append(None if row is None else _text(row[0]))
             return standing
 
         result = self._atomic(work) if connection is None else self._on_caller(connection, work)

@@ -20,11 +20,10 @@ from typing import Any
 import dibs
 from dibs._cli_options import add_store_option, open_existing
 from dibs.exceptions import InvalidInput
-from dibs.limits import NUMBER_MAX
 from dibs.stores import default_url
 from dibs.stores.jobs import FINISHED_STATES, LIVE_STATES, Job, JobTable
 from dibs.tasks._jobs import job_table
-from dibs.tasks._options import check_id
+from dibs.tasks._options import check_id, check_limit
 
 __all__ = ["add_jobs_command"]
 
@@ -52,8 +51,8 @@ def add_jobs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     p.add_argument("--task", type=_name, metavar="NAME", help="only jobs of this task")
     p.add_argument(
-        "--limit", type=_count, default=100, help="at most this many, earliest due first "
-        "(default 100; 0: no limit)",
+        "--limit", type=_limit, default=100, metavar="N", help="at most N jobs, earliest due "
+        "first: N from 1 to 2**63 - 1, or 'all' (default 100)",
     )  # fmt: skip
     p.set_defaults(run=_run_list)
 
@@ -112,16 +111,18 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _count(text: str) -> int:
+def _limit(text: str) -> int | None:
+    """``--limit``: what ``jobs(limit=)`` takes, with its message; ``all`` for None."""
+    if text.strip().lower() == "all":
+        return None
     try:
-        value = int(text)
+        value: object = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if not 0 <= value <= NUMBER_MAX:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number from 0 to 2**63 - 1, got {text!r}"
-        )
-    return value
+        value = text
+    try:
+        return check_limit(value)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _name(text: str) -> str:
@@ -171,9 +172,7 @@ def _existing_table(url: str | None) -> Iterator[tuple[dibs.Store, JobTable]]:
 
 def _run_list(args: argparse.Namespace) -> int:
     with _existing_table(args.store) as (_, table):
-        rows = table.find(
-            states=args.state, queues=args.queue, name=args.task, limit=args.limit or None
-        )
+        rows = table.find(states=args.state, queues=args.queue, name=args.task, limit=args.limit)
     if args.json:
         print(json.dumps([_summary(job) for job in rows], indent=2))
         return EXIT_OK

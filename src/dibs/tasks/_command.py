@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 import dibs
 from dibs.exceptions import InvalidInput, MissingExtra
 from dibs.tasks._processor import QUEUES_ENV, TaskProcessor
+from dibs.tasks._time import to_seconds
 
 __all__ = ["load_app", "run_worker"]
 
@@ -72,6 +74,19 @@ def load_app(
 
 class _Stop(Exception):
     """The first SIGTERM or SIGINT, raised out of the worker's idle wait."""
+
+
+def drain_seconds(text: str) -> float:
+    """``dibs worker --timeout``: what ``TaskProcessor.shutdown(timeout=)`` takes, checked
+    when the worker starts rather than refused at its SIGTERM."""
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    try:
+        return to_seconds(value, "timeout", allow_zero=True)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_worker(

@@ -66,14 +66,58 @@ many takeovers instead of being retried forever.
 def encode_payload(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A durable task's arguments as stored: JSON ``[args, kwargs]``.
 
-    Raises :class:`~dibs.InvalidInput` for arguments JSON cannot hold.
+    Raises :class:`~dibs.InvalidInput` (``field="args"`` or ``"kwargs"``) for
+    arguments that JSON cannot hold as they are: no JSON type (a set, an
+    object), a cycle, nesting too deep, an int past Python's int-to-str
+    digit limit, NaN or an infinity (not JSON), or a dict key that is not a
+    str (JSON would turn ``1`` into ``"1"``, and ``{1: ..., "1": ...}`` into
+    duplicate keys).
     """
     try:
-        return json.dumps([list(args), kwargs])
-    except TypeError as exc:
+        return _to_json([list(args), kwargs])
+    except _UNENCODABLE as exc:
+        # Which part: the whole failed, so at most one more encode, on the error path only.
+        value: object = args
+        field = "args"
+        try:
+            _to_json(list(args))
+        except _UNENCODABLE:
+            pass
+        else:
+            field, value = "kwargs", kwargs
         raise InvalidInput(
-            f"durable task arguments must be JSON: {exc}", field="args", value=args
+            f"durable task {field} must be JSON: {_reason(exc)}", field=field, value=value
         ) from None
+
+
+_UNENCODABLE = (TypeError, ValueError, RecursionError)
+"""What ``json.dumps`` raises for a value it cannot encode (ValueError: a cycle, NaN, an
+int past the int-to-str digit limit; RecursionError: nesting deeper than the stack)."""
+
+
+def _to_json(value: object) -> str:
+    """``value`` as strict JSON; raises one of :data:`_UNENCODABLE` where it cannot be."""
+    text = json.dumps(value, allow_nan=False)
+    # json.dumps turns int, float, bool and None keys into strings: the task would get
+    # other keys than it was given. Encoded, the value has no cycle: this walk ends.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"dict keys must be str, got {type(key).__name__}")
+                stack.append(child)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return text
+
+
+def _reason(exc: BaseException) -> str:
+    """Why encoding failed, in words (never a repr of the value: a huge int has none)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,7 +645,7 @@ def _recorded(
     if exc is None:
         try:
             return "ok", json.dumps(value)
-        except (TypeError, ValueError) as error:
+        except _UNENCODABLE as error:  # too deep a result must fail its attempt, not the worker
             exc = error
     if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
         # Our lease is gone, or this process is stopping: the attempt is left

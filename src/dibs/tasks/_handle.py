@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import enum
-import math
 import random
 import threading
 from collections.abc import Callable
@@ -12,7 +11,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
+from dibs.limits import RETENTION_MAX
 from dibs.tasks._errors import CancelReason, NotInTask, TaskCancelled, TaskTimeout, WaitTimeout
 
 __all__ = ["Backoff", "CancelToken", "TaskContext", "TaskHandle", "TaskStatus", "current"]
@@ -69,17 +70,17 @@ class Backoff:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
+                or not 0 <= value <= RETENTION_MAX  # a huge int has no float: compare first
             ):
                 raise InvalidInput(
-                    f"Backoff.{name} must be a finite number >= 0, got {value!r}",
+                    f"Backoff.{name} must be a number from 0 to {RETENTION_MAX:g}, "
+                    f"got {shown(value)}",
                     field=name,
                     value=value,
                 )
         if self.factor < 1:
             raise InvalidInput(
-                f"Backoff.factor must be >= 1, got {self.factor!r}",
+                f"Backoff.factor must be >= 1, got {shown(self.factor)}",
                 field="factor",
                 value=self.factor,
             )

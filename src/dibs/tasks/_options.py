@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from dibs._model import check_name
+from dibs._model import check_name, shown
 from dibs.exceptions import InvalidInput
+from dibs.limits import NUMBER_MAX, RETENTION_MAX
 from dibs.tasks._handle import Backoff
 
-__all__ = ["check_fn", "check_id", "task_options"]
+__all__ = ["RETRIES_MAX", "check_fn", "check_id", "check_limit", "task_options"]
+
+
+RETRIES_MAX = 1_000_000
+"""Most retries a task may have."""
 
 
 def check_fn(fn: object) -> None:
     """Raise :class:`~dibs.InvalidInput` unless ``fn`` is callable."""
     if not callable(fn):
-        raise InvalidInput(f"fn must be callable, got {fn!r}", field="fn", value=fn)
+        raise InvalidInput(f"fn must be callable, got {shown(fn)}", field="fn", value=fn)
 
 
 def check_id(value: object, field: str) -> str:
@@ -29,6 +33,23 @@ def check_id(value: object, field: str) -> str:
     return check_name(value, field)
 
 
+def check_limit(limit: object) -> int | None:
+    """Return ``limit`` (None: no limit) or raise :class:`~dibs.InvalidInput` unless it is an
+    int from 1 to 2**63 - 1.
+
+    0 is refused rather than read as "none" or "no limit": either reading is a
+    surprise to someone, and None already says "all".
+    """
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= NUMBER_MAX
+    ):
+        raise InvalidInput(
+            f"limit must be an int from 1 to 2**63 - 1 (None: no limit), got {shown(limit)}",
+            field="limit", value=limit,
+        )  # fmt: skip
+    return limit
+
+
 def task_options(
     retries: object, backoff: object, timeout: object
 ) -> tuple[int, Backoff, float | None]:
@@ -38,26 +59,32 @@ def task_options(
     seconds). Raises :class:`~dibs.InvalidInput` for a negative or non-int
     ``retries``, a bad backoff, or a ``timeout`` that is not None or > 0.
     """
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    # Bounded: a durable job stores its attempts in a 64-bit column, and a million
+    # retries at the default 300 s backoff cap already span nine years.
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= RETRIES_MAX:
         raise InvalidInput(
-            f"retries must be an int >= 0, got {retries!r}", field="retries", value=retries
+            f"retries must be an int from 0 to {RETRIES_MAX}, got {shown(retries)}",
+            field="retries",
+            value=retries,
         )
     if not isinstance(backoff, Backoff):
         if isinstance(backoff, bool) or not isinstance(backoff, int | float):
             raise InvalidInput(
-                f"backoff must be a Backoff or a base delay in seconds, got {backoff!r}",
+                f"backoff must be a Backoff or a base delay in seconds, got {shown(backoff)}",
                 field="backoff",
                 value=backoff,
             )
-        backoff = Backoff(base=float(backoff))
+        backoff = Backoff(base=backoff)
+    # Compare before converting: a huge int has no float, and NaN fails both bounds.
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
+        or not 0 < timeout <= RETENTION_MAX
     ):
         raise InvalidInput(
-            f"timeout must be None or seconds > 0, got {timeout!r}", field="timeout", value=timeout
+            f"timeout must be None or seconds > 0 and <= {RETENTION_MAX:g}, got {shown(timeout)}",
+            field="timeout",
+            value=timeout,
         )
     return retries, backoff, None if timeout is None else float(timeout)
 

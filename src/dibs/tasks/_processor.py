@@ -15,8 +15,9 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from dibs._clock import Clock
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
-from dibs.limits import NAME_MAX_BYTES, NUMBER_MAX
+from dibs.limits import NAME_MAX_BYTES
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
@@ -32,7 +33,7 @@ from dibs.tasks._errors import (
 )
 from dibs.tasks._handle import Backoff, TaskHandle
 from dibs.tasks._jobs import Job
-from dibs.tasks._options import check_fn, check_id, task_options
+from dibs.tasks._options import check_fn, check_id, check_limit, task_options
 from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
@@ -90,30 +91,39 @@ class TaskProcessor:
         async_workers: int = 100,
         queues: Iterable[str] | None = None,
     ) -> None:
-        for field, count in (("workers", workers), ("async_workers", async_workers)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise InvalidInput(f"{field} must be an int >= 1, got {count!r}", field=field,
-                                   value=count)  # fmt: skip
+        for field, count, most in (
+            ("workers", workers, WORKERS_MAX), ("async_workers", async_workers, ASYNC_WORKERS_MAX)
+        ):  # fmt: skip
+            # A thread each (workers), or a take's row limit (async): bounded, not a MemoryError.
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= most:
+                raise InvalidInput(f"{field} must be an int from 1 to {most}, got {shown(count)}",
+                                   field=field, value=count)  # fmt: skip
+        # Every check before the first thread starts: a refused option must leave none behind.
+        lease_s, poll_s = to_seconds(lease, "lease"), to_seconds(poll, "poll")
+        sweep_s = None if sweep_every is None else to_seconds(sweep_every, "sweep_every")
+        if queues is None and os.environ.get(QUEUES_ENV):
+            self._queues: list[str] | None = _check_queues(_queues_from_env(os.environ[QUEUES_ENV]))
+        else:
+            self._queues = None if queues is None else _check_queues(queues)
+        if store is not None and not isinstance(store, Store):
+            raise InvalidInput("store must be a dibs Store", field="store", value=store)
         self._engine = Engine(workers, clock, rng, name)
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
         self._durable: DurableRunner | None = None
         self._job_options: dict[str, JobOptions] = {}
-        if queues is None and os.environ.get(QUEUES_ENV):
-            self._queues: list[str] | None = _check_queues(_queues_from_env(os.environ[QUEUES_ENV]))
-        else:
-            self._queues = None if queues is None else _check_queues(queues)
         if store is not None:
-            if not isinstance(store, Store):
-                raise InvalidInput("store must be a dibs Store", field="store", value=store)
-            self._durable = DurableRunner(
-                store, self.submit, workers, to_seconds(lease, "lease"),
-                to_seconds(poll, "poll"), rng if rng is not None else random.Random(),
-                take_jobs, async_workers,
-            )  # fmt: skip
-            self._durable.queues = self._queues
-            if take_jobs and sweep_every is not None:
-                self._add_sweeper(to_seconds(sweep_every, "sweep_every"))
+            try:
+                self._durable = DurableRunner(
+                    store, self.submit, workers, lease_s, poll_s,
+                    rng if rng is not None else random.Random(), take_jobs, async_workers,
+                )  # fmt: skip
+                self._durable.queues = self._queues
+                if take_jobs and sweep_s is not None:
+                    self._add_sweeper(sweep_s)
+            except BaseException:
+                self.shutdown(timeout=0)  # a store without a job table, closed, unreachable...
+                raise
 
     @property
     def clock(self) -> Clock:
@@ -198,7 +208,7 @@ class TaskProcessor:
         ``interval`` is seconds or a timedelta. Raises
         :class:`~dibs.InvalidInput` for bad arguments or an ``id`` in use.
         """
-        seconds = to_seconds(interval, "interval")
+        seconds = to_seconds(interval, "interval", least=INTERVAL_MIN)
         if start is None and self._durable is not None:
             start = 0.0  # durable: every process must agree on the occurrences
         anchor = self._engine.alarm.now() + seconds if start is None else to_epoch(start, "start")
@@ -342,7 +352,7 @@ class TaskProcessor:
             check_id(key, "key")
         if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
             raise InvalidInput(
-                f"calls must be a list of calls, got {calls!r}", field="calls", value=calls
+                f"calls must be a list of calls, got {shown(calls)}", field="calls", value=calls
             )
         payloads = [encode_payload(*_split_call(call)) for call in calls]
         if key is not None and len(payloads) > 1:
@@ -446,7 +456,7 @@ class TaskProcessor:
         durable = self._require_store()
         if isinstance(states, str) or not isinstance(states, Iterable | None):
             raise InvalidInput(
-                f"states must be a list of job states, got {states!r}", field="states",
+                f"states must be a list of job states, got {shown(states)}", field="states",
                 value=states,
             )  # fmt: skip
         wanted = None if states is None else list(states)
@@ -456,12 +466,7 @@ class TaskProcessor:
         names = None if queues is None else _check_queues(queues)
         if task is not None:
             check_id(task, "task")
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= NUMBER_MAX
-        ):
-            raise InvalidInput(f"limit must be an int from 1 to 2**63 - 1, got {limit!r}",
-                               field="limit", value=limit)  # fmt: skip
-        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=limit)
+        rows = durable.jobs.find(states=wanted, queues=names, name=task, limit=check_limit(limit))
         return [to_record(row) for row in rows]
 
     def retry(self, job_id: str) -> bool:
@@ -507,7 +512,9 @@ class TaskProcessor:
         for registered in durable.tasks.values():
             if task == registered.name or task is registered.fn:
                 return registered
-        raise InvalidInput(f"{task!r} is not a registered durable task", field="task", value=task)
+        raise InvalidInput(
+            f"{shown(task)} is not a registered durable task", field="task", value=task
+        )
 
     def _add_sweeper(self, interval: float) -> None:
         """Register the store's sweeper as a durable task, run once per ``interval`` fleet-wide."""
@@ -548,7 +555,10 @@ class TaskProcessor:
         """Wait until nothing is due, queued or running; return False if ``timeout`` passed first.
 
         ``timeout`` is real seconds. Tasks timed for later do not count until due.
+        Raises :class:`~dibs.InvalidInput` for a bad timeout.
         """
+        if timeout is not None:
+            timeout = to_seconds(timeout, "timeout", allow_zero=True)
         start = time.monotonic()
         with self._engine.lock:
             if not self._engine.wait_idle(timeout):
@@ -639,11 +649,11 @@ class TaskProcessor:
         retries, backoff, timeout = task_options(retries, backoff, timeout)
         if not isinstance(misfire, Misfire):
             raise InvalidInput(
-                f"misfire must be a Misfire, got {misfire!r}", field="misfire", value=misfire
+                f"misfire must be a Misfire, got {shown(misfire)}", field="misfire", value=misfire
             )
         if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
             raise InvalidInput(
-                f"max_running must be an int >= 1, got {max_running!r}",
+                f"max_running must be an int >= 1, got {shown(max_running)}",
                 field="max_running",
                 value=max_running,
             )
@@ -682,7 +692,7 @@ class TaskProcessor:
         payload = encode_payload(args, kwargs)
         if not isinstance(misfire, Misfire):
             raise InvalidInput(
-                f"misfire must be a Misfire, got {misfire!r}", field="misfire", value=misfire
+                f"misfire must be a Misfire, got {shown(misfire)}", field="misfire", value=misfire
             )
         if schedule_id is None:
             schedule_id = f"{registered.name}:{trigger.describe()}"
@@ -721,13 +731,19 @@ def _split_call(call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (), dict(call)
     raise InvalidInput(
         f"each call is a tuple of arguments, a mapping of keyword arguments or an "
-        f"(args, kwargs) pair, got {call!r}",
+        f"(args, kwargs) pair, got {shown(call)}",
         field="calls",
         value=call,
     )
 
 
 QUEUES_ENV = "DIBS_QUEUES"
+WORKERS_MAX = 4096
+"""Most worker threads a processor starts."""
+ASYNC_WORKERS_MAX = 100_000
+"""Most ``async def`` jobs a processor runs at once."""
+INTERVAL_MIN = 1e-6
+"""Shortest ``every()`` interval, in seconds: the SQL stores keep time in microseconds."""
 
 
 def _queues_from_env(text: str) -> object:
@@ -735,7 +751,7 @@ def _queues_from_env(text: str) -> object:
         return json.loads(text)
     except ValueError:
         raise InvalidInput(
-            f"${QUEUES_ENV} must be a JSON list of queue names, got {text!r}",
+            f"${QUEUES_ENV} must be a JSON list of queue names, got {shown(text)}",
             field="queues", value=text,
         ) from None  # fmt: skip
 
@@ -744,7 +760,9 @@ def _check_queues(queues: object) -> list[str]:
     """The queues a processor takes from, checked; raises InvalidInput for a bad one."""
     if isinstance(queues, str) or not isinstance(queues, Iterable):
         raise InvalidInput(
-            f"queues must be a list of queue names, got {queues!r}", field="queues", value=queues
+            f"queues must be a list of queue names, got {shown(queues)}",
+            field="queues",
+            value=queues,
         )
     names = [check_id(name, "queues") for name in queues]
     if not names:

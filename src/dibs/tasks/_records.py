@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
 from dibs.stores.jobs import DEFAULT_QUEUE, Attempt, Job
 from dibs.tasks._options import check_id
@@ -52,7 +53,7 @@ def check_priority(value: object) -> int:
         or not PRIORITY_MIN <= value <= PRIORITY_MAX
     ):
         raise InvalidInput(
-            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value!r}",
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, got {shown(value)}",
             field="priority",
             value=value,
         )
@@ -67,7 +68,7 @@ def check_retention(value: object) -> float:
             seconds = float(value)
     if not 0 <= seconds < math.inf:
         raise InvalidInput(
-            f"retention must be seconds >= 0, got {value!r}", field="retention", value=value
+            f"retention must be seconds >= 0, got {shown(value)}", field="retention", value=value
         )
     return seconds
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
 from dibs.tasks._handle import Backoff
 from dibs.tasks._triggers import Trigger
@@ -59,11 +60,10 @@ class Misfire:
         if self.window is not None and (
             isinstance(self.window, bool)
             or not isinstance(self.window, int | float)
-            or not math.isfinite(self.window)
-            or self.window < 0
+            or not 0 <= self.window < math.inf  # a huge int has no float: compare first
         ):
             raise InvalidInput(
-                f"misfire window must be seconds >= 0 or None, got {self.window!r}",
+                f"misfire window must be seconds >= 0 or None, got {shown(self.window)}",
                 field="window",
                 value=self.window,
             )
@@ -71,7 +71,7 @@ class Misfire:
             object.__setattr__(self, "coalesce", Coalesce(self.coalesce))
         except ValueError:
             raise InvalidInput(
-                f"coalesce must be one of earliest, latest, all; got {self.coalesce!r}",
+                f"coalesce must be one of earliest, latest, all; got {shown(self.coalesce)}",
                 field="coalesce",
                 value=self.coalesce,
             ) from None

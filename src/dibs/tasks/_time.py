@@ -12,13 +12,23 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from dibs._clock import Clock, SystemClock
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
+from dibs.limits import RETENTION_MAX
 
-__all__ = ["Alarm", "WakingClock", "to_epoch", "to_seconds"]
+__all__ = [
+    "DURATION_MAX",
+    "EPOCH_MAX",
+    "EPOCH_MIN",
+    "Alarm",
+    "WakingClock",
+    "to_epoch",
+    "to_seconds",
+]
 
 MAX_REAL_WAIT = 30.0
 """Longest single timed wait on a real clock.
@@ -83,43 +93,69 @@ class Alarm:
             self._unsubscribe()
 
 
+EPOCH_MIN = datetime(1, 1, 2, tzinfo=UTC).timestamp()
+"""Earliest due time, in epoch seconds: a day inside the years :class:`datetime` holds, so
+that a job's times convert back in any zone."""
+EPOCH_MAX = datetime(9999, 12, 30, tzinfo=UTC).timestamp()
+"""Latest due time, in epoch seconds (likewise)."""
+DURATION_MAX = RETENTION_MAX
+"""Longest delay, interval, lease, poll or timeout, in seconds (about ten years): far
+enough, and within what ``threading`` waits accept and :data:`EPOCH_MAX` can follow."""
+
+
 def to_epoch(value: object, field: str) -> float:
     """Return an aware datetime or epoch number as epoch seconds.
 
-    Raises :class:`~dibs.InvalidInput` for naive datetimes, NaN and other types.
+    Raises :class:`~dibs.InvalidInput` for naive datetimes, NaN, other types and
+    times outside the years 1 to 9999.
     """
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidInput(
-                f"{field} must be timezone-aware, got naive {value!r}", field=field, value=value
+                f"{field} must be timezone-aware, got naive {shown(value)}",
+                field=field,
+                value=value,
             )
-        return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        try:
+            seconds: object = value.timestamp()
+        except (OverflowError, ValueError):  # the offset pushed it past year 1 or 9999
+            seconds = math.nan
+    else:
+        seconds = value
+    # Compare before converting: a huge int has no float, and NaN fails both bounds.
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not EPOCH_MIN <= seconds <= EPOCH_MAX
+    ):
         raise InvalidInput(
-            f"{field} must be an aware datetime or epoch seconds, got {value!r}",
+            f"{field} must be an aware datetime or epoch seconds in the years 1 to 9999, "
+            f"got {shown(value)}",
             field=field,
             value=value,
         )
-    return float(value)
+    return float(seconds)
 
 
-def to_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+def to_seconds(value: object, field: str, *, allow_zero: bool = False, least: float = 0.0) -> float:
     """Return a duration (number of seconds or timedelta) as seconds.
 
-    Raises :class:`~dibs.InvalidInput` unless it is finite and positive (or zero
-    where allowed).
+    Raises :class:`~dibs.InvalidInput` unless it is positive (or zero where
+    allowed), at least ``least`` and at most :data:`DURATION_MAX`.
     """
     seconds: object = value.total_seconds() if isinstance(value, timedelta) else value
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds < 0
+        or not least <= seconds <= DURATION_MAX
         or (seconds == 0 and not allow_zero)
     ):
         bound = ">= 0" if allow_zero else "> 0"
+        if least:
+            bound = f">= {least:g}"
         raise InvalidInput(
-            f"{field} must be a finite number of seconds {bound} or a timedelta, got {value!r}",
+            f"{field} must be a number of seconds {bound} and <= {DURATION_MAX:g}, or a "
+            f"timedelta, got {shown(value)}",
             field=field,
             value=value,
         )

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dibs._extras import needs
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
 
 try:
@@ -105,7 +106,7 @@ def zone(tz: object) -> ZoneInfo:
         except (ZoneInfoNotFoundError, ValueError):
             pass
     raise InvalidInput(
-        f"tz must be an IANA time zone name such as 'Europe/Berlin' or a ZoneInfo, got {tz!r}",
+        f"tz must be an IANA time zone name such as 'Europe/Berlin' or a ZoneInfo, got {shown(tz)}",
         field="tz",
         value=tz,
     )
@@ -124,14 +125,16 @@ class CronTrigger:
             with needs("tasks", "a cron schedule"):
                 raise _CRONITER_MISSING
         if not isinstance(expr, str) or not croniter.is_valid(expr):
-            raise InvalidInput(f"not a valid cron expression: {expr!r}", field="expr", value=expr)
+            raise InvalidInput(
+                f"not a valid cron expression: {shown(expr)}", field="expr", value=expr
+            )
         self.expr = expr
         self.tz = tz
         try:
             self._iter(datetime(2000, 1, 1)).get_next(datetime)
         except CroniterBadDateError:
             raise InvalidInput(
-                f"cron expression {expr!r} never matches a date", field="expr", value=expr
+                f"cron expression {shown(expr)} never matches a date", field="expr", value=expr
             ) from None
 
     def describe(self) -> str:

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.errors
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -85,6 +87,19 @@ class PostgresJobs(SQLJobs):
                 "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"dibs-jobs:{self.schema}",)
             )
             upgrade(conn, self.schema, JOBS)
+            # The store's identity, created once: a caller's connection must reach this row
+            # (this database and schema), not merely some job table of the same name.
+            # Read first: opening a store that has one writes nothing.
+            if _identity(conn, schema, has_meta=True)[1] is None:
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.meta (key, value) VALUES ('store_id', %s) "
+                        "ON CONFLICT DO NOTHING"
+                    ).format(sql.Identifier(schema)),
+                    (secrets.token_hex(16),),
+                )
+            self._identity = _identity(conn, schema, has_meta=True)
+        self._verified: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def close(self) -> None:
         pass  # the pool belongs to the store
@@ -107,7 +122,9 @@ class PostgresJobs(SQLJobs):
         return text.encode()
 
     def _run(self, conn: Any, statement: Any, params: dict[str, Any]) -> Any:
-        return conn.cursor(row_factory=tuple_row).execute(statement, params)
+        # A cursor of our own kind: a caller's connection may make others (RawCursor takes
+        # $1 parameters, ClientCursor binds on the client) and rows of any factory.
+        return psycopg.Cursor(conn, row_factory=tuple_row).execute(statement, params)
 
     def _atomic(self, work: Callable[[Any], _T]) -> _T:
         with self._transaction() as conn:
@@ -132,10 +149,21 @@ class PostgresJobs(SQLJobs):
             )
         if connection.closed:
             raise InvalidInput("connection is closed", field="connection", value=connection)
+        if connection.info.transaction_status == TransactionStatus.INERROR:
+            raise InvalidInput(
+                "connection is in a failed transaction: roll it back first",
+                field="connection", value=connection,
+            )  # fmt: skip
         try:
+            if connection not in self._verified:  # its database never changes: once is enough
+                self._check_identity(connection)
+                self._verified.add(connection)
+            if connection.autocommit:  # no transaction of the caller's: a batch is still one
+                with connection.transaction():
+                    return work(connection)
             return work(connection)
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InFailedSqlTransaction) as exc:
-            # The caller's mistake (another database, or a transaction it must roll back).
+        except _CALLERS_MISTAKES as exc:
+            # Another database, a transaction to roll back, rights or a mode it lacks.
             raise InvalidInput(
                 f"connection must be an open psycopg.Connection to the store's database, "
                 f"in a usable transaction: {exc}",
@@ -146,6 +174,20 @@ class PostgresJobs(SQLJobs):
             raise StoreUnavailable(
                 f"PostgreSQL job table, on the caller's connection: {exc}"
             ) from exc
+
+    def _check_identity(self, connection: psycopg.Connection[Any]) -> None:
+        """Raise :class:`~dibs.InvalidInput` unless ``connection`` reaches this store's
+        database and schema (its ``store_id`` row), rather than a job table elsewhere."""
+        theirs = _identity(connection, self.schema)
+        if theirs != self._identity:
+            database, token = theirs
+            where = "no dibs store" if token is None else "another dibs store"
+            raise InvalidInput(
+                f"connection must be a psycopg.Connection to the store's database "
+                f"{self._identity[0]!r} (schema {self.schema!r}); it reaches {where} "
+                f"in database {database!r}",
+                field="connection", value=connection,
+            )  # fmt: skip
 
     def listen(self, wake: Callable[[], None]) -> Callable[[], None]:
         stop_local = self._add_local(wake)
@@ -177,6 +219,42 @@ class PostgresJobs(SQLJobs):
             thread.join()
 
         return stop
+
+
+_CALLERS_MISTAKES = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.InFailedSqlTransaction,
+    psycopg.errors.InsufficientPrivilege,
+    psycopg.errors.ReadOnlySqlTransaction,
+)
+"""Errors on a caller's connection that retrying cannot mend: :class:`~dibs.InvalidInput`."""
+
+
+def _identity(
+    conn: psycopg.Connection[Any], schema: str, *, has_meta: bool = False
+) -> tuple[str, str | None]:
+    """``(database, store_id)`` as ``conn`` sees them; ``store_id`` None without a store.
+
+    Reads that cannot fail on a connection to the wrong place (``to_regclass`` answers
+    NULL for a missing schema or table), so a caller's transaction stays usable.
+    ``has_meta``: the store's own transaction, which has just made sure of the table;
+    no ``to_regclass``, whose cache may miss a table another process just created.
+    """
+    cur = psycopg.Cursor(conn, row_factory=tuple_row)
+    meta = sql.SQL("{}.meta").format(sql.Identifier(schema)).as_string(conn)
+    row = cur.execute(
+        "SELECT current_database()::text, %s OR to_regclass(CAST(%s AS text)) IS NOT NULL",
+        (has_meta, meta),
+    ).fetchone()
+    assert row is not None
+    database, found = str(row[0]), bool(row[1])
+    if not found:
+        return database, None
+    token = cur.execute(
+        sql.SQL("SELECT value FROM {}.meta WHERE key = 'store_id'").format(sql.Identifier(schema))
+    ).fetchone()
+    return database, None if token is None else str(token[0])
 
 
 def _replicated(conn: psycopg.Connection[TupleRow]) -> None:

@@ -46,7 +46,7 @@ from dibs.exceptions import StoreClosed, StoreMisconfigured, StoreUnavailable
 from dibs.stores._fork import abandon
 from dibs.stores._retry import retrying
 
-__all__ = ["IDLE_LIMIT", "SQLitePool"]
+__all__ = ["IDLE_LIMIT", "SQLitePool", "file_id"]
 
 IDLE_LIMIT = 16
 """Idle connections a pool keeps; more are closed when they come back."""
@@ -106,7 +106,7 @@ class SQLitePool:
         self._pid = os.getpid()
         self._file: tuple[int, int] | None = None
         if not self.memory:
-            self._file = _file_id(path)
+            self._file = file_id(path)
             if self._file in _refused_files:
                 raise StoreClosed(_refused_files[self._file])
         with _registry_lock:
@@ -292,7 +292,7 @@ class SQLitePool:
             conn.close()
             raise StoreUnavailable(f"cannot open SQLite store {self.path!r}: {exc}") from exc
         if self._file is None and not self.memory:
-            self._file = _file_id(self.path)  # the file exists now
+            self._file = file_id(self.path)  # the file exists now
         return conn
 
     # --- fork -----------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ class SQLitePool:
                 f"not use that file. Fork while no store call is running"
             )
             self._refused = why
-            self._file = self._file or _file_id(self.path)
+            self._file = self._file or file_id(self.path)
             if self._file is not None:
                 _refused_files[self._file] = why
         self._pid = pid
@@ -382,7 +382,8 @@ def _open_error(path: str, exc: sqlite3.Error) -> StoreMisconfigured | StoreUnav
     return StoreMisconfigured(f"cannot open SQLite store {path!r}: {why}", cause=why)
 
 
-def _file_id(path: str) -> tuple[int, int] | None:
+def file_id(path: str) -> tuple[int, int] | None:
+    """The file at ``path`` as ``(device, inode)``, or None if there is none."""
     try:
         st = os.stat(path)
     except OSError:

@@ -40,7 +40,7 @@ except ImportError:  # Windows: SQLite's busy handler alone
 
 from dibs.exceptions import InvalidInput, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
-from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._conn import SQLitePool, file_id
 from dibs.stores.sqlite._schema import JOBS, upgrade
 
 __all__ = ["WAKE_MAX", "WAKE_MIN", "SQLiteJobs"]
@@ -71,6 +71,8 @@ _DIALECT = Dialect(
     lock_schedule=False,
     skip_locked="",
     json_lists=True,
+    insert_returning="{insert} RETURNING CAST(id AS BLOB)",
+    id_out="CAST(id AS BLOB)",
     precheck=True,
 )
 
@@ -205,15 +207,78 @@ class SQLiteJobs(SQLJobs):
                 value=connection,
             )
         try:
-            return work(connection)
+            self._check_file(connection)
+            if not _autocommits(connection):
+                return work(connection)  # in the caller's transaction, open or implicit
+            # No transaction of the caller's, and none implicit: a batch is still one.
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(connection)
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+            return result
         except sqlite3.ProgrammingError as exc:  # closed, or used from another thread
             raise _unusable(connection, exc) from exc
         except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):  # a connection to some other file
+            # Missing tables (a store not yet opened there), or a read-only connection.
+            if "no such table" in str(exc) or _code(exc) == sqlite3.SQLITE_READONLY:
                 raise _unusable(connection, exc) from exc
             raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
+
+    def _check_file(self, connection: sqlite3.Connection) -> None:
+        """Raise :class:`~dibs.InvalidInput` unless ``connection``'s main database is this
+        store's file (the same inode, whatever the path), with no temporary ``dibs_jobs``
+        hiding it: a job table elsewhere would take the job, and this store would never
+        know it."""
+        if self._pool.memory:
+            raise InvalidInput(
+                "a sqlite:///:memory: store's database belongs to its own connection: "
+                "enqueue there without connection=",
+                field="connection", value=connection,
+            )  # fmt: skip
+        cursor = connection.cursor()
+        cursor.row_factory = None
+        # BLOBs: the caller's text_factory and converters do not touch them.
+        row = cursor.execute(
+            "SELECT CAST(file AS BLOB), (SELECT count(*) FROM temp.sqlite_master "
+            "WHERE name IN ('dibs_jobs', 'dibs_job_schedules')) "
+            "FROM pragma_database_list WHERE name = 'main'"
+        ).fetchone()
+        path = os.fsdecode(bytes(row[0] or b"")) if row else ""
+        theirs = file_id(path) if path else None
+        if theirs is None or theirs != file_id(self._pool.path):
+            raise InvalidInput(
+                f"connection must be a sqlite3.Connection to the store's file "
+                f"{self._pool.path!r}, not to {path or 'a temporary or in-memory database'!r}",
+                field="connection", value=connection,
+            )  # fmt: skip
+        if row[1]:
+            raise InvalidInput(
+                "connection has a temporary table named like the store's job table, which "
+                "would take the job instead",
+                field="connection", value=connection,
+            )  # fmt: skip
+
+
+def _autocommits(connection: sqlite3.Connection) -> bool:
+    """Whether each statement on ``connection`` would commit on its own: not in a
+    transaction, and none begun implicitly (``autocommit=True`` on Python 3.12+, or
+    ``isolation_level=None``)."""
+    if connection.in_transaction:
+        return False
+    autocommit = getattr(connection, "autocommit", None)  # Python 3.12+
+    if isinstance(autocommit, bool):
+        return autocommit
+    return connection.isolation_level is None
+
+
+def _code(exc: sqlite3.Error) -> int:
+    """The primary result code of ``exc`` (extended codes carry it in the low byte)."""
+    return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
 
 
 def _unusable(connection: sqlite3.Connection, exc: sqlite3.Error) -> InvalidInput:
