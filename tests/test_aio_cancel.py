@@ -208,3 +208,61 @@ def test_a_claim_cancelled_while_the_store_opens(kind: str, url: str) -> None:
                 await store.claim(unit, holder=holder)
 
     asyncio.run(main())
+
+
+# --- @dibs.idempotent cancelled at every point ----------------------------------------------------
+
+IDEMPOTENT_POINTS = 48  # loop steps to cancel after: past every await of a call on every store
+IDEMPOTENT_SLEEPS = [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]
+
+
+def test_an_idempotent_call_cancelled_anywhere_leaves_the_key_free_or_done(
+    kind: str, url: str
+) -> None:
+    """Cancel an async ``@dibs.idempotent`` call after 0, 1, 2, ... loop steps (and after
+    short sleeps): while its run-hold claim is in flight, while the function runs, while
+    its result is stored. A retry then runs the function or replays its result at once;
+    never "in progress" (the ttl is an hour: only the cancelled call itself can free the
+    key in time), and the function ran to its end at most once per key."""
+    ran: dict[str, int] = {}
+    started: dict[str, int] = {}
+
+    async def main() -> None:
+        store = dibs.aio.open(url)
+
+        @dibs.idempotent(store, key="key", ttl=3600)
+        async def work(key: str) -> str:
+            started[key] = started.get(key, 0) + 1
+            await asyncio.sleep(0)
+            ran[key] = ran.get(key, 0) + 1
+            return f"done {key}"
+
+        points = [("steps", n) for n in range(IDEMPOTENT_POINTS)]
+        points += [("sleep", s) for s in IDEMPOTENT_SLEEPS]
+        points += [("end", 0)]  # after it finished: cancelling is a no-op
+        outcomes: dict[str, int] = {"cancelled": 0, "finished": 0}
+        for i, (how, amount) in enumerate(points):
+            key = f"k{i}"
+            task = asyncio.ensure_future(work(key))
+            if how == "steps":
+                for _ in range(int(amount)):
+                    await asyncio.sleep(0)
+            elif how == "sleep":
+                await asyncio.sleep(amount)
+            else:
+                await asyncio.wait([task])
+            task.cancel()
+            try:
+                first: str | None = await task
+            except asyncio.CancelledError:
+                first = None
+            outcomes["cancelled" if first is None else "finished"] += 1
+            # At once: an IdempotencyInProgress here is a run hold the cancel stranded.
+            assert await work(key) == f"done {key}", (how, amount)
+            assert ran.get(key) == 1, (how, amount, ran.get(key), started.get(key))
+            if first is not None:
+                assert started[key] == 1  # the retry replayed
+        assert outcomes["cancelled"] and outcomes["finished"], outcomes
+        await store.close()
+
+    asyncio.run(main())
