@@ -31,6 +31,8 @@ from pg_fixtures import drop_schema, schema_url
 ROUNDS = {"memory": 40, "sqlite": 30, "postgresql": 20, "etcd": 20}
 WORKERS = 8
 MEMORY_CLOSES = 400
+PG_QUEUED_ROUNDS = 60
+QUEUED = 16
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -221,3 +223,38 @@ def test_memory_close_in_the_middle_of_calls() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+@pytest.mark.usefixtures("fine_switching")
+def test_postgres_calls_queued_for_a_connection_meet_store_closed(pg_schema_url: str) -> None:
+    """Few connections, many threads queued for them when close() comes: each call that was
+    waiting gets its turn or StoreClosed, at once, never a wait of pool_timeout that ends
+    in StoreUnavailable (psycopg_pool queues a getconn that raced its close)."""
+    for r in range(PG_QUEUED_ROUNDS):
+        store = dibs.open(pg_schema_url, pool_max=4, pool_timeout=3)
+        errors: list[BaseException] = []
+        warm = threading.Barrier(QUEUED + 1)
+
+        def work(
+            worker: int,
+            store: dibs.Store = store,
+            r: int = r,
+            warm: threading.Barrier = warm,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            try:
+                for n in itertools.count():
+                    if n == 1:
+                        warm.wait()
+                    store.claim(Unit(f"q{r}.{worker}", str(n)), holder="h")
+            except BaseException as exc:  # every worker ends on one: close() is coming
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(QUEUED)]
+        for thread in threads:
+            thread.start()
+        warm.wait()
+        store.close()
+        for thread in threads:
+            thread.join()
+        assert [type(e) for e in errors] == [dibs.StoreClosed] * QUEUED, errors
