@@ -43,12 +43,13 @@ import json
 import pickle
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from dibs._model import Claim, ClaimResult, Unit, check_name, check_seconds
+from dibs._shield import to_the_end as _to_the_end
 from dibs.exceptions import DibsError, InvalidInput, RequestConflict, StoreUnavailable
 from dibs.limits import NAME_MAX_BYTES, TTL_MAX, TTL_MIN
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
@@ -395,28 +396,6 @@ async def _drive_async(steps: Generator[_Call, Any, _T], store: Any) -> _T:
                 sent = await asyncio.to_thread(bound, *args, **kwargs)
         except Exception as exc:
             error = exc
-
-
-async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
-    """Await ``work`` to its end even if the caller is cancelled meanwhile; then re-raise that.
-
-    For the store calls that must not stop halfway: storing a result whose function
-    ran, and ending a run hold.
-    """
-    task = asyncio.ensure_future(work)
-    interrupted: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.done():
-                break
-            interrupted = exc
-    if interrupted is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller's cancellation is the answer now
-        raise interrupted
-    return task.result()
 
 
 # --- the decorator -------------------------------------------------------------------------------
