@@ -258,3 +258,15 @@ def test_postgres_calls_queued_for_a_connection_meet_store_closed(pg_schema_url:
         for thread in threads:
             thread.join()
         assert [type(e) for e in errors] == [dibs.StoreClosed] * QUEUED, errors
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_closed_stores_job_table_raises_store_closed(kind: str, url: str) -> None:
+    """The job table closes with its store: a call after that is StoreClosed, as the store's
+    own calls are, never StoreUnavailable (nothing to retry)."""
+    store = dibs.open(url)
+    jobs = store.job_table()
+    assert jobs is not None
+    store.close()
+    with pytest.raises(dibs.StoreClosed):
+        jobs.get("1")
