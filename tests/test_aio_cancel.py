@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -208,3 +209,125 @@ def test_a_claim_cancelled_while_the_store_opens(kind: str, url: str) -> None:
                 await store.claim(unit, holder=holder)
 
     asyncio.run(main())
+
+
+# --- @dibs.idempotent cancelled at every point ----------------------------------------------------
+
+IDEMPOTENT_POINTS = 48  # loop steps to cancel after: past every await of a call on every store
+IDEMPOTENT_SLEEPS = [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]
+
+
+def test_an_idempotent_call_cancelled_anywhere_leaves_the_key_free_or_done(
+    kind: str, url: str
+) -> None:
+    """Cancel an async ``@dibs.idempotent`` call after 0, 1, 2, ... loop steps (and after
+    short sleeps): while its run-hold claim is in flight, while the function runs, while
+    its result is stored. A retry then runs the function or replays its result at once;
+    never "in progress" (the ttl is an hour: only the cancelled call itself can free the
+    key in time), and the function ran to its end at most once per key."""
+    ran: dict[str, int] = {}
+    started: dict[str, int] = {}
+
+    async def main() -> None:
+        store = dibs.aio.open(url)
+
+        @dibs.idempotent(store, key="key", ttl=3600)
+        async def work(key: str) -> str:
+            started[key] = started.get(key, 0) + 1
+            await asyncio.sleep(0)
+            ran[key] = ran.get(key, 0) + 1
+            return f"done {key}"
+
+        points = [("steps", n) for n in range(IDEMPOTENT_POINTS)]
+        points += [("sleep", s) for s in IDEMPOTENT_SLEEPS]
+        points += [("end", 0)]  # after it finished: cancelling is a no-op
+        outcomes: dict[str, int] = {"cancelled": 0, "finished": 0}
+        for i, (how, amount) in enumerate(points):
+            key = f"k{i}"
+            task = asyncio.ensure_future(work(key))
+            if how == "steps":
+                for _ in range(int(amount)):
+                    await asyncio.sleep(0)
+            elif how == "sleep":
+                await asyncio.sleep(amount)
+            else:
+                await asyncio.wait([task])
+            task.cancel()
+            try:
+                first: str | None = await task
+            except asyncio.CancelledError:
+                first = None
+            outcomes["cancelled" if first is None else "finished"] += 1
+            # At once: an IdempotencyInProgress here is a run hold the cancel stranded.
+            assert await work(key) == f"done {key}", (how, amount)
+            assert ran.get(key) == 1, (how, amount, ran.get(key), started.get(key))
+            if first is not None:
+                assert started[key] == 1  # the retry replayed
+        assert outcomes["cancelled"] and outcomes["finished"], outcomes
+        await store.close()
+
+    asyncio.run(main())
+
+
+# --- confirm, extend, release and lease cancelled at every point ---------------------------------
+
+TRANSITION_POINTS = 24
+
+
+async def _cancelled_after(aw: Any, steps: int) -> Any:
+    """``aw`` as a task cancelled after ``steps`` loop turns; its result, or None if cancelled."""
+    task = asyncio.ensure_future(aw)
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
+
+
+def test_transitions_and_leases_cancelled_anywhere_leave_a_consistent_store(
+    kind: str, url: str, request: pytest.FixtureRequest
+) -> None:
+    """Cancel confirm, extend, release and a lease's entry after 0, 1, 2, ... loop steps.
+    The retry answers as if the cancelled call had run or not (a confirm and an extend
+    succeed, a release ends the claim), nothing is left held, and the store (its pool
+    connections) keeps working."""
+
+    async def main() -> None:
+        store = dibs.aio.open(url)
+        for n in range(TRANSITION_POINTS):
+            holder, unit = f"t{n}", Unit("transition", str(n))
+            held = (await store.claim(unit, holder=holder, ttl=3600)).claim
+            assert held is not None
+            await _cancelled_after(
+                store.extend(held.id, holder=holder, fence=held.fence, ttl=3000), n
+            )
+            extended = await store.extend(held.id, holder=holder, fence=held.fence, ttl=3600)
+            assert extended.state is ClaimState.HELD
+            await _cancelled_after(store.confirm(held.id, holder=holder, fence=held.fence), n)
+            confirmed = await store.confirm(held.id, holder=holder, fence=held.fence)
+            assert confirmed.state is ClaimState.CONFIRMED
+            await _cancelled_after(store.release(held.id, holder=holder, fence=held.fence), n)
+            await store.release(held.id, holder=holder, fence=held.fence)
+            released = await store.get(held.id)
+            assert released is not None and released.state is ClaimState.RELEASED
+            assert await store.holder_of(unit) is None
+            assert await store.claims_of(holder) == []
+
+            # A lease entered and cancelled at this point: its hold must not outlive it
+            # (ttl an hour: another holder waiting for the unit gets it only if it ends).
+            async def leased(unit: Unit = unit, holder: str = holder) -> None:
+                async with store.lease(unit, holder=holder, ttl=3600):
+                    await asyncio.sleep(0)
+
+            await _cancelled_after(leased(), n)
+            async with store.lease(unit, holder=f"other{n}", ttl=60, wait=60) as lease:
+                assert lease.claim.holder == f"other{n}"
+            left = await store.claims_of(holder)
+            assert left == [], (n, left)
+        await store.close()
+
+    asyncio.run(main())
+    if kind == "postgresql":
+        assert _idle_in_transaction(request.getfixturevalue("pg_url")) == []

@@ -49,6 +49,7 @@ from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from dibs._model import Claim, ClaimResult, Unit, check_name, check_seconds
+from dibs._shield import to_the_end as _to_the_end
 from dibs.exceptions import DibsError, InvalidInput, RequestConflict, StoreUnavailable
 from dibs.limits import NAME_MAX_BYTES, TTL_MAX, TTL_MIN
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
@@ -173,8 +174,15 @@ def _conflict(record: _Record) -> RequestConflict:
     )
 
 
-def _begin(record: _Record, ttl: float, wait: float) -> Generator[_Call, Any, _Replay | Claim]:
-    """Find the stored result, or take the run hold; wait, then raise, while another runs it."""
+def _begin(
+    record: _Record, ttl: float, wait: float, tried: list[str] | None = None
+) -> Generator[_Call, Any, _Replay | Claim]:
+    """Find the stored result, or take the run hold; wait, then raise, while another runs it.
+
+    ``tried`` gets the request ID of each run-hold claim before it is sent: a
+    caller cancelled meanwhile replays them (:func:`_recall`) to learn whether one
+    was granted, and ends it.
+    """
     deadline = time.monotonic() + wait
     pause = _FIRST_PAUSE
     vanished = 0
@@ -182,7 +190,10 @@ def _begin(record: _Record, ttl: float, wait: float) -> Generator[_Call, Any, _R
         replay = yield from _read_done(record)
         if replay is not None:
             return replay
-        won = yield from _claim(record, [record.run], ttl, f"{record.holder}.run.{attempt}")
+        request_id = f"{record.holder}.run.{attempt}"
+        if tried is not None:
+            tried.append(request_id)
+        won = yield from _claim(record, [record.run], ttl, request_id)
         if won:
             assert won.claim is not None
             # A caller that finished between the read above and this claim
@@ -220,6 +231,20 @@ def _begin(record: _Record, ttl: float, wait: float) -> Generator[_Call, Any, _R
             expires_at=expires[0] if expires else None,
         )
     raise AssertionError("unreachable")
+
+
+def _recall(record: _Record, ttl: float, tried: list[str]) -> Generator[_Call, Any, None]:
+    """End every run hold a cancelled :func:`_begin` may have been granted without learning it.
+
+    Each claim is replayed by its request ID (the same input, so the store answers
+    what it decided, or decides now if the claim never reached it) and a granted
+    one is released: the key is free at once for a retry, not "in progress" until
+    ``ttl`` although the function never ran.
+    """
+    for request_id in tried:
+        won = yield from _claim(record, [record.run], ttl, request_id)
+        if won.claim is not None:
+            yield from _release(record, won.claim)
 
 
 def _read_done(record: _Record) -> Generator[_Call, Any, _Replay | None]:
@@ -501,7 +526,12 @@ def idempotent(
 
         async def _abandon_async(record: _Record, run_hold: Claim) -> None:
             with contextlib.suppress(DibsError):
-                await _drive_async(_release(record, run_hold), store)
+                await _to_the_end(_drive_async(_release(record, run_hold), store))
+
+        async def _recall_async(record: _Record, tried: list[str]) -> None:
+            # Best effort, as _abandon: a hold this misses expires after ttl all the same.
+            with contextlib.suppress(DibsError):
+                await _to_the_end(_drive_async(_recall(record, ttl_seconds, tried), store))
 
         if not inspect.iscoroutinefunction(fn) and inspect.iscoroutinefunction(
             getattr(store, "claim", None)
@@ -517,7 +547,17 @@ def idempotent(
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 record = record_for(args, kwargs)
-                started = await _drive_async(_begin(record, ttl_seconds, wait_seconds), store)
+                tried: list[str] = []
+                try:
+                    started = await _drive_async(
+                        _begin(record, ttl_seconds, wait_seconds, tried), store
+                    )
+                except asyncio.CancelledError:
+                    # Cancelled with a run-hold claim in flight (or just answered): the
+                    # store may have granted it; learn that and end it, or the key stays
+                    # "in progress" for ttl though the function never ran.
+                    await _recall_async(record, tried)
+                    raise
                 if isinstance(started, _Replay):
                     return codec.loads(started.data)
                 try:
@@ -527,7 +567,11 @@ def idempotent(
                     await _abandon_async(record, started)
                     raise
                 try:
-                    await _drive_async(_finish(record, started, result, retention()), store)
+                    # To its end even if cancelled now: the function ran, so its result
+                    # is stored (a retry replays it) and the run hold ends.
+                    await _to_the_end(
+                        _drive_async(_finish(record, started, result, retention()), store)
+                    )
                 except InvalidInput as refused:
                     await _abandon_async(record, started)
                     raise _unstorable(record, result, store, refused) from refused

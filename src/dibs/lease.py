@@ -81,6 +81,7 @@ from dibs._lease import (
     _unexpected,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
+from dibs._shield import to_the_end
 from dibs.exceptions import HoldLost, StoreUnavailable
 from dibs.stores.base import Store
 from dibs.stores.base_async import AsyncStore
@@ -416,8 +417,9 @@ class AsyncLease(_LeaseFace):
     :class:`~dibs.HoldLost` in place of that cancellation. A cancellation from
     outside propagates as :class:`asyncio.CancelledError`, as always.
     Cancelling the entry releases, best effort, a hold its cut-off claim may
-    have made: the claim is replayed with its request ID and released in a
-    background task (which event loop shutdown may cancel; the hold then expires).
+    have made: the claim is replayed with its request ID and released before
+    the cancellation propagates (to its end even if cancelled again), so a retry
+    finds the targets free; if the store cannot be reached, the hold expires.
     Enter and exit the lease in one task: its loss cancels the task that entered it.
     """
 
@@ -449,7 +451,9 @@ class AsyncLease(_LeaseFace):
             claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
             if attempt.unanswered is not None:
-                _keep(asyncio.ensure_future(self._abandon(attempt.unanswered)))
+                # Settled before the error propagates, even if cancelled again: once
+                # the cancelled entry returns, a retry finds the targets as they were.
+                await to_the_end(self._abandon(attempt.unanswered))
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
         self._task = task

@@ -37,6 +37,7 @@ from dibs._model import (
 from dibs._request import ClaimRequest
 from dibs.exceptions import (
     ClaimNotFound,
+    DibsError,
     HoldLost,
     HoldLostReason,
     InvalidInput,
@@ -196,7 +197,12 @@ class Store(abc.ABC):
         """
         if self._closed:
             self._check_open()
-        return self._claim(ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl))
+        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl)
+        try:
+            return self._claim(request)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim (idempotent on a confirmed one).
@@ -206,10 +212,14 @@ class Store(abc.ABC):
         released, or ``fence`` is not the claim's.
         """
         self._check_open()
+        args = transition_args(claim_id, holder, fence)
         try:
-            return self._confirm(*transition_args(claim_id, holder, fence))
+            return self._confirm(*args)
         except HoldLost as exc:
             self._log_lost("confirm", exc)
+            raise
+        except Exception as exc:
+            self._closed_under(exc)
             raise
 
     def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
@@ -219,10 +229,14 @@ class Store(abc.ABC):
         like :meth:`confirm`, and :class:`~dibs.InvalidInput` for a bad TTL.
         """
         self._check_open()
+        args = extend_args(claim_id, holder, fence, ttl)
         try:
-            return self._extend(*extend_args(claim_id, holder, fence, ttl))
+            return self._extend(*args)
         except HoldLost as exc:
             self._log_lost("extend", exc)
+            raise
+        except Exception as exc:
+            self._closed_under(exc)
             raise
 
     def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
@@ -234,10 +248,14 @@ class Store(abc.ABC):
         ``fence``) when ``fence`` is not the claim's.
         """
         self._check_open()
+        args = transition_args(claim_id, holder, fence)
         try:
-            return self._release(*transition_args(claim_id, holder, fence))
+            return self._release(*args)
         except HoldLost as exc:
             self._log_lost("release", exc)
+            raise
+        except Exception as exc:
+            self._closed_under(exc)
             raise
 
     def lease(
@@ -269,7 +287,12 @@ class Store(abc.ABC):
     def get(self, claim_id: str) -> Claim | None:
         """Return the claim with this ID as stored now, or None."""
         self._check_open()
-        return self._get(check_claim_id(claim_id))
+        checked = check_claim_id(claim_id)
+        try:
+            return self._get(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     def holder_of(self, target: Unit | Span) -> str | None:
         """Return who holds this unit (or a span overlapping this span) now, or None.
@@ -278,12 +301,22 @@ class Store(abc.ABC):
         decide a claim with it; claim and read the answer instead.
         """
         self._check_open()
-        return self._holder_of(target_arg(target))
+        checked = target_arg(target)
+        try:
+            return self._holder_of(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     def claims_of(self, holder: str) -> list[Claim]:
         """Return the holder's live claims (held and unexpired, or confirmed); a snapshot."""
         self._check_open()
-        return self._claims_of(check_holder(holder))
+        checked = check_holder(holder)
+        try:
+            return self._claims_of(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     def sweep(self) -> SweepResult:
         """Mark dead holds expired; purge request records and ended claims past retention.
@@ -295,7 +328,11 @@ class Store(abc.ABC):
         in any number of processes.
         """
         self._check_open()
-        result = self._sweep()
+        try:
+            result = self._sweep()
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
         log_sweep(self._logger, result)
         return result
 
@@ -311,8 +348,16 @@ class Store(abc.ABC):
         return self._closed
 
     def now(self) -> datetime:
-        """The store's current time (the clock that judges expiry), as aware UTC."""
-        return datetime.fromtimestamp(self._now(), UTC)
+        """The store's current time (the clock that judges expiry), as aware UTC.
+
+        Raises :class:`~dibs.StoreClosed` once the store is closed, as every call does.
+        """
+        self._check_open()
+        try:
+            return datetime.fromtimestamp(self._now(), UTC)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     # --- optional capabilities: None means "this store does not offer it" ----------------------
 
@@ -369,6 +414,16 @@ class Store(abc.ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    def _closed_under(self, exc: Exception) -> None:
+        """Raise :class:`~dibs.StoreClosed` for a driver's error met because close() came.
+
+        A call that passed its closed check and then met the resources close()
+        was taking away (a closed pool, client or connection) gets the error
+        every later call gets, never the driver's; a dibs error is an answer and
+        stands.
+        """
+        closed_under(self._closed, type(self).__name__, exc)
 
     def _once(self, key: str, make: Callable[[], _T]) -> _T:
         """``make()``'s result, made on the first call for ``key`` only (a capability object)."""
@@ -438,6 +493,12 @@ def target_arg(target: object) -> Unit | Span:
             f"holder_of() takes a Unit or a Span, got {target!r}", field="target", value=target
         )
     return target
+
+
+def closed_under(closed: bool, store: str, exc: Exception) -> None:
+    """Raise :class:`~dibs.StoreClosed` from ``exc`` if ``closed`` and it is not a dibs error."""
+    if closed and not isinstance(exc, DibsError):
+        raise StoreClosed(f"this {store} was closed during the call ({exc!r})") from exc
 
 
 def log_lost(logger: logging.Logger, operation: str, exc: HoldLost) -> None:

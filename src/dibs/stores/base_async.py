@@ -35,6 +35,7 @@ from dibs._request import ClaimRequest
 from dibs.exceptions import HoldLost, StoreClosed
 from dibs.stores.base import (
     adapt_old_claim,
+    closed_under,
     extend_args,
     log_lost,
     log_sweep,
@@ -174,7 +175,11 @@ class AsyncStore(abc.ABC):
             await self.open()
         elif self._loop is not asyncio.get_running_loop():
             self._check_loop()
-        return await self._claim(request)
+        try:
+            return await self._claim(request)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim: :meth:`dibs.Store.confirm`."""
@@ -185,6 +190,9 @@ class AsyncStore(abc.ABC):
             return await self._confirm(*args)
         except HoldLost as exc:
             log_lost(self._logger, "confirm", exc)
+            raise
+        except Exception as exc:
+            self._closed_under(exc)
             raise
 
     async def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
@@ -197,6 +205,9 @@ class AsyncStore(abc.ABC):
         except HoldLost as exc:
             log_lost(self._logger, "extend", exc)
             raise
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     async def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
         """Give up a live hold or confirmed claim: :meth:`dibs.Store.release`."""
@@ -207,6 +218,9 @@ class AsyncStore(abc.ABC):
             return await self._release(*args)
         except HoldLost as exc:
             log_lost(self._logger, "release", exc)
+            raise
+        except Exception as exc:
+            self._closed_under(exc)
             raise
 
     def lease(
@@ -233,27 +247,43 @@ class AsyncStore(abc.ABC):
         self._check_open()
         checked = check_claim_id(claim_id)
         await self._ready()
-        return await self._get(checked)
+        try:
+            return await self._get(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     async def holder_of(self, target: Unit | Span) -> str | None:
         """Who holds this unit or an overlapping span now: :meth:`dibs.Store.holder_of`."""
         self._check_open()
         checked = target_arg(target)
         await self._ready()
-        return await self._holder_of(checked)
+        try:
+            return await self._holder_of(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     async def claims_of(self, holder: str) -> list[Claim]:
         """The holder's live claims, a snapshot: :meth:`dibs.Store.claims_of`."""
         self._check_open()
         checked = check_holder(holder)
         await self._ready()
-        return await self._claims_of(checked)
+        try:
+            return await self._claims_of(checked)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     async def sweep(self) -> SweepResult:
         """Mark dead holds expired and purge past retention: :meth:`dibs.Store.sweep`."""
         self._check_open()
         await self._ready()
-        result = await self._sweep()
+        try:
+            result = await self._sweep()
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
         log_sweep(self._logger, result)
         return result
 
@@ -261,7 +291,11 @@ class AsyncStore(abc.ABC):
         """The store's current time (the clock that judges expiry), as aware UTC."""
         self._check_open()
         await self._ready()
-        return datetime.fromtimestamp(await self._now(), UTC)
+        try:
+            return datetime.fromtimestamp(await self._now(), UTC)
+        except Exception as exc:
+            self._closed_under(exc)
+            raise
 
     # --- for backends ---------------------------------------------------------------------------
 
@@ -297,6 +331,18 @@ class AsyncStore(abc.ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {type(self).__name__} is closed")
+
+    def _closed_under(self, exc: Exception) -> None:
+        """Raise :class:`~dibs.StoreClosed` for a driver's error met because close() came.
+
+        See :meth:`dibs.Store._closed_under`; a backend whose resources another
+        owner may close (:meth:`ThreadedStore.over`) widens :meth:`_shut`.
+        """
+        closed_under(self._shut(), type(self).__name__, exc)
+
+    def _shut(self) -> bool:
+        """Whether this store, or what it runs on, was closed."""
+        return self._closed
 
     def _move_to(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Move to ``loop`` after the loop the store was used on has closed; False if it can't.

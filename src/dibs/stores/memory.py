@@ -1042,6 +1042,23 @@ class MemoryStore(Store):
         return [_snapshot(r, _BEFORE_ANY_EXPIRY) for r in records]
 
     def _close(self) -> None:
+        # Every stripe, then every holder lock (the global order): a call already past
+        # its closed check finishes its atomic step before the indexes go, never
+        # meets a half-cleared one (a KeyError deleting what it just found).
+        stripes = tuple(range(self._nstripes))
+        self._acquire(stripes)
+        try:
+            for lock in self._holder_locks:
+                lock.acquire()
+            try:
+                self._clear()
+            finally:
+                for lock in reversed(self._holder_locks):
+                    lock.release()
+        finally:
+            self._release_locks(stripes)
+
+    def _clear(self) -> None:
         self._units.clear()
         self._spans.clear()
         self._requests.clear()

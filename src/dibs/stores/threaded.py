@@ -217,6 +217,10 @@ class ThreadedStore(AsyncStore):
             threading.Thread(target=old.close, name=f"dibs-{self.scheme}-close").start()
         return True
 
+    def _shut(self) -> bool:
+        sync = self.sync
+        return self._closed or (sync is not None and sync.closed)
+
     def _store(self) -> Store:
         store = self.sync
         if store is None or store.closed:  # closed by us meanwhile, or by its owner

@@ -587,6 +587,7 @@ class StoreContract:
             lambda: store.holder_of(SEAT),
             lambda: store.claims_of("alice"),
             store.sweep,
+            store.now,
         ]
         for call in calls:
             with pytest.raises(StoreClosed):

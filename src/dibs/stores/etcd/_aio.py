@@ -39,7 +39,7 @@ class AsyncEtcdStore(AsyncStore):
         self.request_retention = check_retention(request_retention)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._ops = Operations(settings, clock, lambda: self.request_retention)
-        self._driver = AsyncDriver(settings)
+        self._driver = AsyncDriver(settings, type(self).__name__)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:

@@ -59,7 +59,7 @@ class EtcdStore(Store):
         super().__init__(clock=clock, request_retention=request_retention)
         self.settings = settings
         self._ops = Operations(settings, clock, lambda: self.request_retention)
-        self._driver = SyncDriver(settings)
+        self._driver = SyncDriver(settings, type(self).__name__)
 
     @classmethod
     def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:

@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, TypeAlias, TypeVar
 
 from dibs._extras import needs
@@ -27,7 +27,7 @@ from dibs._extras import needs
 with needs("etcd", "the etcd:// store"):
     import httpx
 
-from dibs.exceptions import InvalidInput, StoreMisconfigured, StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreClosed, StoreMisconfigured, StoreUnavailable
 from dibs.stores.etcd._keys import Settings
 from dibs.stores.etcd._parts import Call, LeaseGone, Plan
 
@@ -179,32 +179,43 @@ def _close_client(client: httpx.Client, pid: int) -> None:
 class _Own:
     """One thread's client; when the thread ends its holder goes, and a finalizer closes it."""
 
-    __slots__ = ("__weakref__", "client", "pid")
+    __slots__ = ("__weakref__", "busy", "client", "close", "pid")
 
     def __init__(self, client: httpx.Client, pid: int) -> None:
         self.client = client
         self.pid = pid
+        self.busy = 0  # plans running on it now (its driver's _lock guards this)
+        self.close: Callable[[], object] = client.close  # its finalizer, once it has one
 
 
 class SyncDriver:
     """Runs plans on a blocking ``httpx.Client`` per thread (and per process: a fork gets its own).
 
     No connection is shared between threads (see :data:`_LIMITS`). A thread's client is
-    closed when the thread ends, and every thread's client when the store closes.
+    closed when the thread ends, and every thread's client when the store closes: at once
+    if no plan runs on it, else when its plan ends. A plan running when the store closes
+    runs to its end, so its answer stands (never a socket closed under a request that
+    etcd may have applied); a plan that starts after the close raises
+    :class:`~dibs.StoreClosed`.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: str = "EtcdStore") -> None:
         self.members = _Members(settings)
         self._local = threading.local()
         self._finalizers: set[weakref.finalize[Any, Any]] = set()
         self._ssl: ssl.SSLContext | None = None
-        self._lock = threading.Lock()  # guards _finalizers and _ssl
+        self._closed = False
+        self._store = store
+        self._lock = threading.Lock()  # guards _finalizers, _ssl, _closed and each _Own.busy
 
     def _http(self) -> httpx.Client:
+        return self._own().client
+
+    def _own(self) -> _Own:
         own: _Own | None = getattr(self._local, "own", None)
         pid = os.getpid()
         if own is not None and own.pid == pid and not own.client.is_closed:
-            return own.client
+            return own
         with self._lock:
             if self._ssl is None:
                 # httpx builds (and loads certificates into) a context per client by
@@ -215,29 +226,56 @@ class SyncDriver:
         own = _Own(client, pid)
         finalizer = weakref.finalize(own, _close_client, client, pid)
         finalizer.atexit = False  # the process is going: its sockets go with it
+        own.close = finalizer
         with self._lock:
             self._finalizers = {f for f in self._finalizers if f.alive}
             self._finalizers.add(finalizer)
         self._local.own = own  # replaces (and so finalizes) a forked or closed holder
-        return client
+        return own
+
+    def _closed_error(self) -> StoreClosed:
+        return StoreClosed(f"this {self._store} is closed")
+
+    def _checkout(self) -> _Own:
+        """This thread's client, marked busy until :meth:`_checkin`; StoreClosed once closed."""
+        if self._closed:
+            raise self._closed_error()
+        own = self._own()
+        with self._lock:
+            if not self._closed:
+                own.busy += 1
+                return own
+        own.close()  # close() came while it was made, and found it idle or not yet there
+        raise self._closed_error()
+
+    def _checkin(self, own: _Own) -> None:
+        with self._lock:
+            own.busy -= 1
+            last = self._closed and not own.busy
+        if last:  # the store closed while this plan ran: its client goes now
+            own.close()
 
     def run(self, plan: Plan[_T]) -> _T:
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                call = plan.throw(error) if error is not None else plan.send(value)
-            except StopIteration as done:
-                result: _T = done.value
-                return result
-            error = None
-            try:
-                value = self.send(call)
-            except LeaseGone as gone:
-                error = gone
-            except BaseException:
-                plan.close()
-                raise
+        own = self._checkout()
+        try:
+            value: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    call = plan.throw(error) if error is not None else plan.send(value)
+                except StopIteration as done:
+                    result: _T = done.value
+                    return result
+                error = None
+                try:
+                    value = self.send(call)
+                except LeaseGone as gone:
+                    error = gone
+                except BaseException:
+                    plan.close()
+                    raise
+        finally:
+            self._checkin(own)
 
     def send(self, call: Call) -> Any:
         client = self._http()
@@ -256,19 +294,34 @@ class SyncDriver:
                 outcome = (None, exc)
 
     def close(self) -> None:
+        """Refuse new plans; close every idle client now, and each busy one as its plan ends."""
+        idle: list[weakref.finalize[Any, Any]] = []
         with self._lock:
-            finalizers, self._finalizers = self._finalizers, set()
-        for finalizer in finalizers:
+            self._closed = True
+            for finalizer in self._finalizers:
+                found = finalizer.peek()
+                if found is not None and not found[0].busy:
+                    idle.append(finalizer)
+            self._finalizers = set()
+        for finalizer in idle:
             finalizer()  # closes that thread's client once (this process's only)
 
 
 class AsyncDriver:
-    """Runs plans on an ``httpx.AsyncClient`` of the loop the store belongs to."""
+    """Runs plans on an ``httpx.AsyncClient`` of the loop the store belongs to.
 
-    def __init__(self, settings: Settings) -> None:
+    :meth:`close` refuses new plans, waits for the plans in flight to end (their
+    answers stand, as on the blocking driver), then closes the client.
+    """
+
+    def __init__(self, settings: Settings, store: str = "AsyncEtcdStore") -> None:
         self.members = _Members(settings)
         self._client: httpx.AsyncClient | None = None
         self._pid = 0
+        self._closed = False
+        self._store = store
+        self._running = 0  # plans in flight
+        self._drained: asyncio.Event | None = None  # set when the last one ends, while closing
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._pid != os.getpid():
@@ -277,22 +330,30 @@ class AsyncDriver:
         return self._client
 
     async def run(self, plan: Plan[_T]) -> _T:
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                call = plan.throw(error) if error is not None else plan.send(value)
-            except StopIteration as done:
-                result: _T = done.value
-                return result
-            error = None
-            try:
-                value = await self.send(call)
-            except LeaseGone as gone:
-                error = gone
-            except BaseException:
-                plan.close()
-                raise
+        if self._closed:
+            raise StoreClosed(f"this {self._store} is closed")
+        self._running += 1
+        try:
+            value: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    call = plan.throw(error) if error is not None else plan.send(value)
+                except StopIteration as done:
+                    result: _T = done.value
+                    return result
+                error = None
+                try:
+                    value = await self.send(call)
+                except LeaseGone as gone:
+                    error = gone
+                except BaseException:
+                    plan.close()
+                    raise
+        finally:
+            self._running -= 1
+            if not self._running and self._drained is not None:
+                self._drained.set()
 
     async def send(self, call: Call) -> Any:
         client = self._http()
@@ -311,6 +372,11 @@ class AsyncDriver:
                 outcome = (None, exc)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._pid == os.getpid():  # a forked child's plans in flight are the parent's
+            while self._running:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
         if self._client is not None and self._pid == os.getpid():
             await self._client.aclose()
         self._client = None

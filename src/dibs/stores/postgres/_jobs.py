@@ -25,9 +25,9 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreClosed, StoreUnavailable
 from dibs.stores._sql_jobs import Dialect, SQLJobs
 from dibs.stores.postgres._connect import unreplicated
 from dibs.stores.postgres._sql import JOBS, upgrade
@@ -38,6 +38,13 @@ log = logging.getLogger("dibs.tasks")
 
 _ERRORS = (psycopg.Error, PoolTimeout)
 _T = TypeVar("_T")
+
+
+def _unavailable(exc: Exception) -> StoreUnavailable | StoreClosed:
+    """The pool's or the server's error as a dibs error: the store's close() is StoreClosed."""
+    if isinstance(exc, PoolClosed):
+        return StoreClosed(f"PostgreSQL job table: the store is closed ({exc})")
+    return StoreUnavailable(f"PostgreSQL job table: {exc}")
 
 
 class PostgresJobs(SQLJobs):
@@ -112,7 +119,7 @@ class PostgresJobs(SQLJobs):
                     yield conn
                 _replicated(conn)  # the COMMIT just sent
         except _ERRORS as exc:
-            raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
+            raise _unavailable(exc) from exc
 
     def _origin(self) -> str:
         # The pid too: a forked child shares this object, and must wake its parent.
@@ -137,7 +144,7 @@ class PostgresJobs(SQLJobs):
                 _replicated(conn)
                 return result
         except _ERRORS as exc:
-            raise StoreUnavailable(f"PostgreSQL job table: {exc}") from exc
+            raise _unavailable(exc) from exc
 
     def _on_caller(self, connection: object, work: Callable[[Any], _T]) -> _T:
         if not isinstance(connection, psycopg.Connection):

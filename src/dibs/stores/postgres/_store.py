@@ -49,6 +49,7 @@ from psycopg.rows import TupleRow
 from dibs._clock import Clock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
+from dibs.exceptions import StoreClosed
 from dibs.stores._fork import abandon
 from dibs.stores._retry import Backoff
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
@@ -145,6 +146,12 @@ class PostgresStore(Store):
         self._sql = self._ops.sql
         self._conninfo = conninfo
         self._fork_lock = threading.Lock()
+        # Statements in flight on the pool; close() waits for them before closing it, so
+        # no call waits for a connection of a closed pool (psycopg_pool queues a getconn
+        # that passed its open check after close() failed the queue: it would wait out
+        # pool_timeout, then fail as unavailable).
+        self._calls = 0
+        self._drained = threading.Condition()  # guards _calls
         self._pid = os.getpid()
         self._where = describe(conninfo)
         self._outage = Outage(self._where)
@@ -277,6 +284,25 @@ class PostgresStore(Store):
         :class:`~dibs.StoreClosed` once the store is closed. ``explain`` may
         translate a server error first (the claim's own SQLSTATEs).
         """
+        with self._drained:
+            if self._closed:
+                raise StoreClosed(f"this {type(self).__name__} is closed")
+            self._calls += 1
+        try:
+            return self._statement(query, params, fetch_all, explain)
+        finally:
+            with self._drained:
+                self._calls -= 1
+                if not self._calls:
+                    self._drained.notify_all()
+
+    def _statement(
+        self,
+        query: bytes,
+        params: Params,
+        fetch_all: bool,
+        explain: Callable[[psycopg.Error], Exception | None] | None,
+    ) -> Any:
         backoff: Backoff | None = None  # made on the first transient error only
         while True:
             answered = False
@@ -386,6 +412,10 @@ class PostgresStore(Store):
 
     def _close(self) -> None:
         if self._pid == os.getpid():
+            # The calls already in flight end first (each within pool_timeout plus one
+            # statement), as on the async store; new ones raise StoreClosed.
+            with self._drained:
+                self._drained.wait_for(lambda: not self._calls, self._pool_options["timeout"])
             self._own_pool.close()
         else:  # the parent's pool, inherited and never used here: leave its sessions alone
             abandon(self._own_pool)

@@ -1,0 +1,33 @@
+"""Finish an awaitable even when its caller is cancelled: for steps that must not stop halfway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["to_the_end"]
+
+_T = TypeVar("_T")
+
+
+async def to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile; then re-raise that.
+
+    For the store calls that must not stop halfway: storing a result whose function
+    ran, and ending a run hold.
+    """
+    task = asyncio.ensure_future(work)
+    interrupted: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():
+                break
+            interrupted = exc
+    if interrupted is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is the answer now
+        raise interrupted
+    return task.result()
