@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     },
     {"dibs.stores"},
     {"dibs._request", "dibs._model", "dibs._clock"},
-    {"dibs.limits", "dibs.exceptions", "dibs._extras", "dibs._shield"},
+    {"dibs.limits", "dibs.exceptions", "dibs._extras", "dibs._shield", "dibs._drive"},
 ]
 
 

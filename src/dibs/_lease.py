@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dibs._drive import adrive, drive
 from dibs._model import Claim, ClaimResult, ClaimState, Target
 from dibs._request import ClaimRequest
 from dibs.exceptions import (
@@ -434,35 +435,9 @@ _DECIDED = (StoreUnavailable, HoldLost, StoreClosed, ClaimNotFound)
 
 def _drive(policy: _Policy[_T], perform: Callable[[_Step], Any]) -> _T:
     """Run a policy with blocking calls: its steps' answers and errors go back into it."""
-    answer: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                step = policy.send(answer) if error is None else policy.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            try:
-                answer, error = perform(step), None
-            except _DECIDED as exc:  # the errors the policy decides on
-                answer, error = None, exc
-    finally:
-        policy.close()
+    return drive(policy, perform, _DECIDED)
 
 
 async def _adrive(policy: _Policy[_T], perform: Callable[[_Step], Coroutine[Any, Any, Any]]) -> _T:
     """:func:`_drive` with awaits."""
-    answer: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                step = policy.send(answer) if error is None else policy.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            try:
-                answer, error = await perform(step), None
-            except _DECIDED as exc:
-                answer, error = None, exc
-    finally:
-        policy.close()
+    return await adrive(policy, perform, _DECIDED)

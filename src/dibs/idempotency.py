@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
+from dibs._drive import adrive, drive
 from dibs._model import Claim, ClaimResult, Unit, check_name, check_seconds
 from dibs._shield import to_the_end as _to_the_end
 from dibs.exceptions import DibsError, InvalidInput, RequestConflict, StoreUnavailable
@@ -351,23 +352,15 @@ _T = TypeVar("_T")
 
 
 def _drive(steps: Generator[_Call, Any, _T], store: Any) -> _T:
-    """Run a protocol generator against a blocking store."""
-    sent: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            call = steps.throw(error) if error is not None else steps.send(sent)
-        except StopIteration as stop:
-            return cast(_T, stop.value)
+    """Run a protocol generator against a blocking store; every error goes back into it."""
+
+    def perform(call: _Call) -> Any:
         method, args, kwargs = call
-        error = sent = None
         if method == "sleep":
-            time.sleep(*args)
-            continue
-        try:
-            sent = getattr(store, method)(*args, **kwargs)
-        except Exception as exc:
-            error = exc
+            return time.sleep(*args)
+        return getattr(store, method)(*args, **kwargs)
+
+    return drive(steps, perform, Exception)
 
 
 async def _drive_async(steps: Generator[_Call, Any, _T], store: Any) -> _T:
@@ -376,26 +369,17 @@ async def _drive_async(steps: Generator[_Call, Any, _T], store: Any) -> _T:
     A coroutine method (a native asynchronous store) is awaited; a blocking
     one runs in a worker thread.
     """
-    sent: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            call = steps.throw(error) if error is not None else steps.send(sent)
-        except StopIteration as stop:
-            return cast(_T, stop.value)
+
+    async def perform(call: _Call) -> Any:
         method, args, kwargs = call
-        error = sent = None
         if method == "sleep":
-            await asyncio.sleep(*args)
-            continue
+            return await asyncio.sleep(*args)
         bound = getattr(store, method)
-        try:
-            if inspect.iscoroutinefunction(bound):
-                sent = await bound(*args, **kwargs)
-            else:
-                sent = await asyncio.to_thread(bound, *args, **kwargs)
-        except Exception as exc:
-            error = exc
+        if inspect.iscoroutinefunction(bound):
+            return await bound(*args, **kwargs)
+        return await asyncio.to_thread(bound, *args, **kwargs)
+
+    return await adrive(steps, perform, Exception)
 
 
 # --- the decorator -------------------------------------------------------------------------------

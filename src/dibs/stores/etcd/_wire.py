@@ -27,6 +27,7 @@ from dibs._extras import needs
 with needs("etcd", "the etcd:// store"):
     import httpx
 
+from dibs._drive import adrive, drive
 from dibs.exceptions import InvalidInput, StoreClosed, StoreMisconfigured, StoreUnavailable
 from dibs.stores.etcd._keys import Settings
 from dibs.stores.etcd._parts import Call, LeaseGone, Plan
@@ -90,9 +91,10 @@ def _verdict(call: Call, response: httpx.Response | None, exc: Exception | None)
     )
 
 
-Exchange: TypeAlias = Generator[
-    tuple[str, float], tuple["httpx.Response | None", "Exception | None"], Any
-]
+Outcome: TypeAlias = tuple["httpx.Response | None", "Exception | None"]
+"""What a post came to: the response, or the error that stood for one."""
+
+Exchange: TypeAlias = Generator[tuple[str, float], Outcome, Any]
 
 
 def _exchange(members: _Members, call: Call) -> Exchange:
@@ -258,40 +260,23 @@ class SyncDriver:
     def run(self, plan: Plan[_T]) -> _T:
         own = self._checkout()
         try:
-            value: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    call = plan.throw(error) if error is not None else plan.send(value)
-                except StopIteration as done:
-                    result: _T = done.value
-                    return result
-                error = None
-                try:
-                    value = self.send(call)
-                except LeaseGone as gone:
-                    error = gone
-                except BaseException:
-                    plan.close()
-                    raise
+            return drive(plan, self.send, LeaseGone)
         finally:
             self._checkin(own)
 
     def send(self, call: Call) -> Any:
         client = self._http()
-        steps = _exchange(self.members, call)
-        outcome: tuple[httpx.Response | None, Exception | None] | None = None
-        while True:
-            try:
-                url, pause = steps.send(outcome)  # type: ignore[arg-type]  # None starts it
-            except StopIteration as done:
-                return done.value
+
+        def post(step: tuple[str, float]) -> Outcome:
+            url, pause = step
             if pause:
                 time.sleep(pause)
             try:
-                outcome = (client.post(url + call.path, json=call.body), None)
+                return (client.post(url + call.path, json=call.body), None)
             except httpx.HTTPError as exc:
-                outcome = (None, exc)
+                return (None, exc)
+
+        return drive(_exchange(self.members, call), post)
 
     def close(self) -> None:
         """Refuse new plans; close every idle client now, and each busy one as its plan ends."""
@@ -334,22 +319,7 @@ class AsyncDriver:
             raise StoreClosed(f"this {self._store} is closed")
         self._running += 1
         try:
-            value: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    call = plan.throw(error) if error is not None else plan.send(value)
-                except StopIteration as done:
-                    result: _T = done.value
-                    return result
-                error = None
-                try:
-                    value = await self.send(call)
-                except LeaseGone as gone:
-                    error = gone
-                except BaseException:
-                    plan.close()
-                    raise
+            return await adrive(plan, self.send, LeaseGone)
         finally:
             self._running -= 1
             if not self._running and self._drained is not None:
@@ -357,19 +327,17 @@ class AsyncDriver:
 
     async def send(self, call: Call) -> Any:
         client = self._http()
-        steps = _exchange(self.members, call)
-        outcome: tuple[httpx.Response | None, Exception | None] | None = None
-        while True:
-            try:
-                url, pause = steps.send(outcome)  # type: ignore[arg-type]  # None starts it
-            except StopIteration as done:
-                return done.value
+
+        async def post(step: tuple[str, float]) -> Outcome:
+            url, pause = step
             if pause:
                 await asyncio.sleep(pause)
             try:
-                outcome = (await client.post(url + call.path, json=call.body), None)
+                return (await client.post(url + call.path, json=call.body), None)
             except httpx.HTTPError as exc:
-                outcome = (None, exc)
+                return (None, exc)
+
+        return await adrive(_exchange(self.members, call), post)
 
     async def close(self) -> None:
         self._closed = True

@@ -23,6 +23,7 @@ with needs("postgres", "the postgresql:// store"):
     import psycopg
 
 from dibs._clock import Clock, SystemClock
+from dibs._drive import adrive
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.stores._fork import abandon
@@ -302,18 +303,14 @@ class AsyncPostgresStore(AsyncStore):
             if pool is None or self._pid != os.getpid():  # not yet open, or forked
                 pool = await self._pool()
             conn = await pool.getconn()
+
+            async def perform(now: Step) -> Any:
+                nonlocal step
+                step = now
+                return await self._statement(conn, now, job)
+
             try:
-                while True:
-                    try:
-                        answer = await self._statement(conn, step, job)
-                    except LeaveItToTheFunction as exc:
-                        thrown: BaseException | None = exc
-                    else:
-                        thrown = None
-                    try:
-                        step = plan.send(answer) if thrown is None else plan.throw(thrown)
-                    except StopIteration as done:
-                        return done.value
+                return await adrive(plan, perform, LeaveItToTheFunction, first=step)
             finally:
                 await pool.putconn(conn)
         except (psycopg.Error, UnicodeError) as exc:  # the pool's: closed, timed out, connecting

@@ -47,6 +47,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from dibs._clock import Clock
+from dibs._drive import drive
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.exceptions import StoreClosed
@@ -255,18 +256,7 @@ class PostgresStore(Store):
     def _run(self, plan: Plan[_T]) -> _T:
         """Run an operation's statements (see :mod:`dibs.stores.postgres._ops`); its result."""
         call = self._call
-        try:
-            step = next(plan)
-            while True:
-                try:
-                    answer = call(*step)
-                except LeaveItToTheFunction as exc:
-                    step = plan.throw(exc)
-                else:
-                    step = plan.send(answer)
-        except StopIteration as done:
-            result: _T = done.value
-            return result
+        return drive(plan, lambda step: call(*step), LeaveItToTheFunction)
 
     def _call(
         self,
