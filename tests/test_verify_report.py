@@ -213,7 +213,6 @@ def test_short_holds_make_expiry_races_common(
         kind = "short" if ttl < 0.05 else "long"
         tried[kind] += 1
         raced[kind] += op.value.get("reason") in ("expired", "taken_over")
-    assert raced["short"] + raced["long"] == figures["expiry_races"], (raced, figures)
     short = raced["short"] / max(1, tried["short"])
     long = raced["long"] / max(1, tried["long"])
     # 3-11 in 100 of the short holds' transitions race (3-5 under four CPU burners on
