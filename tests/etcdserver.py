@@ -41,6 +41,8 @@ from typing import Self
 
 import pytest
 
+from dibs.verify._reaper import reap_when_gone
+
 __all__ = [
     "EtcdCluster",
     "EtcdSetupError",
@@ -198,6 +200,8 @@ class EtcdCluster:
         self.binary = binary or ensure_installed()
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.root = Path(tempfile.mkdtemp(prefix="dibs-etcd-", dir=base))
+        # If this process dies without close() (SIGTERM, SIGKILL), the members and root go too.
+        self._reaper = reap_when_gone(self.root)
         self.members: list[Member] = []
 
     @property
@@ -286,6 +290,7 @@ class EtcdCluster:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 m.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+        self._reaper.close()
 
     def __enter__(self) -> Self:
         return self

@@ -37,6 +37,8 @@ from urllib.parse import quote
 
 import psycopg
 
+from dibs.verify._reaper import reap_when_gone
+
 __all__ = ["PostgresServer", "ServerSetupError", "ensure_installed", "find_bindir"]
 
 ADMIN_ROLE = "dibs_admin"
@@ -189,6 +191,8 @@ class PostgresServer:
             or ("/tmp" if self.os_user is not None else None)
         )
         self.root = Path(tempfile.mkdtemp(prefix="dibs-pg-", dir=base))
+        # If this process dies without close() (SIGTERM, SIGKILL), the server and root go too.
+        self._reaper = reap_when_gone(self.root)
         self.datadir = self.root / "data"
         self.logfile = self.root / "server.log"
         self._running = False
@@ -388,6 +392,7 @@ class PostgresServer:
 
     def _remove_root(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        self._reaper.close()
 
 
 def main() -> None:

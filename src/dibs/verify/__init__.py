@@ -17,7 +17,7 @@ docs/reliability.md says what they prove and what they cannot.
 
 from dibs.verify._check import Report, check_history
 from dibs.verify._history import History, LogRow, Op, read_history
-from dibs.verify._planted import PLANTS, open_planted
+from dibs.verify._planted import PLANTS, REPLAY_PLANTS, open_planted
 from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, run_workload
 from dibs.verify._tasks import TaskReport, verify_tasks
@@ -26,6 +26,7 @@ from dibs.verify._workload import Workload
 __all__ = [
     "FAULTS",
     "PLANTS",
+    "REPLAY_PLANTS",
     "History",
     "LogRow",
     "Op",

@@ -38,7 +38,7 @@ from dibs.verify._cluster_run import (
     run_on_cluster,
 )
 from dibs.verify._history import read_history
-from dibs.verify._planted import PLANTS
+from dibs.verify._planted import ALL_PLANTS
 from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
@@ -187,7 +187,7 @@ def add_verify_command(
         "--plant",
         metavar="NAME|module:Class",
         help=(
-            f"run on a deliberately broken store: {', '.join(PLANTS)}, or module:Class, "
+            f"run on a deliberately broken store: {', '.join(ALL_PLANTS)}, or module:Class, "
             "any importable Store subclass with from_url(url, **options)"
         ),
     )

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from dibs.verify._reaper import reap_when_gone
+
 __all__ = [
     "ClusterSetupError",
     "EtcdCluster",
@@ -232,6 +234,8 @@ class EtcdCluster:
         self.binary = require("etcd", "etcd-server")
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="dibs-etcd-")) if root is None else root
+        # Killed without close() (SIGTERM, SIGKILL), the run leaves no member and no directory.
+        self._reaper = reap_when_gone(self.root) if self._own_root else None
         self.name = name
         ports = free_ports(2 * members)
         self.client_ports = ports[:members]
@@ -293,6 +297,8 @@ class EtcdCluster:
             m.kill()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._reaper is not None:
+            self._reaper.close()
 
     def __enter__(self) -> Self:
         self.start()

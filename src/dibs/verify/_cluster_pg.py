@@ -60,6 +60,7 @@ from dibs.verify._cluster import (
     signal_all,
     wait_for,
 )
+from dibs.verify._reaper import reap_when_gone
 
 __all__ = ["REPLICATION", "PostgresHA", "find_pg_bindir"]
 
@@ -108,6 +109,8 @@ class PostgresHA:
         self.bindir = find_pg_bindir()
         self.user = server_os_user()
         self.root = Path(tempfile.mkdtemp(prefix="dibs-pgha-", dir="/tmp"))
+        # Killed without close() (SIGTERM, SIGKILL), the run leaves no server and no directory.
+        self._reaper = reap_when_gone(self.root)
         self.admin_password = secrets.token_hex(12)
         self.app_password = secrets.token_hex(12)
         self.repl_password = secrets.token_hex(12)
@@ -238,6 +241,7 @@ class PostgresHA:
         self._kill_strays()
         self.etcd.close()
         shutil.rmtree(self.root, ignore_errors=True)
+        self._reaper.close()
 
     def _kill_strays(self) -> None:
         """Any postgres left running from this cluster's data directories (an orphaned one)."""

@@ -11,7 +11,17 @@ acknowledged operations indexed by claim ID, checks that:
 * no claim was granted while an earlier claim on a conflicting target was
   still live (held before its expiry, or confirmed and not yet released);
 * a confirmed claim was confirmed by its holder before its hold expired and
-  was never taken over.
+  was never taken over;
+* an acknowledged grant holds exactly the targets asked for;
+* an acknowledged confirm, extend or release used the claim's own fence;
+* an acknowledged extension of a hold was decided (its new ``expires_at``
+  minus its TTL) before the hold's latest known expiry;
+* a request ID answered twice answered alike (the same claim, or the same
+  refusal), and never took two different inputs.
+
+The last three need no log: they judge the history's own answers, so they
+hold whatever the store kept, and they are what the linearizability search
+would find on a resource it could not finish.
 
 A claim's live interval is read from its final row: from ``created_at`` to
 ``expires_at`` for holds that expired (or still wait), to ``updated_at`` for
@@ -48,9 +58,9 @@ from dibs._model import target_to_json
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
 from dibs.verify._history import OK, UNKNOWN, LogRow, Op
-from dibs.verify._model import keys_of
+from dibs.verify._model import TOLERANCE, keys_of
 
-__all__ = ["LogAnomaly", "acknowledged_fences", "dump_log", "micros", "replay_log"]
+__all__ = ["LogAnomaly", "acknowledged_fences", "answers", "dump_log", "micros", "replay_log"]
 
 _SPAN_HORIZON = 60 * 1_000_000
 """µs: span claims that ended this long before a new one are no longer compared."""
@@ -239,6 +249,16 @@ def replay_log(
                         [op],
                     )
                 )
+            elif frozenset(row.targets) != _asked(op):
+                anomalies.append(
+                    LogAnomaly(
+                        "grant-targets",
+                        f"claim {row.id} was granted on {_text(row.targets)}, "
+                        f"asked for {_text(_asked(op))}",
+                        [row],
+                        [op],
+                    )
+                )
         elif op.fn in ("confirm", "release", "extend"):
             cid = str(op.args["claim_id"])
             row = by_id.get(cid)
@@ -248,6 +268,16 @@ def replay_log(
                     LogAnomaly("lost-claim", f"claim {cid} is not in the log", [], [op])
                 )
                 continue
+            if op.args["fence"] != row.fence:
+                anomalies.append(
+                    LogAnomaly(
+                        "stale-fence-accepted",
+                        f"{op.fn} of claim {cid} with fence {op.args['fence']} was acknowledged, "
+                        f"but the claim's fence is {row.fence}",
+                        [row],
+                        [op],
+                    )
+                )
             if op.fn == "confirm" and row.state not in ("confirmed", "released"):
                 anomalies.append(
                     LogAnomaly(
@@ -279,6 +309,8 @@ def replay_log(
                         later,
                     )
                 )
+
+    anomalies.extend(answers(ops, outlive=outlive))
 
     # 2-4. One pass in fence order.
     seen_fences: dict[int, LogRow] = {}
@@ -334,6 +366,124 @@ def replay_log(
         if row.state == "confirmed" and not outlive:
             _check_confirm_time(row, on_claim.get(row.id, []), anomalies)
     return anomalies
+
+
+def _asked(op: Op) -> frozenset[tuple[Any, ...]]:
+    return frozenset(tuple(t) for t in op.args["targets"])
+
+
+def _text(targets: Any) -> str:
+    return "+".join(
+        f"{t[1]}/{t[2]}" if t[0] == "u" else f"{t[1]}[{t[2]},{t[3]})" for t in sorted(targets)
+    )
+
+
+def answers(ops: Sequence[Op], *, outlive: bool = False) -> list[LogAnomaly]:
+    """What the history's answers alone break: stale fences, late extends, request replays.
+
+    ``outlive``: holds may live past their ``expires_at`` (etcd), so an extend
+    after it is no anomaly. Needs no log, and runs in O(n log n).
+    """
+    found: list[LogAnomaly] = []
+    by_claim: dict[str, list[Op]] = {}
+    by_request: dict[str, list[Op]] = {}
+    for op in ops:
+        cid = op.args.get("claim_id") or op.value.get("claim_id")
+        if cid is not None:
+            by_claim.setdefault(str(cid), []).append(op)
+        if op.fn == "claim" and op.args.get("rid") is not None:
+            by_request.setdefault(str(op.args["rid"]), []).append(op)
+    if not outlive:
+        for cid, on in by_claim.items():
+            found.extend(_late_extends(cid, on))
+    for rid, asked in by_request.items():
+        found.extend(_replays(rid, asked))
+    return found
+
+
+def _late_extends(cid: str, on: list[Op]) -> list[LogAnomaly]:
+    """Acknowledged extensions decided after the hold's latest known expiry."""
+    if any(o.status == UNKNOWN and o.fn in ("claim", "extend") for o in on):
+        return []  # an unacknowledged grant or extension may have moved the expiry: no bound
+    known = sorted(
+        (o.start, o.value["expires_at"])
+        for o in on
+        if o.status == OK and o.fn in ("claim", "extend") and o.value.get("expires_at") is not None
+    )
+    found = []
+    for op in on:
+        v = op.value
+        if not (op.fn == "extend" and op.status == OK and v.get("state") == "held"):
+            continue
+        if v.get("expires_at") is None:
+            continue
+        decided = int(v["expires_at"]) - round(float(op.args["ttl"]) * 1_000_000)
+        # Every write that set the expiry this extend judged began before it ended.
+        before = [exp for start, exp in known if start < op.end and exp != v["expires_at"]]
+        if before and decided > max(before) + TOLERANCE:
+            found.append(
+                LogAnomaly(
+                    "extend-after-expiry",
+                    f"claim {cid} was extended {(decided - max(before)) / 1000:.3f} ms after "
+                    "its hold had expired",
+                    [],
+                    on,
+                )
+            )
+    return found
+
+
+def _outcome(op: Op) -> tuple[Any, ...]:
+    v = op.value
+    if v.get("granted"):
+        return ("granted", v.get("claim_id"), v.get("fence"))
+    return ("refused", frozenset(tuple(t) for t in v.get("taken", ())))
+
+
+def _replays(rid: str, asked: list[Op]) -> list[LogAnomaly]:
+    """A request ID's acknowledged answers: one input, one outcome, one fresh answer at most."""
+    answered = sorted((o for o in asked if o.status == OK), key=lambda o: o.end)
+    if len(answered) < 2:
+        return []
+    inputs: dict[tuple[Any, ...], Op] = {}
+    for op in answered:
+        a = op.args
+        inputs.setdefault((a["holder"], tuple(map(tuple, a["targets"])), a.get("ttl")), op)
+    if len(inputs) > 1:
+        first, other, *_ = inputs.values()
+        return [
+            LogAnomaly(
+                "request-input-ignored",
+                f"request ID {rid} was answered for two different inputs (ttl "
+                f"{first.args.get('ttl')} for {_text(_asked(first))}, then ttl "
+                f"{other.args.get('ttl')} for {_text(_asked(other))}) instead of a "
+                "RequestConflict",
+                [],
+                answered,
+            )
+        ]
+    first = answered[0]
+    for op in answered[1:]:
+        # A fresh answer after one the client already had: the request was forgotten.
+        fresh_again = not op.value.get("replayed") and op.start > first.end
+        if _outcome(op) != _outcome(first) or fresh_again:
+            return [
+                LogAnomaly(
+                    "replay-differs",
+                    f"request ID {rid} was answered {_describe(first)}, then {_describe(op)}",
+                    [],
+                    answered,
+                )
+            ]
+    return []
+
+
+def _describe(op: Op) -> str:
+    v = op.value
+    how = "replayed" if v.get("replayed") else "fresh"
+    if v.get("granted"):
+        return f"granted claim {v.get('claim_id')} ({how})"
+    return f"refused, taken {_text(v.get('taken', ()))} ({how})"
 
 
 def _fresh_grants(ops: Sequence[Op]) -> list[Op]:

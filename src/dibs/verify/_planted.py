@@ -12,6 +12,11 @@ anomalies every time; a checker that passes a plant is broken.
 * ``client-clock`` — expiry judged on each client's clock, skewed by ± the
   skew, instead of on the store's one clock (principle 4).
 
+The plants of :data:`~dibs.verify._planted_replay.REPLAY_PLANTS` (a grant on
+other targets, a stale fence accepted, an extend after expiry, a request
+record replayed wrongly) are caught by the log replay alone, so also where the
+search runs out of budget.
+
 A plant may also be ``module:Class``: any importable :class:`~dibs.Store`
 subclass with ``from_url(url, **options)``, so that users and auditors can
 bring their own broken (or suspect) stores.
@@ -33,11 +38,15 @@ from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
+from dibs.verify._planted_replay import REPLAY_PLANTS, replay_plant
 from dibs.verify._workload import RACE_WINDOW
 
-__all__ = ["PLANTS", "SkewedClock", "open_planted", "plant_class"]
+__all__ = ["ALL_PLANTS", "PLANTS", "REPLAY_PLANTS", "SkewedClock", "open_planted", "plant_class"]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
+"""The plants every checker must catch: the negative controls run on every store."""
+ALL_PLANTS = PLANTS + REPLAY_PLANTS
+"""Every built-in plant a ``--plant`` name may give."""
 
 
 class _CheckThenActMemory(MemoryStore):
@@ -197,14 +206,17 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
         return custom(url, **options)
     # The built-in plants are broken twins of the built-in stores, keyed by the store's
     # registered scheme (postgres:// and postgresql:// are one store).
-    scheme = store_class(url).scheme
+    base = store_class(url)
+    scheme = base.scheme
     cls = _CLASSES.get((plant, scheme))
+    if cls is None and plant in REPLAY_PLANTS:
+        cls = replay_plant(plant, base)
     if cls is None and plant in PLANTS and scheme == "postgresql":
         cls = _postgres_plant(plant)
     if cls is None:
         raise InvalidInput(
-            f"no planted bug {plant!r} for {scheme}:// (plants: {', '.join(PLANTS)}; "
-            "stores: memory, sqlite, postgresql)",
+            f"no planted bug {plant!r} for {scheme}:// (plants: {', '.join(ALL_PLANTS)}; "
+            "stores: memory, sqlite, postgresql; extend-revives: memory, sqlite)",
             field="plant",
             value=plant,
         )

@@ -55,7 +55,7 @@ from dibs.stores import store_class
 from dibs.stores.base import Store
 from dibs.verify._history import iter_events, write_events
 from dibs.verify._log import dump_log
-from dibs.verify._planted import PLANTS, SkewedClock, open_planted, plant_class
+from dibs.verify._planted import ALL_PLANTS, SkewedClock, open_planted, plant_class
 from dibs.verify._workload import (
     POOL_PREFIX,
     Client,
@@ -92,9 +92,13 @@ def _check(workload: Workload) -> type[Store]:
             field="faults",
             value=workload.faults,
         )
-    if workload.plant is not None and workload.plant not in PLANTS and ":" not in workload.plant:
+    if (
+        workload.plant is not None
+        and workload.plant not in ALL_PLANTS
+        and ":" not in workload.plant
+    ):
         raise InvalidInput(
-            f"unknown plant {workload.plant!r}; plants: {', '.join(PLANTS)}, "
+            f"unknown plant {workload.plant!r}; plants: {', '.join(ALL_PLANTS)}, "
             "or module:Class (a Store subclass with from_url)",
             field="plant",
             value=workload.plant,
