@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from dibs._model import Claim, ClaimResult, Target
+from dibs._model import Claim, ClaimResult
+from dibs._request import ClaimRequest
 from dibs.exceptions import RequestConflict
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
@@ -42,12 +43,13 @@ REPLAY_PLANTS = (
 
 
 class _FewerTargets(Store):
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
         # BUG: the last target of a group is never claimed, and the grant says nothing.
+        targets = request.targets
         kept = targets[:-1] if len(targets) > 1 else targets
-        return super()._claim(kept, holder, request_id, ttl)  # type: ignore[safe-super]
+        return super()._claim(  # type: ignore[safe-super]
+            ClaimRequest.of(kept, request.holder, request.request_id, request.ttl)
+        )
 
 
 class _FenceIgnored(Store):
@@ -70,29 +72,25 @@ class _FenceIgnored(Store):
 
 
 class _ReplayReclaims(Store):
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
-        result = super()._claim(targets, holder, request_id, ttl)  # type: ignore[safe-super]
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
+        result = super()._claim(request)  # type: ignore[safe-super]
         if result.replayed and not result.granted:
             # BUG: a refusal is not worth remembering: try again, as a new claim.
-            return super()._claim(targets, holder, None, ttl)  # type: ignore[safe-super]
+            again = ClaimRequest.of(request.targets, request.holder, None, request.ttl)
+            return super()._claim(again)  # type: ignore[safe-super]
         return result
 
 
 class _InputIgnored(Store):
-    def _claim(
-        self, targets: tuple[Target, ...], holder: str, request_id: str | None, ttl: float | None
-    ) -> ClaimResult:
+    def _claim(self, request: ClaimRequest) -> ClaimResult:
         first = self.__dict__.setdefault("_first_input", {})
-        if request_id is not None:
-            first.setdefault(request_id, (targets, ttl))
+        if request.request_id is not None:
+            first.setdefault(request.request_id, request)
         try:
-            return super()._claim(targets, holder, request_id, ttl)  # type: ignore[safe-super]
+            return super()._claim(request)  # type: ignore[safe-super]
         except RequestConflict:
             # BUG: the first input's outcome, replayed, for a request with other input.
-            old_targets, old_ttl = first[request_id]
-            return super()._claim(old_targets, holder, request_id, old_ttl)  # type: ignore[safe-super]
+            return super()._claim(first[request.request_id])  # type: ignore[safe-super]
 
 
 _extending = threading.local()
