@@ -214,11 +214,14 @@ def test_limit_means_what_jobs_limit_means(
                 with pytest.raises(SystemExit) as exited:
                     main(["jobs", "list", "--store", place.url, "--limit", str(wrong)])
                 _, err = capsys.readouterr()
-                assert exited.value.code == 2 and str(raised.value) in err, (wrong, err)
+                assert exited.value.code == 2 and raised.value.field == "limit", (wrong, err)
+                assert "argument --limit: expected a whole number from 1 to 2**63 - 1" in err
         finally:
             processor.shutdown(timeout=60)
     for wrong in ("none", "1.5", "", "9" * 5000):
         with pytest.raises(SystemExit) as exited:
             main(["jobs", "list", "--store", place.url, "--limit", wrong])
         _, err = capsys.readouterr()
-        assert exited.value.code == 2 and "limit must be an int" in err, (wrong, err)
+        assert exited.value.code == 2, (wrong, err)
+        assert "argument --limit: expected a whole number from 1 to 2**63 - 1" in err, err
+        assert len(err) < 1000, err  # the bad value is shown cut short

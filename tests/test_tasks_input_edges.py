@@ -228,4 +228,4 @@ def test_dibs_worker_checks_its_drain_timeout_when_it_starts(
     with pytest.raises(SystemExit) as exited:
         main(["worker", "--app", "no_such_module:processor", "--timeout", bad])
     assert exited.value.code == 2
-    assert "timeout must be a number of seconds" in capsys.readouterr().err
+    assert "argument --timeout: expected seconds from 0 to" in capsys.readouterr().err

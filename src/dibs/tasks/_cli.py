@@ -19,6 +19,7 @@ from typing import Any
 
 import dibs
 from dibs._cli_options import add_store_option, open_existing
+from dibs._model import shown
 from dibs.exceptions import InvalidInput
 from dibs.stores import default_url
 from dibs.stores.jobs import FINISHED_STATES, LIVE_STATES, Job, JobTable
@@ -121,8 +122,10 @@ def _limit(text: str) -> int | None:
         value = text
     try:
         return check_limit(value)
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from 1 to 2**63 - 1, or all, got {shown(text)}"
+        ) from None
 
 
 def _name(text: str) -> str:

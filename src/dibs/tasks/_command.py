@@ -14,9 +14,10 @@ from types import FrameType
 from typing import Any
 
 import dibs
+from dibs._model import shown
 from dibs.exceptions import InvalidInput, MissingExtra
 from dibs.tasks._processor import QUEUES_ENV, TaskProcessor
-from dibs.tasks._time import to_seconds
+from dibs.tasks._time import DURATION_MAX, to_seconds
 
 __all__ = ["load_app", "run_worker"]
 
@@ -85,8 +86,10 @@ def drain_seconds(text: str) -> float:
         value = text
     try:
         return to_seconds(value, "timeout", allow_zero=True)
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds from 0 to {DURATION_MAX:g}, got {shown(text)}"
+        ) from None
 
 
 def run_worker(
