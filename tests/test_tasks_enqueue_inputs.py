@@ -33,6 +33,10 @@ from pg_fixtures import schema_url
 GUARD = 60.0
 
 
+CONNECTION_KINDS = ["sqlite", "postgresql"]
+"""The job tables that take a caller's connection (``enqueue(connection=)``)."""
+
+
 @pytest.fixture(params=kinds_offering("job_table"))
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -70,8 +74,6 @@ def other_place(make_store: StoreMaker, request: pytest.FixtureRequest) -> Itera
     if make_store.kind == "sqlite":
         yield f"sqlite:///{make_store.tmp_path / 'other.db'}"
         return
-    if make_store.kind != "postgresql":
-        pytest.skip("memory takes no connection (test_tasks_features)")
     admin = request.getfixturevalue("pg_admin_url")
     name = f"dibs_other_{secrets.token_hex(4)}"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -106,6 +108,7 @@ def _end(conn: Any, commit: bool) -> None:
         conn.commit() if commit else conn.rollback()
 
 
+@pytest.mark.parametrize("store_kind", CONNECTION_KINDS, indirect=True)  # memory takes none
 def test_a_connection_to_another_store_is_refused(
     make_store: StoreMaker, client: TaskProcessor, other_place: str
 ) -> None:
@@ -126,6 +129,7 @@ def test_a_connection_to_another_store_is_refused(
         assert other_table.find() == [] and _rows(client) == []
 
 
+@pytest.mark.parametrize("store_kind", CONNECTION_KINDS, indirect=True)  # memory takes none
 def test_a_connection_to_a_database_without_the_store_is_refused(
     make_store: StoreMaker, client: TaskProcessor, other_place: str
 ) -> None:
@@ -143,12 +147,11 @@ def test_a_connection_to_a_database_without_the_store_is_refused(
         conn.close()
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)
 def test_the_stores_file_by_another_path_is_accepted(
     make_store: StoreMaker, client: TaskProcessor
 ) -> None:
     """The same file is the same store, however it is spelled (here: through a symlink)."""
-    if make_store.kind != "sqlite":
-        pytest.skip("file paths are SQLite's")
     link = make_store.tmp_path / "link.db"
     os.symlink(make_store.tmp_path / "dibs.db", link)
     conn = sqlite3.connect(link, isolation_level=None)
@@ -161,12 +164,11 @@ def test_the_stores_file_by_another_path_is_accepted(
     assert _rows(client) == [job_id]
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite"], indirect=True)
 def test_a_temporary_job_table_on_the_connection_is_refused(
     make_store: StoreMaker, client: TaskProcessor
 ) -> None:
     """A TEMP table of the same name would hide the store's own from our statements."""
-    if make_store.kind != "sqlite":
-        pytest.skip("SQLite's temp schema")
     conn = sqlite3.connect(make_store.tmp_path / "dibs.db", isolation_level=None)
     try:
         conn.execute("CREATE TEMP TABLE dibs_jobs AS SELECT * FROM main.dibs_jobs WHERE 0")
@@ -200,13 +202,12 @@ def _caller_factories(kind: str) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.parametrize("store_kind", CONNECTION_KINDS, indirect=True)  # memory takes none
 @pytest.mark.parametrize("commit", [True, False])
 def test_any_connection_the_driver_allows_gives_the_right_ids(
     make_store: StoreMaker, client: TaskProcessor, commit: bool
 ) -> None:
     """Before: text_factory=bytes gave a wrong ID (``"b'j-…'"``); RawCursor a TypeError."""
-    if make_store.kind == "memory":
-        pytest.skip("memory takes no connection")
     added: list[str] = []
     for options in _caller_factories(make_store.kind):
         conn = _connect(make_store.url, **dict(options))
@@ -228,14 +229,13 @@ def test_any_connection_the_driver_allows_gives_the_right_ids(
         assert sorted(_rows(client)) == sorted(added), options
 
 
+@pytest.mark.parametrize("store_kind", CONNECTION_KINDS, indirect=True)  # memory takes none
 def test_a_batch_on_an_autocommit_connection_is_still_all_or_none(
     make_store: StoreMaker, client: TaskProcessor
 ) -> None:
     """No transaction of the caller's (psycopg autocommit; SQLite isolation_level=None and
     no BEGIN): the batch makes its own, so a batch larger than one INSERT (200 rows)
     cannot be half added. Before, on SQLite, each INSERT committed on its own."""
-    if make_store.kind == "memory":
-        pytest.skip("memory takes no connection")
     if make_store.kind == "sqlite":
         conn: Any = sqlite3.connect(make_store.tmp_path / "dibs.db", isolation_level=None)
         sent: list[str] = []
