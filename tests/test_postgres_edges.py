@@ -31,6 +31,7 @@ from dibs import (
     Unit,
 )
 from dibs._model import targets_to_text
+from dibs._request import ClaimRequest
 from dibs.stores.postgres import PostgresStore
 from dibs.stores.postgres._sql import SCHEMA_VERSION
 from pg_fixtures import schema_url
@@ -520,11 +521,11 @@ def test_names_postgresql_cannot_store_are_invalid_input(store: dibs.Store, name
     pg: Any = store
     unit = Unit("seat", "1")
     for call in (
-        lambda: pg._claim((Unit(name, "1"),), "alice", None, None),
-        lambda: pg._claim((Unit("seat", name),), "alice", None, 5.0),
-        lambda: pg._claim((unit,), name, None, None),
-        lambda: pg._claim((unit,), "alice", name, None),
-        lambda: pg._claim((Span(name, 0, 1),), "alice", None, None),
+        lambda: pg._claim(ClaimRequest.of((Unit(name, "1"),), "alice", None, None)),
+        lambda: pg._claim(ClaimRequest.of((Unit("seat", name),), "alice", None, 5.0)),
+        lambda: pg._claim(ClaimRequest.of((unit,), name, None, None)),
+        lambda: pg._claim(ClaimRequest.of((unit,), "alice", name, None)),
+        lambda: pg._claim(ClaimRequest.of((Span(name, 0, 1),), "alice", None, None)),
         lambda: pg._holder_of(Unit(name, "")),
         lambda: pg._claims_of(name),
     ):
@@ -591,7 +592,7 @@ def test_a_name_past_postgresqls_limits_is_invalid_input(store: dibs.Store) -> N
     huge: Unit = object.__new__(Unit)  # past the domain's check, as a driver-level test must be
     huge.__setstate__((_name(1, 1000), ""))
     with pytest.raises(InvalidInput) as raised:
-        pg._claim((huge,), "alice", None, None)
+        pg._claim(ClaimRequest.of((huge,), "alice", None, None))
     assert isinstance(raised.value.__cause__, psycopg.errors.ProgramLimitExceeded)
 
 
