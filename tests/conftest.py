@@ -123,6 +123,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under -n the long tests of a module that says RUN_EARLY = True go out first, so
+        # they overlap the many short ones instead of running alone at the end. Every
+        # worker sorts alike (a stable sort), as xdist requires.
+        items.sort(key=lambda item: not getattr(getattr(item, "module", None), "RUN_EARLY", False))
     for item in items:
         for backend in sorted(backends_of(item)):
             item.add_marker(backend)

@@ -31,6 +31,8 @@ from docblocks import (
 )
 from pg_fixtures import drop_schema, schema_url
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 pytestmark = pytest.mark.timeout(600)  # the first runnable block's test waits for them all
 
 HINT = (
