@@ -11,6 +11,12 @@
 #
 # Usage: scripts/cluster-ensure.sh
 set -euo pipefail
+# One installer at a time (pytest -n workers, the chromium fixture): apt refuses a
+# second apt, and the one that waits finds the package there when it gets the lock.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"${TMPDIR:-/tmp}/dibs-apt.lock"
+    flock 9
+fi
 
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

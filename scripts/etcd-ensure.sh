@@ -9,6 +9,12 @@
 #
 # Usage: scripts/etcd-ensure.sh      prints the path of the etcd binary
 set -euo pipefail
+# One installer at a time (pytest -n workers, the chromium fixture): apt refuses a
+# second apt, and the one that waits finds the package there when it gets the lock.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"${TMPDIR:-/tmp}/dibs-apt.lock"
+    flock 9
+fi
 
 if [[ -n "${DIBS_ETCD:-}" && -x "$DIBS_ETCD" ]]; then
     echo "$DIBS_ETCD"; exit 0

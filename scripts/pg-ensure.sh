@@ -9,6 +9,12 @@
 #
 # Usage: scripts/pg-ensure.sh      prints the server's bin directory
 set -euo pipefail
+# One installer at a time (pytest -n workers, the chromium fixture): apt refuses a
+# second apt, and the one that waits finds the package there when it gets the lock.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"${TMPDIR:-/tmp}/dibs-apt.lock"
+    flock 9
+fi
 
 find_bindir() {
     if [[ -n "${DIBS_PG_BINDIR:-}" && -x "$DIBS_PG_BINDIR/initdb" ]]; then

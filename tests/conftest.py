@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import random
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,30 +44,56 @@ Only the modules that check the contract and the input domain ask for them (they
 
 ALL_STORE_KINDS = STORE_KINDS + AIO_STORE_KINDS
 
-QUICK_MODULES = frozenset(
-    {
-        "test_aio_patterns.py",
-        "test_booking.py",
-        "test_contract.py",
-        "test_domain.py",
-        "test_inputs.py",
-        "test_job_tables.py",
-        "test_lot.py",
-        "test_matching.py",
-        "test_memory.py",
-        "test_migrations.py",
-        "test_package.py",
-        "test_paths.py",
-        "test_singleflight.py",
-        "test_sqlite.py",
-        "test_tasks.py",
-        "test_tasks_schedules.py",
-    }
-)
-"""The day-to-day subset, ``pytest -m quick``: the store contract and the input domain on
-every store, the patterns, in-process tasks. Tests marked ``slow`` (processes, long races)
-are left out, and so is every module not named here (the service, ``dibs verify``, the
-browser, the docs blocks and site): the whole suite, ``scripts/test``, runs those."""
+IN_PROCESS_KINDS = frozenset({"memory", "sqlite"})
+"""The stores that need no server: the only backends ``quick`` runs on."""
+
+SERVER_FIXTURES = {
+    "postgresql": frozenset({"pg_url", "pg_admin_url", "pg_schema_url", "private_pg_server"}),
+    "etcd": frozenset({"etcd_url"}),
+}
+"""Fixtures that start a backend's server: a test that asks for one runs on that backend."""
+
+BACKEND_MARKERS = ("memory", "sqlite", "postgresql", "etcd")
+"""One marker per store, applied by :func:`backends_of`: ``-m "not etcd"`` runs without etcd."""
+
+MARKERS = {
+    "quick": "the day-to-day subset: a module's tests that say QUICK = True, not slow, on "
+    "memory:// and sqlite:// only (no server, nothing installed)",
+    "memory": "runs on memory:// (applied from the store parametrization)",
+    "sqlite": "runs on sqlite:// (applied from the store parametrization)",
+    "postgresql": "runs on PostgreSQL: starts the session's private server",
+    "etcd": "runs on etcd: starts the session's private member",
+}
+"""The markers conftest applies by rule (``slow`` is declared in pyproject.toml)."""
+
+
+def backends_of(item: pytest.Item) -> set[str]:
+    """The stores a test runs on: its store parameters (``"aio-sqlite"`` counts as sqlite)
+    and the server fixtures it asks for. Decided from the test alone, not from its file's
+    name or folder, so the rule holds wherever the file lives."""
+    found: set[str] = set()
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec is not None else ():
+        if isinstance(value, str) and value.removeprefix("aio-") in BACKEND_MARKERS:
+            found.add(value.removeprefix("aio-"))
+    names = set(getattr(item, "fixturenames", ()))
+    for backend, fixtures in SERVER_FIXTURES.items():
+        if names & fixtures:
+            found.add(backend)
+    found.update(m.name for m in item.iter_markers() if m.name in BACKEND_MARKERS)
+    return found
+
+
+def is_quick(item: pytest.Item) -> bool:
+    """``quick``: the module says ``QUICK = True``, the test is not ``slow``, and it needs
+    no server (memory://, sqlite:// or no store at all)."""
+    module = getattr(item, "module", None)
+    return (
+        bool(getattr(module, "QUICK", False))
+        and item.get_closest_marker("slow") is None
+        and backends_of(item) <= IN_PROCESS_KINDS
+    )
+
 
 # psycopg_pool jitters each new connection's expiry with the global `random`, on its
 # own threads and tasks. Hypothesis checks that nothing moves the global generator
@@ -75,14 +103,38 @@ browser, the docs blocks and site): the whole suite, ``scripts/test``, runs thos
 psycopg_pool.base.random = random.Random().random  # type: ignore[attr-defined]
 
 
+def module_fixture_group(item: pytest.Item) -> str | None:
+    """Under ``pytest -n`` (``--dist loadgroup``): the module's own name when the test uses a
+    module-scoped fixture defined in its module (a server, a cluster, a built site), so one
+    worker sets it up once instead of every worker that draws one of its tests."""
+    module = item.nodeid.split("::")[0]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info is not None else ():
+        for fixturedef in defs:
+            if fixturedef.scope == "module" and fixturedef.baseid == module:
+                return module
+    return None
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "quick: the day-to-day subset (conftest.QUICK_MODULES)")
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under -n the long tests of a module that says RUN_EARLY = True go out first, so
+        # they overlap the many short ones instead of running alone at the end. Every
+        # worker sorts alike (a stable sort), as xdist requires.
+        items.sort(key=lambda item: not getattr(getattr(item, "module", None), "RUN_EARLY", False))
     for item in items:
-        if item.path.name in QUICK_MODULES and item.get_closest_marker("slow") is None:
+        for backend in sorted(backends_of(item)):
+            item.add_marker(backend)
+        if is_quick(item):
             item.add_marker(pytest.mark.quick)
+        if item.get_closest_marker("xdist_group") is None and (group := module_fixture_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 class StoreMaker:
@@ -219,12 +271,19 @@ CHROMIUM_FLAGS = [
 def chromium() -> str:
     """Debian's Chromium, installed with apt-get when the machine has none."""
     path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(path):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900
-        )
+    if os.path.exists(path):
+        return path
+    # Under pytest -n several workers may get here at once: one installs, the others
+    # wait on the lock and find it installed (apt refuses a second apt anyway).
+    lock = Path(tempfile.gettempdir()) / "dibs-apt.lock"  # scripts/*-ensure.sh take it too
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not os.path.exists(path):
+            env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900
+            )
     assert os.path.exists(path), "Debian's chromium did not install"
     return path
 

@@ -34,6 +34,8 @@ from dibs.testing import strategies as ds
 from etcdserver import fresh_prefix
 from pg_fixtures import drop_schema, schema_url
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 # Tasks x rounds of the race tests per store: the SQL stores commit every call.
 ROUNDS = {"memory": 400, "sqlite": 40, "postgresql": 25, "etcd": 8}  # etcd: CI time
 

@@ -23,6 +23,8 @@ from dibs import (
     booking,
 )
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 PARIS = ZoneInfo("Europe/Paris")
 
 

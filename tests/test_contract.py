@@ -7,6 +7,8 @@ import pytest
 from conftest import ALL_STORE_KINDS
 from dibs.testing import StoreContract
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 @pytest.fixture(params=ALL_STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:

@@ -31,6 +31,8 @@ from docblocks import (
 )
 from pg_fixtures import drop_schema, schema_url
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 pytestmark = pytest.mark.timeout(600)  # the first runnable block's test waits for them all
 
 HINT = (
@@ -126,6 +128,10 @@ def outcomes(
         except Exception as exc:  # a timeout: reported by the block's own test
             return exc
 
+    # The session's temporary root, made before the threads share it: under pytest -n
+    # a worker's first mktemp makes (removing it first) popen-gwN, and two threads doing
+    # that at once remove each other's directories.
+    tmp_path_factory.getbasetemp()
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         yield dict(zip(selected, pool.map(run, selected), strict=True))
     for schema in schemas:

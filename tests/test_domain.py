@@ -19,6 +19,8 @@ from conftest import ALL_STORE_KINDS, StoreMaker
 from dibs import FakeClock, HoldLostReason, InvalidInput, RequestConflict, Span, Store, Unit
 from dibs.limits import NAME_MAX_BYTES, RETENTION_MAX, TTL_MAX, TTL_MIN
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 NEW_YORK = ZoneInfo("America/New_York")
 
 

@@ -16,6 +16,8 @@ from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
 from etcdserver import fresh_prefix, session_cluster
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 
 def _etcd(clock: FakeClock, retention: float) -> Store:
     base, prefix = session_cluster().url(), fresh_prefix()

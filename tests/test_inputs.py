@@ -12,6 +12,8 @@ import dibs
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 @pytest.mark.parametrize("url", [5, b"memory://", "", "memory", "://x"])
 def test_open_rejects_what_is_not_a_store_url(url: Any) -> None:

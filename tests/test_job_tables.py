@@ -20,6 +20,8 @@ from dibs.stores.jobs import Job, JobTable
 from dibs.tasks import TaskProcessor
 from dibs.testing.strategies import names
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 @pytest.fixture(params=kinds_offering("job_table"))
 def store_kind(request: pytest.FixtureRequest) -> str:

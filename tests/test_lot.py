@@ -26,6 +26,8 @@ from dibs import (
     VehicleBlocked,
 )
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 # Park/remove rounds per thread in the churn test. memory:// gets the full
 # 16 x 2,000 of the issue; the SQL stores commit every claim to a database, so
 # they get fewer rounds at the same thread count (still thousands of races). etcd

@@ -24,6 +24,8 @@ from dibs import (
     match,
 )
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 DRIVERS = [Unit(f"driver-{i}") for i in range(20)]
 
 

@@ -14,6 +14,8 @@ from _race import race
 from dibs import FakeClock, Span, Unit
 from dibs.stores.memory import MemoryStore
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 @pytest.fixture
 def hard_switching() -> Iterator[None]:

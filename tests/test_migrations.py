@@ -39,6 +39,8 @@ from dibs.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 from dibs.stores.sqlite._schema import CLAIMS, JOBS, upgrade
 from sqlite_v1 import build_v1
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 SCHEMAS = Path(__file__).parent / "schemas"
 JOB = Job(id="j1", name="send", args="[[], {}]", run_at=0.0, attempt=1, max_attempts=3,
           state="pending")  # fmt: skip

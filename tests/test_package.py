@@ -11,6 +11,8 @@ import pytest
 
 import dibs
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 def test_version_comes_from_the_package_metadata() -> None:
     assert dibs.__version__ == metadata.version("dibs")

@@ -13,6 +13,8 @@ import pytest
 from dibs import DibsError, InvalidInput, PathsExhausted, reserve_path
 from dibs.paths import candidate_names
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 def test_names_count_up_from_two(tmp_path: Path) -> None:
     got = []

@@ -12,6 +12,8 @@ from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
 from pg_fixtures import drop_schema, schema_url, session_database
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 
 def _postgres(clock: FakeClock, retention: float) -> Store:
     url, _ = session_database()

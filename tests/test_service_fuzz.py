@@ -24,6 +24,8 @@ import pytest
 
 from test_service_support import Running, serve_in_process
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 pytestmark = pytest.mark.timeout(240)
 
 

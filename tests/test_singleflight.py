@@ -15,6 +15,8 @@ import pytest
 
 from dibs import AsyncSingleFlight, DibsError, FlightResult, InvalidInput, SingleFlight
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 
 class Ticker:
     """A hand-moved monotonic clock for cache TTLs."""

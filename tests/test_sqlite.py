@@ -20,6 +20,8 @@ import dibs
 from dibs import SchemaError, Unit
 from dibs.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 PROCESSES = 4
 UNITS = 300
 

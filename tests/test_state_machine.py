@@ -13,6 +13,8 @@ from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 _counter = itertools.count()
 
 

@@ -32,6 +32,8 @@ from dibs.tasks import (
     current,
 )
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 T0 = 1_800_000_000.0
 WAIT = 10.0  # real seconds; only a hang guard
 

@@ -19,6 +19,8 @@ from dibs import FakeClock
 from dibs.tasks import Coalesce, Misfire, TaskProcessor, current
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, zone
 
+QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
+
 T0 = 1_800_000_000.0
 WAIT = 10.0
 

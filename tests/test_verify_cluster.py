@@ -27,6 +27,8 @@ from dibs.verify._history import assemble
 from dibs.verify._log import acknowledged_fences, replay_log
 from test_verify import Recorder, claim_args, on_claim, row, us
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 CLUSTER_TIMEOUT = 300
 
 

@@ -16,6 +16,8 @@ from dibs.cli import main
 from dibs.verify import read_history
 from dibs.verify._cluster import EtcdCluster
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 CLUSTER_TIMEOUT = 300
 
 

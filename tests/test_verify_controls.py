@@ -17,6 +17,8 @@ from dibs.verify import PLANTS, Workload, check_history, read_history, run_workl
 from pg_fixtures import schema_url
 from pgserver import PostgresServer
 
+RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
+
 
 def _run(url: str, plant: str, seed: int, tmp_path: Path, clients: int, ops: int) -> None:
     workload = Workload(url, clients=clients, ops=ops, plant=plant, seed=seed)
