@@ -123,6 +123,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist needs every worker to collect the same IDs: an ID with an object's address
+    # ("<object object at 0x...>") differs per process and fails the whole run.
+    unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
+    if unstable:
+        raise pytest.UsageError(f"test IDs that differ per process (give them ids=): {unstable}")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Under -n the long tests of a module that says RUN_EARLY = True go out first, so
         # they overlap the many short ones instead of running alone at the end. Every

@@ -176,7 +176,9 @@ def test_an_interval_below_a_microsecond_is_refused(client: TaskProcessor) -> No
     assert client.unschedule(schedule.id)
 
 
-@pytest.mark.parametrize("bad", ["x", [], object(), -1, float("nan")], ids=repr)
+@pytest.mark.parametrize(
+    "bad", ["x", [], object(), -1, float("nan")], ids=["x", "list", "object", "-1", "nan"]
+)
 def test_join_checks_its_timeout(client: TaskProcessor, bad: object) -> None:
     """Before: ``join(timeout="x")`` raised TypeError from a subtraction."""
     with pytest.raises(InvalidInput) as raised:
