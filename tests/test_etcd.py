@@ -433,3 +433,90 @@ def test_a_forked_child_uses_its_own_client_and_leaves_the_parents_alone(store: 
     assert store._driver._http() is parents and not parents.is_closed
     assert store.claim(Unit("seat", "parent-2"), holder="parent")
     assert store.holder_of(Unit("seat", "child")) == "c"
+
+
+def _writes_between_round_trips(
+    monkeypatch: pytest.MonkeyPatch, store: EtcdStore | AsyncEtcdStore, writes: Any
+) -> None:
+    """After a read's first round trip, run ``writes`` (sync, or awaited on the async
+    store) before its next: what another client may do while the read is on the wire."""
+    real = store._driver.send
+    armed = [True]
+
+    def fire() -> bool:
+        was, armed[0] = armed[0], False
+        return was
+
+    if isinstance(store, EtcdStore):
+
+        def send(call: Any) -> Any:
+            answer = real(call)
+            if fire():
+                writes()
+            return answer
+
+    else:
+
+        async def send(call: Any) -> Any:  # type: ignore[misc]
+            answer = await real(call)  # type: ignore[misc]
+            if fire():
+                await writes()
+            return answer
+
+    monkeypatch.setattr(store._driver, "send", send)
+
+
+def test_holder_of_a_span_reads_its_claims_at_one_revision(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bob's [2, 4) is granted before alice's [0, 2) is released: [0, 4) is held
+    # throughout. Read at a later revision, alice's claim (the one candidate the
+    # span list showed) was gone, and the answer None fit no moment.
+    a = store.claim(Span("s", 0, 2), holder="alice").claim
+    assert a is not None
+
+    def writes() -> None:
+        assert store.claim(Span("s", 2, 4), holder="bob").granted
+        assert store.release(a.id, holder="alice", fence=a.fence)
+
+    _writes_between_round_trips(monkeypatch, store, writes)
+    assert store.holder_of(Span("s", 0, 4)) in ("alice", "bob")
+
+
+def test_claims_of_reads_its_claims_at_one_revision(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = store.claim(Unit("r", "1"), holder="c0").claim
+    assert a is not None
+
+    def writes() -> None:
+        assert store.claim(Unit("r", "2"), holder="c0").granted
+        assert store.release(a.id, holder="c0", fence=a.fence)
+
+    _writes_between_round_trips(monkeypatch, store, writes)
+    assert store.claims_of("c0") != []  # c0 held r/1, r/2 or both at every moment
+
+
+def test_async_reads_answer_for_one_revision(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        async with dibs.aio.open(url) as store:
+            assert isinstance(store, AsyncEtcdStore)
+            a = (await store.claim(Span("s", 0, 2), holder="alice")).claim
+            c = (await store.claim(Unit("r", "1"), holder="c0")).claim
+            assert a is not None and c is not None
+
+            async def span_writes() -> None:
+                assert (await store.claim(Span("s", 2, 4), holder="bob")).granted
+                assert await store.release(a.id, holder="alice", fence=a.fence)
+
+            _writes_between_round_trips(monkeypatch, store, span_writes)
+            assert await store.holder_of(Span("s", 0, 4)) in ("alice", "bob")
+
+            async def unit_writes() -> None:
+                assert (await store.claim(Unit("r", "2"), holder="c0")).granted
+                assert await store.release(c.id, holder="c0", fence=c.fence)
+
+            _writes_between_round_trips(monkeypatch, store, unit_writes)
+            assert await store.claims_of("c0") != []
+
+    asyncio.run(main())

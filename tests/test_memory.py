@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -12,7 +13,9 @@ import pytest
 
 from _race import race
 from dibs import FakeClock, Span, Unit
+from dibs.stores import memory
 from dibs.stores.memory import MemoryStore
+from dibs.stores.threaded import ThreadedStore
 
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
@@ -94,3 +97,71 @@ def test_an_expired_hold_leaves_the_indexes_when_it_is_purged() -> None:
     assert list(store._units) == [Unit("keeper", "")]
     assert store._spans == {}
     assert list(store._by_holder) == ["keeper"]
+
+
+def _interleave_at_first_liveness_check(
+    monkeypatch: pytest.MonkeyPatch, store: MemoryStore, watched: str, step: Any
+) -> None:
+    """Run ``step`` the first time a read judges the record ``watched`` live, as a
+    thread preempted there would let another thread do; unless the read holds that
+    record's stripe, when no other thread could run ``step`` until the read ends."""
+    real = memory._live
+    armed = [True]
+
+    def live(record: Any, now: int) -> bool:
+        if armed[0] and record["id"] == watched:
+            armed[0] = False
+            if not any(store._locks[i].locked() for i in store._stripes_of(record)):
+                step()
+        return real(record, now)
+
+    monkeypatch.setattr(memory, "_live", live)
+
+
+def _read(face: str, store: MemoryStore, method: str, *args: Any) -> Any:
+    """``store.<method>(*args)`` on the sync face, or awaited on the async face over it."""
+    if face == "sync":
+        return getattr(store, method)(*args)
+
+    async def read() -> Any:
+        async with ThreadedStore.over(store) as astore:
+            return await getattr(astore, method)(*args)
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("face", ["sync", "aio"])
+def test_claims_of_is_one_moments_snapshot(monkeypatch: pytest.MonkeyPatch, face: str) -> None:
+    # c0 always holds a claim: b is granted before a is released. A read that
+    # listed the holder's claims before b's grant and judged a after its release
+    # found neither (dibs verify saw it under load, a read stalled mid-list).
+    store = MemoryStore()
+    a = store.claim(Unit("r", "1"), holder="c0").claim
+    assert a is not None
+    granted: list[str] = []
+
+    def step() -> None:
+        b = store.claim(Span("s", 0, 2), holder="c0").claim
+        assert b is not None
+        granted.append(b.id)
+        assert store.release(a.id, holder="c0", fence=a.fence)
+
+    _interleave_at_first_liveness_check(monkeypatch, store, a.id, step)
+    shown = [c.id for c in _read(face, store, "claims_of", "c0")]
+    assert shown in ([a.id], [a.id, *granted], granted) and shown, shown
+
+
+@pytest.mark.parametrize("face", ["sync", "aio"])
+def test_holder_of_a_span_is_one_moments_answer(monkeypatch: pytest.MonkeyPatch, face: str) -> None:
+    # Some claim overlaps [0, 4) throughout: b ([2, 4)) is granted before a ([0, 2))
+    # is released. An unlocked read of the span list could see only a, released.
+    store = MemoryStore()
+    a = store.claim(Span("s", 0, 2), holder="alice").claim
+    assert a is not None
+
+    def step() -> None:
+        assert store.claim(Span("s", 2, 4), holder="bob").granted
+        assert store.release(a.id, holder="alice", fence=a.fence)
+
+    _interleave_at_first_liveness_check(monkeypatch, store, a.id, step)
+    assert _read(face, store, "holder_of", Span("s", 0, 4)) in ("alice", "bob")

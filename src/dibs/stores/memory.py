@@ -26,6 +26,10 @@ What guards what:
   another lock, so it adds no cycle. The sweep, and a release that empties the
   dict, drop a holder's empty dict under it, so a claim never adds to a dict
   that has just been dropped.
+* Reads: ``get`` and ``holder_of`` take the stripes of what they read, and
+  ``claims_of`` the stripes of every claim in the holder's index, reading the
+  clock inside: an answer drawn from several records is one moment's, never a
+  mix of records read before and after a transition.
 * ``_group_stripes[claim_id]``: written once when a claim on several targets is
   made, popped when it is purged; the targets never change, so neither does it.
 * The dicts themselves (``_claims``, ``_by_holder``, and the containers
@@ -958,20 +962,49 @@ class MemoryStore(Store):
             return _snapshot(record, self._now_us())
 
     def _holder_of(self, target: Unit | Span) -> str | None:
-        now = self._now_us()
-        if isinstance(target, Unit):
-            record = self._units.get(target)
-            return record["holder"] if record is not None and _live(record, now) else None
-        for span, record in list(self._spans.get(target.resource, ())):
-            if span.overlaps(target) and _live(record, now):
-                return record["holder"]
-        return None
+        # Under the target's stripe, with the clock read inside it: a span's answer
+        # looks at several records, and reading them unlocked (or judging them
+        # against a clock read before a stall) could see none live at a moment
+        # when one always was: one released after another, overlapping, was granted.
+        stripes = self._target_stripes((target,))
+        self._acquire(stripes)
+        try:
+            now = self._now_us()
+            if isinstance(target, Unit):
+                record = self._units.get(target)
+                return record["holder"] if record is not None and _live(record, now) else None
+            for span, record in self._spans.get(target.resource, ()):
+                if span.overlaps(target) and _live(record, now):
+                    return record["holder"]
+            return None
+        finally:
+            self._release_locks(stripes)
 
     def _claims_of(self, holder: str) -> list[Claim]:
-        now = self._now_us()
-        records = list(self._by_holder.get(holder, {}).copy().values())
-        records.sort(key=lambda r: r["fence"])
-        return [_snapshot(r, now) for r in records if _live(r, now)]
+        # One snapshot of the holder's claims: with the stripes of every claim in
+        # its index held (no transition, takeover or sweep can change one of them),
+        # the index copied under the holder's lock (taken innermost, as a grant
+        # does), and the clock read inside. Read unlocked, record by record, a
+        # claim released after a later one was granted could be missing from both.
+        # A claim granted after the copy has not returned yet (a grant indexes its
+        # claim with its stripes held), so the read comes before it.
+        holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
+        stripes: tuple[int, ...] = ()
+        while True:
+            self._acquire(stripes)
+            try:
+                with holder_lock:
+                    records = list(self._by_holder.get(holder, {}).copy().values())
+                needed = set(stripes)
+                for record in records:
+                    needed.update(self._stripes_of(record))
+                if needed.issubset(stripes):
+                    now = self._now_us()
+                    records.sort(key=lambda r: r["fence"])
+                    return [_snapshot(r, now) for r in records if _live(r, now)]
+            finally:
+                self._release_locks(stripes)
+            stripes = tuple(sorted(needed))  # the index grew: take the new stripes too
 
     # --- housekeeping ---------------------------------------------------------------------------
 

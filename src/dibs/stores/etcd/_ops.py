@@ -23,6 +23,8 @@ Linearization points (docs/stores.md, "etcd://"):
 * Confirm, extend and release are transactions comparing the live key's
   ``create_revision`` with the fence (the claim is live and is this one) and
   the record's ``mod_revision`` with the one read.
+* ``holder_of`` and ``claims_of`` are reads at one revision: the one their
+  first read found the candidate claims at; every later read is pinned to it.
 """
 
 from __future__ import annotations
@@ -153,11 +155,15 @@ class Operations:
         dead = record.state is _HELD and not self._live(record, live_key)
         return record.claim(_EXPIRED if dead else record.state)
 
-    def _read_claims(self, ids: Sequence[tuple[str, str | None]]) -> Plan[dict[str, Blocker]]:
+    def _read_claims(
+        self, ids: Sequence[tuple[str, str | None]], at: int | None = None
+    ) -> Plan[dict[str, Blocker]]:
         """Each claim's record and live key, in as few reads as the limits allow.
 
         ``ids`` pairs a claim ID with its holder when known (so its live key is read
         in the same request); otherwise the live key is read after the record.
+        ``at``: read at that revision (the one the IDs were found at), so that a
+        read built of several round trips answers for one moment.
         """
         found: dict[str, Blocker] = {}
         pending = list(dict.fromkeys(ids))
@@ -168,6 +174,9 @@ class Operations:
                 ops.append(get(self.keys.record(claim_id)))
                 if holder is not None:
                     ops.append(get(self.keys.live(holder, claim_id)))
+            if at is not None:
+                for op in ops:
+                    op["request_range"]["revision"] = at
             answers = responses((yield read_call(ops)))
             i = 0
             late: list[tuple[str, str]] = []
@@ -692,34 +701,40 @@ class Operations:
         return self._snapshot(blocker.record, blocker.live)
 
     def holder_of(self, target: Unit | Span) -> Plan[str | None]:
+        # The claims are read at the revision their entries were found at: read
+        # later, a span's every candidate could be gone while one granted in between
+        # (not among them) held it all along, and the answer None fit no moment.
         if isinstance(target, Unit):
-            found = kvs(
-                (yield Call("read", "/v3/kv/range", get(self.keys.unit(target))["request_range"]))
+            answer = yield Call(
+                "read", "/v3/kv/range", get(self.keys.unit(target))["request_range"]
             )
+            found = kvs(answer)
             candidates = []
             if found:
                 owner, claim_id = parse_owner(found[0].value)
                 candidates.append((claim_id, owner))
         else:
             prefix = self.keys.resource_spans(target.resource)
-            entries = kvs((yield Call("read", "/v3/kv/range", get_prefix(prefix)["request_range"])))
+            answer = yield Call("read", "/v3/kv/range", get_prefix(prefix)["request_range"])
             candidates = []
-            for kv in entries:
+            for kv in kvs(answer):
                 owner, span = parse_entry(target.resource, kv.value)
                 if span.overlaps(target):
                     candidates.append((self.keys.claim_of_entry(kv.key), owner))
         if not candidates:
             return None
-        blockers = yield from self._read_claims(candidates)
+        blockers = yield from self._read_claims(candidates, at=revision(answer))
         for claim_id, owner in candidates:
             if blockers[claim_id].live:
                 return owner
         return None
 
     def claims_of(self, holder: str) -> Plan[list[Claim]]:
-        lives = yield from self._scan(self.keys.holder_lives(holder), keys_only=True)
+        # One revision for the scan's pages and the claims' records: the answer is
+        # that moment's (see holder_of).
+        lives, at = yield from self._scan_at(self.keys.holder_lives(holder), keys_only=True)
         ids = [(self.keys.id_of_live(kv.key), holder) for kv in lives]
-        blockers = yield from self._read_claims(ids)
+        blockers = yield from self._read_claims(ids, at=at)
         claims = [
             b.record.claim(b.record.state)
             for b in blockers.values()
@@ -727,6 +742,24 @@ class Operations:
         ]
         claims.sort(key=lambda c: c.fence)
         return claims
+
+    def _scan_at(self, prefix: bytes, *, keys_only: bool = False) -> Plan[tuple[list[KV], int]]:
+        """Every key under ``prefix``, every page read at the first page's revision, and it."""
+        found: list[KV] = []
+        after = None
+        at: int | None = None
+        while True:
+            body = scan(prefix, after, _PAGE, keys_only=keys_only)
+            if at is not None:
+                body["revision"] = at
+            answer = yield Call("read", "/v3/kv/range", body)
+            if at is None:
+                at = revision(answer)
+            page = kvs(answer)
+            found.extend(page)
+            if not answer.get("more") or not page:
+                return found, at
+            after = page[-1].key
 
     def _scan(self, prefix: bytes, *, keys_only: bool = False) -> Plan[list[KV]]:
         found: list[KV] = []
