@@ -9,10 +9,14 @@ store through ``Store._lease_class``, set by :mod:`dibs.lease`).
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 import grimp
 import pytest
+
+import dibs
 
 LAYERS: list[set[str]] = [
     {"dibs.cli"},
@@ -124,3 +128,42 @@ def test_the_circle_check_finds_a_planted_circle() -> None:
     planted.add_import(importer="a.c", imported="a.d")
     planted.add_import(importer="a.d", imported="a.b")
     assert _cycles(planted) == [["a.b", "a.c", "a.d"]]
+
+
+def _source_graph() -> grimp.ImportGraph:
+    """The import graph read from the source, where ``from package import module`` runs the
+    package's ``__init__`` (its re-exports count), leaving out ``if TYPE_CHECKING:`` blocks."""
+    src = Path(dibs.__file__).parent.parent
+    modules: dict[str, Path] = {}
+    for path in (src / "dibs").rglob("*.py"):
+        name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    found = grimp.ImportGraph()
+    for name in modules:
+        found.add_module(name)
+    for name, path in modules.items():
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] if node.module in modules else []
+                targets += [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in modules and target != name:
+                    found.add_import(importer=name, imported=target)
+    return found
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            yield from (n for orelse in node.orelse for n in ast.walk(orelse))
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def test_no_circles_through_package_reexports() -> None:
+    assert _cycles(_source_graph()) == []

@@ -55,9 +55,12 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Each store's checks need its extra: imported when first asked for.
     if name in ("postgres_findings", "warn_once"):
-        from dibs.stores.postgres import _durability  # noqa: PLC0415
+        from dibs.stores.postgres._durability import (  # noqa: PLC0415
+            postgres_findings,
+            warn_once,
+        )
 
-        return getattr(_durability, name)
+        return {"postgres_findings": postgres_findings, "warn_once": warn_once}[name]
     if name == "etcd_findings":
         from dibs.stores.etcd._durability import etcd_findings  # noqa: PLC0415
 

@@ -28,8 +28,8 @@ from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, norm
 from dibs.exceptions import DibsError, HoldLost, SpanKindMismatch
 from dibs.limits import NUMBER_MAX, TTL_MAX, TTL_MIN
 from dibs.stores.base import Store
-from dibs.testing import strategies
 from dibs.testing.model import ModelOutcome, ModelStore
+from dibs.testing.strategies import aware_datetimes, names, span_numbers, target_lists
 
 __all__ = ["StoreStateMachine"]
 
@@ -47,8 +47,8 @@ def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[
     numbers clustered at an edge (2**53, 2**63) or in datetimes around a DST
     fold, so claims overlap, replay and switch kinds as often as they win.
     """
-    resources = draw(st.lists(strategies.names(), min_size=2, max_size=2, unique=True))
-    slots = draw(st.lists(strategies.names(allow_empty=True), min_size=4, max_size=4, unique=True))
+    resources = draw(st.lists(names(), min_size=2, max_size=2, unique=True))
+    slots = draw(st.lists(names(allow_empty=True), min_size=4, max_size=4, unique=True))
     units = [Unit(resources[i % 2], slot) for i, slot in enumerate(slots)]
     spans: list[Span] = []
     for resource in resources:
@@ -57,8 +57,8 @@ def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[
             points = draw(_points(each))
             for a, b in [(0, 2), (1, 3), (2, 4), (0, 4)]:
                 spans.append(Span(resource, points[a], points[b]))
-    holders = draw(st.lists(strategies.names(), min_size=3, max_size=3, unique=True))
-    request_ids = draw(st.lists(strategies.names(), min_size=3, max_size=3, unique=True))
+    holders = draw(st.lists(names(), min_size=3, max_size=3, unique=True))
+    request_ids = draw(st.lists(names(), min_size=3, max_size=3, unique=True))
     return units, spans, holders, request_ids
 
 
@@ -66,11 +66,11 @@ def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[
 def _points(draw: st.DrawFn, kind: str) -> list[int | float | datetime]:
     """Five increasing bounds of one kind, close together."""
     if kind == "number":
-        low = draw(strategies.span_numbers().filter(lambda x: x <= NUMBER_MAX - 2**13))
+        low = draw(span_numbers().filter(lambda x: x <= NUMBER_MAX - 2**13))
         # Past 2**53 a float step of 1 is no step: space float bounds by their ulp.
         step = 1 if isinstance(low, int) else max(0.25, 2 * math.ulp(low))
         return [low + step * i for i in range(5)]
-    start = draw(strategies.aware_datetimes().filter(lambda d: d.year < 9999))
+    start = draw(aware_datetimes().filter(lambda d: d.year < 9999))
     minutes = draw(st.sampled_from([1, 20, 30, 60]))
     utc = start.astimezone(UTC)
     return [(utc + timedelta(minutes=minutes * i)).astimezone(start.tzinfo) for i in range(5)]
@@ -104,7 +104,7 @@ class StoreStateMachine(RuleBasedStateMachine):
     @rule(data=st.data(), ttl=st.sampled_from(TTLS))
     def claim(self, data: Any, ttl: float | None) -> None:
         targets: list[Target] = data.draw(
-            strategies.target_lists(st.sampled_from([*self.units, *self.spans])), "targets"
+            target_lists(st.sampled_from([*self.units, *self.spans])), "targets"
         )
         holder = data.draw(st.sampled_from(self.holders), "holder")
         request_id = data.draw(st.one_of(st.none(), st.sampled_from(self.request_ids)), "id")

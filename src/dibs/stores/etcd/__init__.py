@@ -8,7 +8,7 @@ __all__ = ["AsyncEtcdStore", "EtcdStore"]
 
 
 def __getattr__(name: str) -> object:
-    if name == "AsyncEtcdStore":  # imported on demand: it pulls in dibs.aio
+    if name == "AsyncEtcdStore":  # imported on demand: only the async face needs it
         from dibs.stores.etcd._aio import AsyncEtcdStore  # noqa: PLC0415
 
         return AsyncEtcdStore

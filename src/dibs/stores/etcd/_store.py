@@ -16,7 +16,7 @@ from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.durability import Finding
-from dibs.stores.etcd import _durability
+from dibs.stores.etcd._durability import findings as durability_findings
 from dibs.stores.etcd._keys import Settings, parse_url
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._wire import SyncDriver
@@ -64,7 +64,7 @@ class EtcdStore(Store):
     @classmethod
     def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
         """Member count and quorum health: :meth:`dibs.Store.durability`."""
-        return _durability.findings(url, timeout)
+        return durability_findings(url, timeout)
 
     @classmethod
     def check_url(cls, url: str, **options: Any) -> None:

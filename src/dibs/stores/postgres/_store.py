@@ -57,7 +57,6 @@ from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.durability import Finding
 from dibs.stores.jobs import JobTable
-from dibs.stores.postgres import _durability
 from dibs.stores.postgres._connect import (
     RecordingPool,
     describe,
@@ -66,6 +65,7 @@ from dibs.stores.postgres._connect import (
     unreplicated,
     watch_replication,
 )
+from dibs.stores.postgres._durability import findings as durability_findings
 from dibs.stores.postgres._durability import warn_once
 from dibs.stores.postgres._jobs import PostgresJobs
 from dibs.stores.postgres._ops import (
@@ -236,7 +236,7 @@ class PostgresStore(Store):
     @classmethod
     def durability(cls, url: str, *, timeout: float = 5.0) -> list[Finding]:
         """fsync, page writes, synchronous commit, standbys: :meth:`dibs.Store.durability`."""
-        return _durability.findings(url, timeout)
+        return durability_findings(url, timeout)
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:

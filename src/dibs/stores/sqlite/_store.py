@@ -68,8 +68,8 @@ from dibs.stores.base import (
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.durability import Finding
 from dibs.stores.jobs import JobTable
-from dibs.stores.sqlite import _durability
 from dibs.stores.sqlite._conn import SQLitePool
+from dibs.stores.sqlite._durability import findings as durability_findings
 from dibs.stores.sqlite._group import GroupCommit
 from dibs.stores.sqlite._jobs import SQLiteJobs
 from dibs.stores.sqlite._schema import CLAIMS, upgrade
@@ -199,7 +199,7 @@ class SQLiteStore(Store):
         # The store's own reading of the URL: the same file, percent-decoded, and the
         # synchronous it would run with (its default when the URL names none).
         path, options = cls._split_url(url)
-        return _durability.findings(path, str(options.get("synchronous", "normal")).lower())
+        return durability_findings(path, str(options.get("synchronous", "normal")).lower())
 
     @classmethod
     def exists(cls, url: str, **options: Any) -> bool:
