@@ -244,16 +244,14 @@ def make_store(
     maker.close()
 
 
-@pytest.fixture(params=STORE_KINDS)
-def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A URL for :func:`dibs.aio.open` on each store: a fresh place per test (a schema on
-    PostgreSQL, a key prefix on etcd), for tests of the async stores themselves rather than
-    their sync face."""
-    if request.param == "memory":
+def fresh_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Yield a URL of a fresh place on store ``kind`` (a file, a PostgreSQL schema, an etcd
+    key prefix), and remove it after the test; for fixtures that open stores by URL."""
+    if kind == "memory":
         yield "memory://"
-    elif request.param == "sqlite":
+    elif kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'dibs.db'}"
-    elif request.param == "etcd":
+    elif kind == "etcd":
         url: str = request.getfixturevalue("etcd_url")
         prefix = fresh_prefix()
         yield f"{url}/{prefix}"
@@ -263,6 +261,14 @@ def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         schema = f"t_{secrets.token_hex(6)}"
         yield schema_url(url, schema)
         drop_schema(url, schema)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def aio_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL for :func:`dibs.aio.open` on each store: a fresh place per test (a schema on
+    PostgreSQL, a key prefix on etcd), for tests of the async stores themselves rather than
+    their sync face."""
+    yield from fresh_url(request.param, tmp_path, request)
 
 
 CHROMIUM_FLAGS = [

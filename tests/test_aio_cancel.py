@@ -24,16 +24,12 @@ import pytest
 
 import dibs
 import dibs.aio
-from conftest import drop_etcd_prefix
+from conftest import fresh_url
 from dibs import ClaimResult, ClaimState, Unit
 from dibs.aio import AsyncStore
-from etcdserver import fresh_prefix
-from pg_fixtures import drop_schema, schema_url
 
 ROUNDS = {"memory": 320, "sqlite": 240, "postgresql": 160, "etcd": 80}  # etcd: CI time
 SLEEPS = [0.0, 1e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 3e-3]
-
-_schemas = itertools.count()
 
 
 @pytest.fixture(params=list(ROUNDS))
@@ -43,20 +39,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    if kind == "memory":
-        yield "memory://"
-    elif kind == "sqlite":
-        yield f"sqlite:///{tmp_path / 'cancel.db'}"
-    elif kind == "etcd":
-        etcd = request.getfixturevalue("etcd_url")
-        prefix = fresh_prefix()
-        yield f"{etcd}/{prefix}"
-        drop_etcd_prefix(etcd, prefix)
-    else:
-        pg = request.getfixturevalue("pg_url")
-        schema = f"c_{next(_schemas)}_{id(request)}"
-        yield schema_url(pg, schema)
-        drop_schema(pg, schema)
+    yield from fresh_url(kind, tmp_path, request)
 
 
 @dataclass

@@ -22,11 +22,9 @@ import pytest
 
 import dibs
 import dibs.aio
-from conftest import STORE_KINDS, drop_etcd_prefix
+from conftest import STORE_KINDS, fresh_url
 from dibs import Claim, Unit
 from dibs.aio import AsyncStore
-from etcdserver import fresh_prefix
-from pg_fixtures import drop_schema, schema_url
 
 ROUNDS = {"memory": 40, "sqlite": 30, "postgresql": 20, "etcd": 20}
 WORKERS = 8
@@ -42,20 +40,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    if kind == "memory":
-        yield "memory://"
-    elif kind == "sqlite":
-        yield f"sqlite:///{tmp_path / 'close.db'}"
-    elif kind == "etcd":
-        etcd = request.getfixturevalue("etcd_url")
-        prefix = fresh_prefix()
-        yield f"{etcd}/{prefix}"
-        drop_etcd_prefix(etcd, prefix)
-    else:
-        pg = request.getfixturevalue("pg_url")
-        schema = f"close_{id(request)}"
-        yield schema_url(pg, schema)
-        drop_schema(pg, schema)
+    yield from fresh_url(kind, tmp_path, request)
 
 
 def _mix(
