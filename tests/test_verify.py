@@ -813,7 +813,7 @@ def test_pool_warnings_are_counted_not_printed_and_passwords_kept_out(
     assert report.verdict == "ok", report.render()
     assert report.faults["terminate"] > 0
     (note,) = history.notes
-    assert note["about"] == "psycopg.pool" and note["count"] > 0, err
+    assert note["about"] == "psycopg" and note["count"] > 0, err
     assert "psycopg" not in err and "WARNING" not in err
     assert "logged by the clients" in report.render()
     password = urlsplit(pg_schema_url).password

@@ -14,7 +14,7 @@ A history file is one JSON object per line:
   server-side work was seen to end, at this event's time);
 * ``{"e": "nemesis", "f": "kill" | "stop" | "cont" | ..., ...}`` — a fault;
 * ``{"e": "note", "about": ..., "count": ...}`` — something the runner counted
-  that is no anomaly (psycopg_pool's warnings about connections cut by faults);
+  that is no anomaly (psycopg's warnings about connections cut by faults);
 * ``{"e": "log", ...}`` — one claim row of the store's durable log, dumped
   after the workload, for the log replay.
 
@@ -134,7 +134,7 @@ class History:
     nemesis: list[dict[str, Any]]
     log: list[LogRow] | None
     notes: list[dict[str, Any]] = field(default_factory=list)
-    """What the runner noticed that is no anomaly (e.g. psycopg_pool's warnings, counted)."""
+    """What the runner noticed that is no anomaly (e.g. psycopg's warnings, counted)."""
 
 
 def _targets_text(targets: Iterable[list[Any]]) -> str:

@@ -57,6 +57,7 @@ from dibs.verify._history import iter_events, write_events
 from dibs.verify._log import dump_log
 from dibs.verify._planted import ALL_PLANTS, SkewedClock, open_planted, plant_class
 from dibs.verify._workload import (
+    DRIVER_LOGGER,
     POOL_PREFIX,
     Client,
     Sweeper,
@@ -164,7 +165,7 @@ def run_workload(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     nemesis: list[dict[str, Any]] = []
-    pool_logger = logging.getLogger("psycopg.pool")
+    pool_logger = logging.getLogger(DRIVER_LOGGER)
     counted = _PoolCount()
     pool_logger.addHandler(counted)
     propagate, pool_logger.propagate = pool_logger.propagate, False
@@ -193,7 +194,7 @@ def run_workload(
 
 
 class _PoolCount(logging.Handler):
-    """Counts psycopg_pool's warnings in the runner (a pool reconnecting after a fault)."""
+    """Counts psycopg's warnings in the runner (a connection cut by a fault)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -204,10 +205,11 @@ class _PoolCount(logging.Handler):
 
 
 def _client_logs(scratch: Path, counted: _PoolCount) -> list[dict[str, Any]]:
-    """Summarise psycopg_pool's lines of every process; pass any other stderr line through.
+    """Summarise psycopg's lines of every process; pass any other stderr line through.
 
-    A pool logs a warning each time a fault cuts a connection: hundreds per run,
-    and expected. The history keeps their count and a few examples.
+    The pool, and a connection whose rollback found it cut, log a warning each
+    time a fault cuts a connection: hundreds per run, and expected. The history
+    keeps their count and a few examples.
     """
     pool = list(counted.lines)
     for path in sorted(scratch.glob("*.err")):
@@ -220,7 +222,7 @@ def _client_logs(scratch: Path, counted: _PoolCount) -> list[dict[str, Any]]:
     if not pool:
         return []
     examples = list(dict.fromkeys(line[:200] for line in pool))[:3]
-    return [{"e": "note", "about": "psycopg.pool", "count": len(pool), "examples": examples}]
+    return [{"e": "note", "about": "psycopg", "count": len(pool), "examples": examples}]
 
 
 def _dump(store: Store) -> list[Any] | None:

@@ -374,12 +374,16 @@ class Client:
         return {"holder": result}
 
 
-POOL_PREFIX = "dibs-verify psycopg.pool: "
-"""Marks a client's psycopg_pool log lines on its stderr, for the runner to count."""
+POOL_PREFIX = "dibs-verify psycopg: "
+"""Marks a client's psycopg log lines on its stderr, for the runner to count."""
+
+DRIVER_LOGGER = "psycopg"
+"""psycopg's loggers: ``psycopg.pool`` reconnecting after a fault, and ``psycopg``
+itself ("error ignored in rollback on ...") when a fault cut a connection mid-query."""
 
 
 class _PoolLines(logging.Handler):
-    """psycopg_pool's warnings (a pool reconnecting after a fault) as one marked line each."""
+    """psycopg's warnings (a connection cut by a fault) as one marked line each."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -391,8 +395,8 @@ class _PoolLines(logging.Handler):
 
 
 def mark_pool_logs() -> None:
-    """Send psycopg_pool's log records to stderr as marked lines instead of free text."""
-    logger = logging.getLogger("psycopg.pool")
+    """Send psycopg's log records to stderr as marked lines instead of free text."""
+    logger = logging.getLogger(DRIVER_LOGGER)
     logger.addHandler(_PoolLines(logging.WARNING))
     logger.propagate = False
 
