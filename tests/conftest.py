@@ -22,8 +22,11 @@ import dibs
 from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.stores import store_class
-from etcdserver import etcd_url, fresh_prefix  # the session's etcd member (tests/etcdserver.py)
-from pg_fixtures import (  # PostgreSQL session fixtures (tests/pg_fixtures.py)
+from etcdserver import (  # the session's etcd member (tests/support/etcdserver.py)
+    etcd_url,
+    fresh_prefix,
+)
+from pg_fixtures import (  # PostgreSQL session fixtures (tests/support/pg_fixtures.py)
     drop_schema,
     pg_admin_url,
     pg_schema_url,
@@ -38,7 +41,7 @@ STORE_KINDS = ["memory", "sqlite", "postgresql", "etcd"]
 """Every store the contract runs on."""
 
 AIO_STORE_KINDS = ["aio-memory", "aio-sqlite", "aio-postgresql", "aio-etcd"]
-"""The same stores through :func:`dibs.aio.open`, driven by tests/aio_face.py's sync face.
+"""The same stores through :func:`dibs.aio.open`, driven by tests/support/aio_face.py's sync face.
 Only the modules that check the contract and the input domain ask for them (they override
 ``store_kind`` with :data:`ALL_STORE_KINDS`); the rest run on the sync stores only."""
 
@@ -66,6 +69,17 @@ MARKERS = {
 }
 """The markers conftest applies by rule (``slow`` is declared in pyproject.toml)."""
 
+FOLDERS = {
+    "stores": "a test in tests/stores/: the claim contract, each store, migrations, plug-ins",
+    "patterns": "a test in tests/patterns/: lots, match, booking, leases, @idempotent, observe",
+    "tasks": "a test in tests/tasks/: in-process and durable tasks, the jobs CLI",
+    "service": "a test in tests/service/: dibs serve, its wire, OpenAPI and pages",
+    "verify": "a test in tests/verify/: dibs verify, clusters, faults, the server harness",
+    "project": "a test in tests/project/: docs, packaging, layers, extras, the CLI's tools",
+}
+"""One marker per folder of the test tree, applied by :func:`folder_of`: ``-m service``."""
+TESTS = Path(__file__).resolve().parent
+
 
 def backends_of(item: pytest.Item) -> set[str]:
     """The stores a test runs on: its store parameters (``"aio-sqlite"`` counts as sqlite)
@@ -82,6 +96,15 @@ def backends_of(item: pytest.Item) -> set[str]:
             found.add(backend)
     found.update(m.name for m in item.iter_markers() if m.name in BACKEND_MARKERS)
     return found
+
+
+def folder_of(item: pytest.Item) -> str | None:
+    """The folder of the test tree a test lives in (``stores``, ``tasks``...), if any."""
+    try:
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in FOLDERS else None
 
 
 def is_quick(item: pytest.Item) -> bool:
@@ -117,7 +140,7 @@ def module_fixture_group(item: pytest.Item) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name, text in MARKERS.items():
+    for name, text in {**MARKERS, **FOLDERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
@@ -136,6 +159,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for backend in sorted(backends_of(item)):
             item.add_marker(backend)
+        if folder := folder_of(item):
+            item.add_marker(folder)
         if is_quick(item):
             item.add_marker(pytest.mark.quick)
         if item.get_closest_marker("xdist_group") is None and (group := module_fixture_group(item)):
