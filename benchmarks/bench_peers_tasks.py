@@ -4,7 +4,7 @@ Every workload runs dibs and its peer in the same round, alternating which goes
 first, for ``--rounds`` rounds; the summary gives each side's median and range
 and the ratio of the medians, written so that **above 1 means dibs is ahead**.
 
-PostgreSQL (a private server started like tests/pgserver.py does, one database
+PostgreSQL (a private server started like tests/support/pgserver.py does, one database
 for both systems):
 
 * **throughput**: ``--jobs`` no-op jobs are enqueued, then 1 or 3 worker

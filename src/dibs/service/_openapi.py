@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the service, written by hand, and its HTML rendering.
 
 Hand-written so that it says exactly what the handlers do (statuses, error
-codes, headers); ``tests/test_service_api.py`` checks that it validates, that
+codes, headers); ``tests/service/test_service_api.py`` checks that it validates, that
 its paths are the app's routes, and schemathesis checks the live service
 against it.
 """
