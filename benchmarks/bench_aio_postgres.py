@@ -41,7 +41,7 @@ import dibs
 import dibs.aio
 
 # The throwaway server lives with the tests; run_round and p99 with the sync benchmark.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import p99, run_round
 from pgserver import PostgresServer

@@ -34,7 +34,7 @@ import httpx
 
 import dibs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from etcdserver import cluster
 
 Op = Callable[[int, int], None]

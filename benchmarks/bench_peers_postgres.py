@@ -49,7 +49,7 @@ import psycopg
 
 import dibs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pgserver import PostgresServer
 
 _spawn = multiprocessing.get_context("spawn")

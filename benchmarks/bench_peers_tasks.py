@@ -55,7 +55,7 @@ from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pgserver import PostgresServer  # the tests' throwaway server
 
 CONCURRENCY = 4

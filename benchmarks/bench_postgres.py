@@ -43,7 +43,7 @@ from psycopg_pool import ConnectionPool
 import dibs
 
 # The throwaway server lives with the tests (it is not part of the package).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pgserver import PostgresServer
 
 Op = Callable[[int, int], None]

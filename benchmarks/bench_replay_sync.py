@@ -24,7 +24,7 @@ from pathlib import Path
 import dibs
 from dibs.stores.postgres._sql import REPLICATED
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pgserver import PostgresServer
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import dibs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 Starter = Callable[[], AbstractContextManager[str]]
 

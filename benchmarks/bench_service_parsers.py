@@ -131,7 +131,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         pg = None
         if args.store == "postgresql":
-            sys.path.insert(0, str(ROOT / "tests"))
+            sys.path.insert(0, str(ROOT / "tests" / "support"))
             from pgserver import PostgresServer
 
             server = stack.enter_context(PostgresServer(settings={"max_connections": "200"}))

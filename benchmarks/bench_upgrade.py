@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from dibs.stores.sqlite import SQLiteStore
 from sqlite_v1 import build_v1
