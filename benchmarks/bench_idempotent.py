@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
             url = args.postgres
             if url == "private":
                 # The throwaway server lives with the tests (it is not part of the package).
-                sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+                sys.path.insert(
+                    0, str(Path(__file__).resolve().parent.parent / "tests" / "support")
+                )
                 from pgserver import PostgresServer
 
                 url = cleanup.enter_context(PostgresServer()).create_database("dibs_bench")
