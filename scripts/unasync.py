@@ -61,6 +61,7 @@ FILES = [
     ("aio/matching.py", "matching.py"),
     ("aio/booking.py", "booking.py"),
     ("observe.py", "observe.py"),
+    ("lease.py", "lease.py"),
 ]
 
 
