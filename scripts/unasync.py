@@ -41,6 +41,7 @@ NAMES = {
     "traced_async": "traced",
     "_abandon_async": "_abandon",
     "_call_async": "_call",
+    "adrive": "drive",
 }
 
 RULES = [
@@ -62,6 +63,7 @@ FILES = [
     ("aio/booking.py", "booking.py"),
     ("observe.py", "observe.py"),
     ("lease.py", "lease.py"),
+    ("stores/etcd/_wire.py", "stores/etcd/_wire.py"),
 ]
 
 
