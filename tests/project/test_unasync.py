@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+from layout import ROOT
 
 
 def _unasync() -> ModuleType:
