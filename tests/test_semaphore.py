@@ -187,37 +187,73 @@ def test_threads_never_exceed_a_limit_changed_mid_race(store: Store, store_kind:
     assert _race(store, store_kind, changes=[5, 2, 4, 1, 3, 2, 5, 1] * 3) == []
 
 
-_PROCESS_ROUNDS = 15
+_PROCESS_ROUNDS = 5  # at least; the workers go on until the limit has stopped changing
+_PROCESS_HOLD = {"sqlite": 0.1, "postgresql": 0.1, "etcd": 0.4}  # longer than an acquire there
+_PROCESS_CHANGES = [4, 1, 4, 2, 3, 1] * 5  # many lowerings, each with holders above it
 
 
-def _holder_process(url: str, me: int, active: Any, peak: Any, lock: Any) -> None:
+def _holder_process(url: str, me: int, hold: float, shared: tuple[Any, ...]) -> None:
+    active, breaches, lock, limits, changes, started, done = shared
     with dibs.open(url) as store:
         sem = dibs.Semaphore(store, "procs", permits=2)
-        for _ in range(_PROCESS_ROUNDS):
-            with sem.lease(holder=f"p{me}", ttl=30, wait=None):
-                with lock:
-                    active.value += 1
-                    peak.value = max(peak.value, active.value)
-                time.sleep(0.003)
-                with lock:
-                    active.value -= 1
+        sem.current_permits()  # declared (2) by the parent already: nothing written
+        with lock:
+            started.value += 1
+        rounds = 0
+        while rounds < _PROCESS_ROUNDS or not done.value:
+            # wait=0 and a retry here: each attempt is judged by the limits current during it.
+            with lock:
+                since = changes.value
+            try:
+                permit = sem.lease(holder=f"p{me}", ttl=30).__enter__()
+            except ResourceBusy:
+                time.sleep(0.001)
+                continue
+            rounds += 1
+            with lock:
+                active.value += 1
+                bound = max(limits[since : changes.value + 1])
+                if active.value > bound:
+                    breaches.value += 1
+            time.sleep(hold)  # longer than an acquire on a loaded machine: holders overlap
+            with lock:
+                active.value -= 1
+            permit.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql", "etcd"])
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_processes_never_exceed_the_limit(url: str, start: str) -> None:
+@pytest.mark.parametrize("changing", [False, True], ids=["fixed", "changed-mid-race"])
+def test_processes_never_exceed_the_limit(
+    url: str, store_kind: str, start: str, changing: bool
+) -> None:
+    hold = _PROCESS_HOLD[store_kind]
     context = multiprocessing.get_context(start)
-    active, peak, lock = context.Value("i", 0), context.Value("i", 0), context.Lock()
-    workers = [
-        context.Process(target=_holder_process, args=(url, me, active, peak, lock))
-        for me in range(5)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(100)
-        assert worker.exitcode == 0
-    assert 1 <= peak.value <= 2
+    lock = context.Lock()
+    limits = context.Array("i", [2] * (len(_PROCESS_CHANGES) + 1), lock=False)
+    changes, started, done = context.Value("i", 0), context.Value("i", 0), context.Value("i", 0)
+    shared = (context.Value("i", 0), context.Value("i", 0), lock, limits, changes, started, done)
+    with dibs.open(url) as store:
+        sem = dibs.Semaphore(store, "procs", permits=2)
+        sem.current_permits()
+        workers = [
+            context.Process(target=_holder_process, args=(url, me, hold, shared)) for me in range(5)
+        ]
+        for worker in workers:
+            worker.start()
+        while started.value < len(workers):  # spawn takes a while: change under contention
+            time.sleep(0.01)
+        for limit in _PROCESS_CHANGES if changing else []:
+            time.sleep(2 * hold)
+            with lock:  # the workers judge by the limits current while they acquired
+                sem.set_permits(limit)
+                limits[changes.value + 1] = limit
+                changes.value += 1
+        done.value = 1
+        for worker in workers:
+            worker.join(100)
+            assert worker.exitcode == 0
+    assert shared[1].value == 0
 
 
 _DOOMED = """
@@ -296,6 +332,32 @@ async def _async_basics(url: str) -> None:
 
 def test_async_face_grants_refuses_and_changes(url: str) -> None:
     asyncio.run(_async_basics(url))
+
+
+@pytest.mark.parametrize(
+    ("key", "permits", "holder", "ttl", "field"),
+    [
+        ("", 1, "a", 1.0, "key"),
+        ("k", -1, "a", 1.0, "permits"),
+        ("k", 2**70, "a", 1.0, "permits"),
+        ("k", True, "a", 1.0, "permits"),
+        ("k", 1, "", 1.0, "holder"),
+        ("k", 1, "a", 0.01, "ttl"),
+        ("k", 1, "a", float("nan"), "ttl"),
+    ],
+)
+def test_async_face_refuses_bad_input_alike(
+    url: str, key: Any, permits: Any, holder: Any, ttl: Any, field: str
+) -> None:
+    async def attempt() -> None:
+        async with dibs.aio.open(url) as store:
+            sem = dibs.aio.Semaphore(store, key, permits=permits)
+            async with sem.lease(holder=holder, ttl=ttl):
+                pass
+
+    with pytest.raises(InvalidInput) as bad:
+        asyncio.run(attempt())
+    assert bad.value.field == field
 
 
 # --- the input domain --------------------------------------------------------------
