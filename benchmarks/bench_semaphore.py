@@ -37,7 +37,7 @@ from pathlib import Path
 
 import dibs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pgserver import PostgresServer
 
 ZOOKEEPER_JARS = Path("/usr/share/java")
