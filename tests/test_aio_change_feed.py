@@ -234,3 +234,18 @@ def test_async_reads_started_together_share_one_sync_feed(tmp_path: Path) -> Non
 
     asyncio.run(main())
     assert len(made) == 1
+
+
+def test_an_instrumented_async_store_offers_the_wrapped_stores_feed(tmp_path: Path) -> None:
+    from dibs.observe import instrument
+
+    async def main() -> None:
+        async with instrument(dibs.aio.open(f"sqlite:///{tmp_path / 'dibs.db'}")) as store:
+            feed = store.change_feed()
+            assert feed is not None
+            before = await feed.read()
+            assert await store.claim(Unit("traced", "feed"), holder="alice")
+            assert await feed.read() != before
+            await feed.close()
+
+    asyncio.run(main())
