@@ -144,15 +144,16 @@ def test_many_stores_racing_for_the_secret_all_read_one(make_store: StoreMaker) 
             return ThreadedStore.over(make_store())
         return dibs.aio.open(make_store.url)
 
-    def race() -> None:
+    def race(face: AsyncStore) -> None:
         async def read() -> bytes:
-            async with face() as store:
+            async with face as store:
                 start.wait()  # every racer open, then all claim at once
                 return await stored_secret(store)
 
         secrets.append(asyncio.run(read()))
 
-    threads = [threading.Thread(target=race) for _ in range(racers)]
+    # Made here, not in the racers: make_store() is not for many threads at once.
+    threads = [threading.Thread(target=race, args=(face(),)) for _ in range(racers)]
     for t in threads:
         t.start()
     for t in threads:
