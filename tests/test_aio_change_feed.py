@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from test_service_support import free_port
 
 import dibs
 import dibs.aio
@@ -29,7 +30,6 @@ from conftest import SHARED_STORE_KINDS, STORE_KINDS, fresh_url
 from dibs import Unit
 from dibs.aio import AsyncStore
 from dibs.stores.base import Store
-from test_service_support import free_port
 
 FACES = ["sync", "aio"]
 
