@@ -22,7 +22,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_service_support import free_port
 
 import dibs
 import dibs.aio
@@ -30,6 +29,7 @@ from conftest import SHARED_STORE_KINDS, STORE_KINDS, fresh_url
 from dibs import Unit
 from dibs.aio import AsyncStore
 from dibs.stores.base import Store
+from pgserver import free_port
 
 FACES = ["sync", "aio"]
 
