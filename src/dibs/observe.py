@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.capabilities import AsyncChangeFeed, ChangeFeed, ClaimLog
     from dibs.stores.jobs import JobTable
 
 __all__ = ["InstrumentedAsyncStore", "InstrumentedStore", "instrument"]
@@ -493,6 +493,10 @@ class InstrumentedAsyncStore(AsyncStore):
     async def get(self, claim_id: str) -> Claim | None:
         """Traced :meth:`dibs.aio.AsyncStore.get`."""
         return await self._traced("get", lambda: self.store.get(claim_id))
+
+    def change_feed(self) -> AsyncChangeFeed | None:
+        """The wrapped store's change feed (its reads are not traced)."""
+        return self.store.change_feed()
 
     async def holder_of(self, target: Unit | Span) -> str | None:
         """Traced :meth:`dibs.aio.AsyncStore.holder_of`."""
