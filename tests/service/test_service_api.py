@@ -19,12 +19,12 @@ import httpx
 import pytest
 from openapi_spec_validator import validate
 from starlette.routing import Route
-from test_service_support import GatedStore, Running, serve_in_thread
 
 import dibs
 from dibs import FakeClock, Unit
 from dibs.service import KeyRing, ServiceConfig, Showing, create_app
 from dibs.stores.memory import MemoryStore
+from service_support import GatedStore, Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

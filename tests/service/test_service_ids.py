@@ -18,7 +18,6 @@ import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from test_service_support import free_port, serve_in_thread
 
 import dibs
 import dibs.aio
@@ -26,6 +25,7 @@ from conftest import StoreMaker
 from dibs.aio import AsyncStore, ThreadedStore
 from dibs.service import KeyRing, ServiceConfig, create_app
 from dibs.service._ids import SECRET_UNIT, ClaimIds, stored_secret
+from service_support import free_port, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 

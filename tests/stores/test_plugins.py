@@ -166,9 +166,8 @@ def test_dibs_demo_rushes_the_plugin_store(capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.usefixtures("toy")
 def test_dibs_serve_serves_the_plugin_store() -> None:
-    from test_service_support import serve_in_thread
-
     from dibs.service import ServiceConfig, Showing
+    from service_support import serve_in_thread
 
     config = ServiceConfig(store_url="toy://", keys_file=None, showings=(Showing("show-1", 2, 2),))
     with serve_in_thread(config) as running, running.client("alice") as c:
