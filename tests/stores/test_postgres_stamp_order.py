@@ -61,6 +61,7 @@ class _Setup:
     def dead_hold(self, unit: Unit) -> dibs.Claim:
         hold = self.store.claim(unit, holder="alice", ttl=TTL).claim
         assert hold is not None
+
         def dead() -> bool:  # as the store itself judges it (no timed assertion)
             seen = self.store.get(hold.id)
             assert seen is not None
