@@ -16,7 +16,6 @@ import socket
 import sqlite3
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 import dibs
 from dibs.cli import main
 from dibs.doctor import Finding, Severity, etcd_findings, examine, render_text
+from eventually import eventually
 from layout import PLUGIN_DIR, SCRIPTS
 from pgrepl import _REPLICATION, ReplicatedCluster
 from pgserver import PostgresServer
@@ -165,11 +165,13 @@ def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -
         )
         try:
             with psycopg.connect(server.admin_url, autocommit=True) as conn:
-                while not conn.execute(
-                    "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
-                    "ON s.active_pid = r.pid"
-                ).fetchone()[0]:
-                    time.sleep(0.05)
+                eventually(
+                    lambda: conn.execute(
+                        "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
+                        "ON s.active_pid = r.pid"
+                    ).fetchone()[0],
+                    "the logical reader is streaming",
+                )
             code, report = _doctor(capsys, url)
         finally:
             reader.terminate()
@@ -357,15 +359,13 @@ class Etcd:
 
     @staticmethod
     def _wait(port: int) -> None:
-        for _ in range(600):
+        def healthy() -> bool:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json().get("health") in (
-                    "true",
-                    True,
-                ):
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"etcd on port {port} never became healthy")
+                answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                return answer.get("health") in ("true", True)
+            return False
+
+        eventually(healthy, f"etcd on port {port} is healthy")
 
     @property
     def url(self) -> str:
