@@ -40,7 +40,7 @@ RULES = [
     (re.compile(r"\bawait "), ""),
 ]
 
-MODULES = ["lot", "matching", "booking"]
+MODULES = ["lot", "matching", "booking", "ratelimit"]
 
 
 def _part(text: str, begin: str, end: str, where: Path) -> tuple[int, int]:

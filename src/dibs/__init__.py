@@ -36,6 +36,7 @@ from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
+from dibs.ratelimit import Decision, Rate, RateLimit
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
 from dibs.stores.base import Store
@@ -49,6 +50,7 @@ __all__ = [
     "ClaimResult",
     "ClaimState",
     "Clock",
+    "Decision",
     "DibsError",
     "FakeClock",
     "FlightResult",
@@ -63,6 +65,8 @@ __all__ = [
     "NotParked",
     "Occupancy",
     "PathsExhausted",
+    "Rate",
+    "RateLimit",
     "RequestConflict",
     "ReservedPath",
     "ResourceBusy",
