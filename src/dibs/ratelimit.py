@@ -43,6 +43,7 @@ _WINDOW_MIN_US = round(TTL_MIN * 1_000_000)
 _WINDOW_MAX_US = round(TTL_MAX * 1_000_000)
 
 _UNITS_US = {
+    "us": 1,
     "ms": 1_000,
     "millisecond": 1_000,
     "milliseconds": 1_000,
@@ -114,9 +115,9 @@ class Rate:
         if not micros.is_finite() or not _WINDOW_MIN_US <= micros <= _WINDOW_MAX_US:
             raise bad
         whole = round(micros)
-        # A float such as 0.1 is 0.1000000000000000055...: within a millionth of a
-        # microsecond of a whole one counts as that one (stores round TTLs so too).
-        if abs(micros - whole) > Decimal("1e-6"):
+        # A float such as 0.1 is 0.1000000000000000055...: within a nanosecond of a
+        # whole microsecond counts as that one (stores round TTLs to microseconds too).
+        if abs(micros - whole) > Decimal("0.001"):
             raise bad
         object.__setattr__(self, "window", whole / 1_000_000)
         object.__setattr__(self, "window_us", whole)
@@ -127,7 +128,7 @@ class Rate:
 
         Raises :class:`~dibs.InvalidInput` (field ``rate``) for text that is not
         ``<limit>/<unit>``, ``<limit>/<number><unit>`` or ``<limit> per
-        [<number>] <unit>`` with a unit among ms, s, m (minute), h and d (or
+        [<number>] <unit>`` with a unit among us, ms, s, m (minute), h and d (or
         their names), or names a limit or window outside :class:`Rate`'s.
         """
         if isinstance(text, Rate):
@@ -163,7 +164,14 @@ class Rate:
             ) from None
 
     def __str__(self) -> str:
-        return f"{self.limit}/{self.window:g}s"
+        micros = self.window_us
+        if micros == 1_000_000:
+            return f"{self.limit}/s"
+        if micros % 1_000_000 == 0:
+            return f"{self.limit}/{micros // 1_000_000}s"
+        if micros % 1_000 == 0:
+            return f"{self.limit}/{micros // 1_000}ms"
+        return f"{self.limit}/{micros}us"
 
 
 @dataclass(frozen=True, slots=True)
