@@ -305,12 +305,10 @@ def test_async_tasks_never_pass_the_limit(aio_url: str) -> None:
 ROUNDS = {"memory": 16, "sqlite": 12, "postgresql": 4, "etcd": 3}
 
 
-def test_threads_never_pass_the_limit(
-    store: Store, store_kind: str, fine_switching: None
-) -> None:
+def test_threads_never_pass_the_limit(store: Store, store_kind: str, fine_switching: None) -> None:
     for round_ in range(ROUNDS[store_kind]):
         limit = RateLimit(store, f"burst-{round_}", "25/s")
-        got = race(32, lambda _: sum(bool(limit.acquire()) for _ in range(10)))
+        got = race(32, lambda _, limit=limit: sum(bool(limit.acquire()) for _ in range(10)))
         assert sum(got) == 25  # the clock is a FakeClock that never moves
 
 
@@ -358,7 +356,9 @@ def test_threads_with_a_real_clock_never_pass_the_limit(fine_switching: None) ->
             limit = RateLimit(store, f"api-{round_}", rate)
             admitted: list[list[int]] = []
 
-            def hammer(i: int) -> int:
+            def hammer(
+                i: int, limit: RateLimit = limit, admitted: list[list[int]] = admitted
+            ) -> int:
                 refused = 0
                 while refused < 40:
                     cost = 1 if i % 2 == 0 else 1 + i % 3
