@@ -18,6 +18,7 @@ from dibs._clock import Clock
 from dibs._model import shown
 from dibs.exceptions import InvalidInput
 from dibs.limits import NAME_MAX_BYTES
+from dibs.ratelimit import Rate
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
@@ -257,23 +258,40 @@ class TaskProcessor:
         priority: int = 0,
         lock_key: str | None = None,
         retention: float | None = None,
+        rate: str | Rate | None = None,
+        rate_key: str | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
 
         Every process that registers the same name can run its jobs. ``queue``,
         ``priority``, ``lock_key`` and ``retention`` are the defaults of its
-        jobs (see :meth:`enqueue`). An ``async def`` function runs on the
-        processor's event loop. Raises :class:`~dibs.InvalidInput` without a
-        store or for bad options.
+        jobs (see :meth:`enqueue`). With ``rate`` (``"10/s"``, a
+        :class:`dibs.Rate`), at most that many of its attempts start in any
+        window, across every process: the limit is ``dibs.RateLimit(store,
+        rate_key or name, rate)``, and a job over it is deferred (put back
+        uncounted, due when the limit allows), never failed. An ``async def``
+        function runs on the processor's event loop. Raises
+        :class:`~dibs.InvalidInput` without a store or for bad options.
         """
         durable = self._require_store()
         retries, backoff, timeout = task_options(retries, backoff, timeout)
+        limit = None if rate is None else Rate.parse(rate)
+        if rate_key is not None:
+            check_id(rate_key, "rate_key")
+            if limit is None:
+                raise InvalidInput(
+                    "rate_key needs a rate (rate_key names its limit)",
+                    field="rate_key",
+                    value=rate_key,
+                )
         options = JobOptions().merged(queue, priority, lock_key, retention)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
             task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
-            durable.register(RegisteredTask(task_name, fn, retries, backoff, timeout))
+            durable.register(
+                RegisteredTask(task_name, fn, retries, backoff, timeout, limit, rate_key)
+            )
             self._job_options[task_name] = options
             return fn
 
