@@ -243,7 +243,8 @@ class _Slots:
 
     def _pick(self, cost: int, now_us: int) -> list[int] | None:
         """``cost`` slots the hint says are free at ``now_us``, from a moving cursor."""
-        free_at, limit = self._free_at, self.rate.limit
+        free_at = self._free_at
+        limit = len(free_at)
         picked: list[int] = []
         i = self._cursor
         for _ in range(limit):
@@ -266,13 +267,13 @@ class _Slots:
         # Fewer than ``cost`` slots are free at now_us; the retry is when enough
         # of the held ones end (each is held until its free_at, never less).
         held = [t for t in self._free_at if t > now_us]
-        needed = cost - (self.rate.limit - len(held))
+        needed = cost - (len(self._free_at) - len(held))
         ends = heapq.nsmallest(needed, held)[-1]
         return Decision(False, (ends - now_us) / 1_000_000, None)
 
     def _relearn(self, claims: Iterable[Claim], taken: Iterable[Target], now_us: int) -> None:
         """Replace the hint with a ``claims_of`` snapshot read after a lost claim."""
-        free_at = [0] * self.rate.limit
+        free_at = [0] * len(self._free_at)
         for claim in claims:
             ends = _micros(claim.expires_at) if claim.expires_at is not None else 0
             for target in claim.targets:
