@@ -14,7 +14,9 @@ Two workloads, each ``--ops`` decisions per process:
   ten refuses, the cost of saying "retry after t".
 
 Contenders: dibs on memory:// (one process), on SQLite (a file on local disk,
-its default durability) and on a private PostgreSQL (fsync on); ``limits``
+its default durability) and on a private PostgreSQL (fsync on); on the same
+PostgreSQL, GCRA as one atomic ``UPDATE`` of a table of its own (the
+"dedicated step per store" alternative to slots as claims, for scale); ``limits``
 ``MovingWindowRateLimiter`` and ``FixedWindowRateLimiter`` on a private
 ``redis-server`` on loopback (no persistence: a rate limit's usual setting).
 Each process opens its own store or client. With ``--procs 1 4`` the shared
@@ -114,8 +116,38 @@ def _limits(url: str, workload: str, key: str, strategy: str) -> tuple[Callable[
     return (lambda: limiter.hit(item, key)), (lambda: None)
 
 
+GCRA_STEP = """
+UPDATE bench_gcra SET tat = greatest(tat, clock_timestamp()) + %(t)s * interval '1 microsecond'
+WHERE key = %(key)s
+  AND greatest(tat, clock_timestamp()) - clock_timestamp()
+      <= %(tolerance)s * interval '1 microsecond'
+RETURNING tat
+"""
+
+
+def _gcra_step(url: str, workload: str, key: str) -> tuple[Callable[[], bool], Any]:
+    """The alternative to slots as claims: GCRA as one atomic UPDATE of its own table.
+
+    What a dedicated step per store would be on PostgreSQL: one statement, one durable
+    commit per admission (autocommit), nothing written on a refusal.
+    """
+    import psycopg
+
+    rate = dibs.Rate.parse(RATES[workload])
+    t = rate.window_us // rate.limit  # the emission interval, µs
+    conn = psycopg.connect(url.partition("?")[0], autocommit=True)
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_gcra (key text PRIMARY KEY, tat timestamptz)")
+    conn.execute(
+        "INSERT INTO bench_gcra VALUES (%s, clock_timestamp()) ON CONFLICT DO NOTHING", (key,)
+    )
+    params = {"t": t, "key": key, "tolerance": rate.window_us - t}
+    return (lambda: conn.execute(GCRA_STEP, params).fetchone() is not None), conn.close
+
+
 def _worker(contender: str, url: str, workload: str, key: str, ops: int, out: Any) -> None:
-    if contender.startswith("limits-"):
+    if contender == "gcra-step-postgresql":
+        decide, close = _gcra_step(url, workload, key)
+    elif contender.startswith("limits-"):
         decide, close = _limits(url, workload, key, contender.removeprefix("limits-"))
     else:
         decide, close = _dibs(url, workload, key)
@@ -178,6 +210,7 @@ def main() -> None:
                 "dibs-memory": "memory://",
                 "dibs-sqlite": f"sqlite:///{tmp / 'rate.db'}",
                 "dibs-postgresql": f"{pg}?pool_min=1&pool_max=1",
+                "gcra-step-postgresql": pg,
                 "limits-moving": rd,
                 "limits-fixed": rd,
             }
