@@ -229,7 +229,7 @@ def main() -> None:
                           "median (range), ratio to limits-moving median (range)")  # fmt: skip
                     for name in names:
                         r = [a / b for a, b in zip(got[name], base, strict=True)]
-                        print(f"  {name:<16} {_summary(got[name])}   x{statistics.median(r):.2f}"
+                        print(f"  {name:<21} {_summary(got[name])}   x{statistics.median(r):.2f}"
                               f" ({min(r):.2f} to {max(r):.2f})")  # fmt: skip
                     figures[f"{workload}/{procs}"] = got
     finally:
