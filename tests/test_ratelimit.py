@@ -13,6 +13,7 @@ fails on every run.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -246,25 +247,38 @@ def _model(steps: list[tuple[int, int]], limit: int, window_ms: int) -> list[boo
     return out
 
 
+KEYS = st.text(min_size=1, max_size=8).filter(lambda k: "\x00" not in k)
+FRESH = itertools.count()
+
+
 @given(
     steps=PROGRAMS,
     limit=st.integers(1, 6),
     window_ms=st.integers(1, 2000),
-    key=st.text(min_size=1, max_size=8).filter(lambda k: "\x00" not in k),
+    key=KEYS,
 )
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_memory_decisions_match_a_sliding_window_log(
-    steps: list[tuple[int, int]], limit: int, window_ms: int, key: str
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+def test_decisions_match_a_sliding_window_log(
+    store: Store,
+    clock: FakeClock,
+    steps: list[tuple[int, int]],
+    limit: int,
+    window_ms: int,
+    key: str,
 ) -> None:
-    # Every store keeps the same slots; the per-store tests above pin its clock rules.
+    # One store for every example: a fresh key (and the clock only moving on) keeps
+    # each example's limit apart from the others'.
+    key = f"{key}/{next(FRESH)}"
     steps = [(a, min(c, limit)) for a, c in steps]
-    clock = FakeClock()
-    with dibs.open("memory://", clock=clock) as store:
-        rl = RateLimit(store, key, f"{limit}/{window_ms}ms")
-        got = []
-        for advance, cost in steps:
-            clock.advance(advance / 1000)
-            got.append(bool(rl.acquire(cost)))
+    rl = RateLimit(store, key, f"{limit}/{window_ms}ms")
+    got = []
+    for advance, cost in steps:
+        clock.advance(advance / 1000)
+        got.append(bool(rl.acquire(cost)))
     assert got == _model(steps, limit, window_ms)
 
 
