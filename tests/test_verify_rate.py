@@ -21,7 +21,9 @@ from test_verify import Recorder, us
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 
 
-def rate(rec: Recorder, start: float, end: float, at: float | None, cost: int = 1, **v: Any) -> None:
+def rate(
+    rec: Recorder, start: float, end: float, at: float | None, cost: int = 1, **v: Any
+) -> None:
     """A ``rate`` op of key ``r`` at 2/100ms, admitted at ``at`` ms (None: refused)."""
     value: dict[str, Any] = {"allowed": at is not None, "retry_after": 0.0 if at else 0.05}
     if at is not None:

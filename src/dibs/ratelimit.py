@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 import random
 import re
 import time
@@ -115,9 +116,10 @@ class Rate:
         if not micros.is_finite() or not _WINDOW_MIN_US <= micros <= _WINDOW_MAX_US:
             raise bad
         whole = round(micros)
-        # A float such as 0.1 is 0.1000000000000000055...: within a nanosecond of a
-        # whole microsecond counts as that one (stores round TTLs to microseconds too).
-        if abs(micros - whole) > Decimal("0.001"):
+        # A float such as 0.1 is 0.1000000000000000055...: within a nanosecond (or the
+        # float's own spacing, for long windows) of a whole microsecond counts as that one.
+        slack = max(Decimal("0.001"), Decimal(math.ulp(float(window))) * 1_000_000)
+        if abs(micros - whole) > slack:
             raise bad
         object.__setattr__(self, "window", whole / 1_000_000)
         object.__setattr__(self, "window_us", whole)
