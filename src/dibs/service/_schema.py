@@ -216,7 +216,7 @@ class Number(Schema):
 
 @dataclass(eq=False)
 class Integer(Schema):
-    """A JSON integer (not ``5.0``, not a boolean) in ``[minimum, maximum]``.
+    """A JSON integer (not ``5.0``: :class:`Unstated`; not a boolean) in ``[minimum, maximum]``.
 
     A ``maximum`` that is ``stated=False`` is enforced but not rendered (it is
     the service's configuration, e.g. a lot's size): :class:`Unstated`.
@@ -230,6 +230,9 @@ class Integer(Schema):
     description: str | None = None
 
     def parse(self, value: Any, where: str) -> int:
+        if isinstance(value, float) and value.is_integer():
+            # 5.0 is the integer 5 to JSON Schema; a fence or a length is written 5.
+            raise Unstated(self._message(where), field=where, value=None)
         if (
             isinstance(value, bool)
             or not isinstance(value, int)

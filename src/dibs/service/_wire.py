@@ -405,9 +405,10 @@ def parse_fence(value: object) -> int:
 
 def parse_query_fence(text: str) -> int:
     """A fence from a query string: ASCII digits, no sign, no leading zero."""
-    if not _FENCE.fullmatch(text) or int(text) > MAX_FENCE:
-        raise InvalidInput("fence must be an integer from 1 to 2**63-1", field="fence", value=None)
-    return int(text)
+    if _FENCE.fullmatch(text):
+        return FENCE.parse(int(text), "fence")
+    # Any other number ("5.0", "5e0") or text is refused as in a body.
+    return FENCE.parse(parse_query_bound(text), "fence")
 
 
 def parse_query_bound(text: str) -> object:
