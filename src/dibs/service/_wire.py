@@ -63,8 +63,6 @@ __all__ = [
     "TARGET",
     "TIME",
     "UNIT",
-    "check_name",
-    "check_resource",
     "claim_request",
     "claim_to_wire",
     "match_request",
@@ -73,8 +71,6 @@ __all__ = [
     "parse_json_object",
     "parse_query_fence",
     "parse_target",
-    "parse_targets",
-    "parse_ttl",
     "request_id_for",
     "target_to_wire",
 ]
@@ -364,18 +360,6 @@ FENCE_REQUEST = Obj({"fence": FENCE}, name="FenceRequest")
 EXTEND_REQUEST = Obj({"fence": FENCE, "ttl": TTL}, name="ExtendRequest")
 
 
-def check_name(value: object, where: str, *, allow_empty: bool = False) -> str:
-    """Return ``value`` if it is a string of at most MAX_NAME characters, none a control one."""
-    result: str = (SLOT if allow_empty else NAME).parse(value, where)
-    return result
-
-
-def check_resource(value: object, where: str) -> str:
-    """A resource a client may name: ``check_name``, and not in the service's own namespace."""
-    result: str = RESOURCE.parse(value, where)
-    return result
-
-
 def _bound_text(value: int | float | datetime) -> str:
     return _time(value) if isinstance(value, datetime) else json.dumps(value)
 
@@ -383,19 +367,6 @@ def _bound_text(value: int | float | datetime) -> str:
 def parse_target(item: object, where: str) -> Target:
     """Parse ``{"resource", "slot"}`` as a Unit, ``{"resource", "start", "end"}`` as a Span."""
     return TARGET.parse(item, where)
-
-
-def parse_targets(body: dict[str, Any], limit: int, field: str = "targets") -> list[Target]:
-    """The body's ``targets`` (or ``field``): a non-empty list of at most ``limit`` targets."""
-    result: list[Target] = Targets(limit).parse(body.get(field), field)
-    return result
-
-
-def parse_ttl(body: dict[str, Any], *, required: bool) -> float | None:
-    """The body's ``ttl`` in seconds, in [MIN_TTL, MAX_TTL]; null or absent when not required."""
-    schema = TTL if required else claim_request(1).members["ttl"].schema
-    result: float | None = schema.parse(body.get("ttl"), "ttl")
-    return result
 
 
 def parse_fence(value: object) -> int:
