@@ -23,6 +23,7 @@ import httpx
 import uvicorn
 
 import dibs
+from conformance import Conformance
 from dibs.aio import AsyncStore
 from dibs.service import KeyRing, Service, ServiceConfig, create_app
 from dibs.service._cli import HTTP_PARSER
@@ -121,10 +122,11 @@ def serve_in_thread(
     if store is None and isinstance(async_store, SharedFace):
         store = async_store.sync
     app = create_app(config, store=store, async_store=async_store, keys=ring)
+    checked = Conformance(app)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            checked,
             host="127.0.0.1",
             port=port,
             log_config=None,
@@ -143,6 +145,9 @@ def serve_in_thread(
     finally:
         server.should_exit = True
         thread.join(30)
+    # Every answer the test got, against the document (tests/support/conformance.py).
+    problems = checked.problems(app.state.service.document())
+    assert not problems, "answers that disagree with /openapi.json:\n" + "\n".join(problems)
 
 
 @contextlib.contextmanager
