@@ -66,6 +66,7 @@ MARKERS = {
     "sqlite": "runs on sqlite:// (applied from the store parametrization)",
     "postgresql": "runs on PostgreSQL: starts the session's private server",
     "etcd": "runs on etcd: starts the session's private member",
+    "processes": "races or kills other processes (fork, spawn, kill -9): never quick",
 }
 """The markers conftest applies by rule (``slow`` is declared in pyproject.toml)."""
 
@@ -108,12 +109,13 @@ def folder_of(item: pytest.Item) -> str | None:
 
 
 def is_quick(item: pytest.Item) -> bool:
-    """``quick``: the module says ``QUICK = True``, the test is not ``slow``, and it needs
-    no server (memory://, sqlite:// or no store at all)."""
+    """``quick``: the module says ``QUICK = True``, the test is neither ``slow`` nor marked
+    ``processes``, and it needs no server (memory://, sqlite:// or no store at all)."""
     module = getattr(item, "module", None)
     return (
         bool(getattr(module, "QUICK", False))
         and item.get_closest_marker("slow") is None
+        and item.get_closest_marker("processes") is None
         and backends_of(item) <= IN_PROCESS_KINDS
     )
 

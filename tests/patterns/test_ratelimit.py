@@ -229,17 +229,21 @@ def test_bad_costs_are_refused_by_name(store: Store, cost: object) -> None:
     assert limit.acquire(10)  # nothing was taken
 
 
-# A program of steps on a FakeClock: (advance seconds, cost) pairs.
-PROGRAMS = st.lists(st.tuples(st.integers(0, 1500), st.integers(1, 5)), min_size=1, max_size=25)
+# A program of steps on a FakeClock: (advance in ticks, cost) pairs. A tick is 1/64 s
+# (15,625 µs), and windows are whole eighths of a second: every time and every
+# expiry is then exact in a float and in whole microseconds, so a step that lands
+# exactly on a window's end is judged by the rule, not by rounding.
+TICK = 1 / 64
+PROGRAMS = st.lists(st.tuples(st.integers(0, 96), st.integers(1, 5)), min_size=1, max_size=25)
 
 
-def _model(steps: list[tuple[int, int]], limit: int, window_ms: int) -> list[bool]:
+def _model(steps: list[tuple[int, int]], limit: int, window_ticks: int) -> list[bool]:
     """A sliding-window log: admit if the costs admitted in (now - window, now] leave room."""
     log: list[tuple[int, int]] = []
     now, out = 0, []
     for advance, cost in steps:
         now += advance
-        used = sum(c for t, c in log if t > now - window_ms)
+        used = sum(c for t, c in log if t > now - window_ticks)
         ok = cost <= limit and used + cost <= limit
         if ok:
             log.append((now, cost))
@@ -254,7 +258,7 @@ FRESH = itertools.count()
 @given(
     steps=PROGRAMS,
     limit=st.integers(1, 6),
-    window_ms=st.integers(1, 2000),
+    eighths=st.integers(1, 16),
     key=KEYS,
 )
 @settings(
@@ -267,19 +271,19 @@ def test_decisions_match_a_sliding_window_log(
     clock: FakeClock,
     steps: list[tuple[int, int]],
     limit: int,
-    window_ms: int,
+    eighths: int,
     key: str,
 ) -> None:
     # One store for every example: a fresh key (and the clock only moving on) keeps
     # each example's limit apart from the others'.
     key = f"{key}/{next(FRESH)}"
     steps = [(a, min(c, limit)) for a, c in steps]
-    rl = RateLimit(store, key, f"{limit}/{window_ms}ms")
+    rl = RateLimit(store, key, f"{limit}/{125 * eighths}ms")
     got = []
     for advance, cost in steps:
-        clock.advance(advance / 1000)
+        clock.advance(advance * TICK)
         got.append(bool(rl.acquire(cost)))
-    assert got == _model(steps, limit, window_ms)
+    assert got == _model(steps, limit, 8 * eighths)
 
 
 # --- the async face --------------------------------------------------------------------------
@@ -350,6 +354,7 @@ def _hammer(url: str, key: str, rate: str, faces: Sequence[str], refusals: int) 
     return admitted
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS, indirect=True)
 def test_processes_never_pass_the_limit_in_any_window(make_store: StoreMaker) -> None:
     make_store().close()  # create the schema once, before the workers race to
