@@ -14,7 +14,7 @@ from aio_face import open_face
 from conftest import drop_etcd_prefix
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
-from etcdserver import fresh_prefix, session_cluster
+from etcd_fixtures import fresh_prefix, session_cluster
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

@@ -17,7 +17,8 @@ import pytest
 
 import dibs
 from dibs import StoreUnavailable, Unit
-from etcdserver import EtcdCluster, cluster
+from dibs.verify.harness import EtcdCluster
+from etcd_fixtures import cluster
 
 THREADS = 4
 UNITS = 240
@@ -72,17 +73,15 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
             while progress() < wait_for and not done.is_set():
                 time.sleep(0.01)
             if fault == "kill":
-                killed = three.leader()
-                assert killed is not None
-                killed.kill()
+                killed = three.wait_leader()
+                three.kill(killed)
             elif fault == "restart":
-                three.restart(killed)
+                three.restart(killed, graceful=False)
             elif fault == "pause":
-                paused = three.leader()
-                assert paused is not None
-                paused.pause()
+                paused = three.wait_leader()
+                three.pause(paused)
             else:
-                paused.resume()
+                three.resume(paused)
             injected.append(fault)
 
     threads = [threading.Thread(target=racer, args=(n,)) for n in range(THREADS)]
