@@ -103,17 +103,12 @@ def ensure(script: str) -> str | None:
     scripts = os.environ.get(ENSURE_ENV)
     if not scripts:
         return "not run"
+    path = str(Path(scripts) / script)
     with _ensure_lock:
-        done = _ensured.get(script)
+        done = _ensured.get(path)
         if done is None:
-            done = subprocess.run(
-                [str(Path(scripts) / script)],
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
-            _ensured[script] = done
+            done = subprocess.run([path], capture_output=True, text=True, timeout=900, check=False)
+            _ensured[path] = done
     return None if done.returncode == 0 else f"{script} failed: {done.stderr.strip()}"
 
 
