@@ -16,6 +16,13 @@ round then runs, one after the other, N claims per side:
   cores. Both send the same requests;
 - ``HTTP old``: the same against the old revision's server.
 
+``--path park`` measures the lot path instead: each operation parks a vehicle
+of its own (``POST /v1/lots/bench/vehicles``, length 2, in a 64-slot lot) and
+removes it (``DELETE``), two requests; in-process, :class:`dibs.Lot` and
+:class:`dibs.aio.Lot` park and remove the same way. With ``--old-ref`` that
+compares the lot awaited on the async store against the sync lot on worker
+threads of an older service.
+
 Prints, per side, the median claims/s and its range over the rounds, p50/p99
 latency over all rounds, the CPU per claim of this (the client's) process and
 of the server's (from /proc); then the ratio of each HTTP side to in-process claims/s, per round
@@ -25,6 +32,7 @@ a sidecar's caller would.
     python benchmarks/bench_service.py [--store postgresql|sqlite|memory] [--clients 8]
                                        [--claims 2000] [--rounds 5] [--old-ref REV]
                                        [--url postgresql://...] [--http-client raw|httplib]
+                                       [--path claim|park]
 
 ``--store postgresql`` (the default) starts a private server (fsync off) unless
 ``--url`` names one; each side gets a schema of its own in it.
@@ -97,14 +105,25 @@ def _run_threads(
     return len(flat) / elapsed, flat
 
 
-class InProcess:
-    """Client threads calling the sync store's ``claim``."""
+LOT_SIZE = 64
 
-    def __init__(self, url: str) -> None:
+
+class InProcess:
+    """Client threads calling the sync store's ``claim`` (or a sync lot's park and remove)."""
+
+    def __init__(self, url: str, path: str = "claim") -> None:
         self.store = dibs.open(url)
+        self.path = path
+        self.lot = dibs.Lot(self.store, "bench", LOT_SIZE)
 
     def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
         store = self.store
+        lot = self.lot
+
+        def park(c: int, i: int) -> None:
+            vehicle = f"v-{tag}-{c}-{i}"
+            assert lot.park(vehicle, 2) is not None
+            lot.remove(vehicle)
 
         def work(c: int, i: int) -> None:
             r = store.claim(
@@ -115,7 +134,7 @@ class InProcess:
             )
             assert r
 
-        return _run_threads(clients, per_client, work)
+        return _run_threads(clients, per_client, park if self.path == "park" else work)
 
     def close(self) -> None:
         self.store.close()
@@ -124,11 +143,13 @@ class InProcess:
 class InProcessAsync:
     """Tasks on one event loop (in a thread of its own) awaiting ``dibs.aio``'s ``claim``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, path: str = "claim") -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.store = self._do(dibs.aio.open(url).open())
+        self.path = path
+        self.lot = dibs.aio.Lot(self.store, "bench", LOT_SIZE)
 
     def _do(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -136,9 +157,17 @@ class InProcessAsync:
     def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
         store = self.store
 
+        lot = self.lot
+
         async def client(c: int, lat: list[float]) -> None:
             for i in range(per_client):
                 t0 = time.perf_counter()
+                if self.path == "park":
+                    vehicle = f"v-{tag}-{c}-{i}"
+                    assert await lot.park(vehicle, 2) is not None
+                    await lot.remove(vehicle)
+                    lat.append(time.perf_counter() - t0)
+                    continue
                 r = await store.claim(
                     dibs.Unit(f"seat-{tag}-{c}-{i}", "bench"),
                     holder=f"h{c}",
@@ -208,9 +237,17 @@ class OverHttp:
     """``dibs serve`` in a subprocess (from ``src`` if given) and keep-alive client threads."""
 
     def __init__(
-        self, url: str, clients: int, tmp: Path, src: Path | None = None, *, raw: bool = True
+        self,
+        url: str,
+        clients: int,
+        tmp: Path,
+        src: Path | None = None,
+        *,
+        raw: bool = True,
+        path: str = "claim",
     ) -> None:
         self.raw = raw
+        self.path = path
         keys_file = tmp / f"keys-{secrets.token_hex(3)}.json"
         keys = KeyRing(keys_file)
         self.tokens = [keys.create(f"h{c}")[0] for c in range(clients)]
@@ -221,7 +258,7 @@ class OverHttp:
         self.server = subprocess.Popen(
             [sys.executable, "-m", "dibs.service", "serve", "--store", url, "--keys",
              str(keys_file), "--port", str(self.port), "--rate", "1e9", "--burst", "1000000000",
-             "--log-level", "warning", "--sweep-interval", "3600"],
+             "--log-level", "warning", "--sweep-interval", "3600", "--lot", f"bench:{LOT_SIZE}"],
             stderr=subprocess.DEVNULL,
             env=env,
         )  # fmt: skip
@@ -262,6 +299,28 @@ class OverHttp:
             'Idempotency-Key: "{key}"\r\nContent-Length: {length}\r\n\r\n{body}'
         )
 
+        park_template = (
+            "POST /v1/lots/bench/vehicles HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            "Content-Length: {length}\r\n\r\n{body}"
+        )
+        remove_template = (
+            "DELETE /v1/lots/bench/vehicles/{vehicle} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Authorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
+        )
+
+        def park(c: int, i: int) -> None:
+            vehicle = f"v-{tag}-{c}-{i}"
+            body = json.dumps({"vehicle": vehicle, "length": 2})
+            request = park_template.format(
+                port=self.port, token=tokens[c], length=len(body), body=body
+            )
+            status = raw_conns[c].exchange(request.encode())
+            assert status == 201, status
+            request = remove_template.format(port=self.port, token=tokens[c], vehicle=vehicle)
+            status = raw_conns[c].exchange(request.encode())
+            assert status == 200, status
+
         def raw_work(c: int, i: int) -> None:
             body = json.dumps(
                 {"targets": [{"resource": f"seat-{tag}-{c}-{i}", "slot": "bench"}], "ttl": 300}
@@ -291,7 +350,12 @@ class OverHttp:
             assert response.status == 201, response.status
 
         before = self._cpu()
-        result = _run_threads(clients, per_client, raw_work if self.raw else work)
+        if self.path == "park":
+            assert self.raw, "--path park runs on the raw client"
+            chosen = park
+        else:
+            chosen = raw_work if self.raw else work
+        result = _run_threads(clients, per_client, chosen)
         after = self._cpu()
         if before is not None and after is not None:
             self.cpu_per_claim.append((after - before) / (clients * per_client))
@@ -339,6 +403,12 @@ def main() -> None:
         default="raw",
         help="the load generator: a bare socket (default) or http.client",
     )
+    parser.add_argument(
+        "--path",
+        choices=["claim", "park"],
+        default="claim",
+        help="what each operation does: a claim (default), or park and remove in a lot",
+    )
     args = parser.parse_args()
     raw = args.http_client == "raw"
     per_client = max(1, args.claims // args.clients)
@@ -362,15 +432,16 @@ def main() -> None:
             return f"sqlite:///{tmp / name}.db"
 
         sides: dict[str, InProcess | InProcessAsync | OverHttp] = {}
-        sides["in-process"] = stack.enter_context(closing(InProcess(url("direct"))))
-        sides["in-process async"] = stack.enter_context(closing(InProcessAsync(url("aio"))))
+        path = args.path
+        sides["in-process"] = stack.enter_context(closing(InProcess(url("direct"), path)))
+        sides["in-process async"] = stack.enter_context(closing(InProcessAsync(url("aio"), path)))
         sides["HTTP"] = stack.enter_context(
-            closing(OverHttp(url("http"), args.clients, tmp, raw=raw))
+            closing(OverHttp(url("http"), args.clients, tmp, raw=raw, path=path))
         )
         if args.old_ref:
             old = _old_source(args.old_ref, tmp)
             sides["HTTP old"] = stack.enter_context(
-                closing(OverHttp(url("old"), args.clients, tmp, old, raw=raw))
+                closing(OverHttp(url("old"), args.clients, tmp, old, raw=raw, path=path))
             )
         rates: dict[str, list[float]] = {name: [] for name in sides}
         lats: dict[str, list[float]] = {name: [] for name in sides}
@@ -385,12 +456,14 @@ def main() -> None:
                 rates[name].append(rate)
                 lats[name].extend(latencies)
     total = per_client * args.clients
+    unit = "claims" if args.path == "claim" else "parks"
     print(
-        f"store={args.store} clients={args.clients} claims/side/round={total} "
-        f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client}"
+        f"store={args.store} clients={args.clients} {unit}/side/round={total} "
+        f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client} "
+        f"path={args.path}"
     )
     print(
-        f"{'':18} {'claims/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'':18} {unit + '/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'client CPU':>10} {'server CPU':>10}"
     )
     for name, side in sides.items():
@@ -410,13 +483,13 @@ def main() -> None:
         if name.startswith("HTTP"):
             ratios = [h / b for h, b in zip(rates[name], base, strict=True)]
             print(
-                f"{name} / in-process claims/s: median {median(ratios):.2f} "
+                f"{name} / in-process {unit}/s: median {median(ratios):.2f} "
                 f"(range {min(ratios):.2f}-{max(ratios):.2f})"
             )
     if "HTTP old" in sides:
         ratios = [n / o for n, o in zip(rates["HTTP"], rates["HTTP old"], strict=True)]
         print(
-            f"HTTP / HTTP old claims/s: median {median(ratios):.2f} "
+            f"HTTP / HTTP old {unit}/s: median {median(ratios):.2f} "
             f"(range {min(ratios):.2f}-{max(ratios):.2f})"
         )
 

@@ -36,6 +36,7 @@ from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
+from dibs.semaphore import Semaphore
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
 from dibs.stores.base import Store
@@ -67,6 +68,7 @@ __all__ = [
     "ReservedPath",
     "ResourceBusy",
     "SchemaError",
+    "Semaphore",
     "SingleFlight",
     "Span",
     "SpanKindMismatch",

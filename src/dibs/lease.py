@@ -8,9 +8,16 @@ fence token: pass it to whatever the block writes to, so that a writer whose
 lease was lost is refused there.
 
 Both faces share one policy, written once (in ``dibs._lease``) as generators of *steps* (claim,
-extend, release, sleep...) that a thin driver performs: :class:`Lease` with
-blocking calls and a renewal thread, :class:`AsyncLease` with awaits and a
-renewal task. The policy:
+extend, release, sleep...) that :func:`dibs._drive.drive` / ``adrive`` run:
+:class:`Lease` with blocking calls, :class:`AsyncLease` with awaits. The
+store calls a step makes (``_call``, ``_abandon``) are generated from the
+async ones by ``scripts/unasync.py``. What stays written per face is what must
+differ, and only that: the sync face renews in a thread that a
+``threading.Event`` stops, since a thread cannot be interrupted, while the async
+face renews in a task that cancels the block's task on a loss; an extend stuck
+past the hold's deadline is cut off by ``asyncio.timeout`` on the async face
+and by a bounded join on the sync one; and only the sync face watches the
+store's change feed while waiting (the async stores have none). The policy:
 
 * **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
   with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
@@ -218,7 +225,26 @@ def _release_failed(
     return failure
 
 
-def _abandon_now(store: Store, terms: _Terms, request_id: str) -> None:
+# --- generated from the shared part below (scripts/unasync.py): edit that, then run it ---
+def _call(store: Store, terms: _Terms, step: _Step) -> Any:
+    """Perform a policy's step that is one store call; the store's answer, or its error."""
+    match step:
+        case _ClaimStep(request_id):
+            return store.claim(
+                terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+            )
+        case _ExtendStep(claim):
+            return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
+        case _ReleaseStep(claim):
+            return store.release(claim.id, holder=terms.holder, fence=claim.fence)
+        case _GetStep(claim_id):
+            return store.get(claim_id)
+        case _HoldersStep(targets):
+            return {target: store.holder_of(_one(target)) for target in targets}
+    raise AssertionError(step)  # pragma: no cover
+
+
+def _abandon(store: Store, terms: _Terms, request_id: str) -> None:
     """Best effort: learn a cut-off claim's outcome by replaying it, and release it if granted.
 
     A replay of a request the store never saw makes the hold (to release it at once):
@@ -234,6 +260,51 @@ def _abandon_now(store: Store, terms: _Terms, request_id: str) -> None:
             store.release(claim.id, holder=terms.holder, fence=claim.fence)
     except Exception as exc:  # best effort: the hold expires by itself
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
+# --- end of the generated part ---
+
+
+# --- shared with the sync face: scripts/unasync.py makes _call() and _abandon() from this part ---
+async def _call_async(store: AsyncStore, terms: _Terms, step: _Step) -> Any:
+    """Perform a policy's step that is one store call; the store's answer, or its error."""
+    match step:
+        case _ClaimStep(request_id):
+            return await store.claim(
+                terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+            )
+        case _ExtendStep(claim):
+            return await store.extend(
+                claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl
+            )
+        case _ReleaseStep(claim):
+            return await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+        case _GetStep(claim_id):
+            return await store.get(claim_id)
+        case _HoldersStep(targets):
+            return {target: await store.holder_of(_one(target)) for target in targets}
+    raise AssertionError(step)  # pragma: no cover
+
+
+async def _abandon_async(store: AsyncStore, terms: _Terms, request_id: str) -> None:
+    """Best effort: learn a cut-off claim's outcome by replaying it, and release it if granted.
+
+    A replay of a request the store never saw makes the hold (to release it at once):
+    the lease cannot tell the two apart, and a hold left behind blocks the targets
+    until it expires, which is worse.
+    """
+    try:
+        result = await store.claim(
+            terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
+        )
+        claim = result.claim
+        if result and claim is not None and claim.request_id == request_id:
+            await store.release(claim.id, holder=terms.holder, fence=claim.fence)
+    except Exception as exc:  # best effort: the hold expires by itself
+        _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
+# --- end of the shared part ---
 
 
 class Lease(_LeaseFace):
@@ -271,7 +342,7 @@ class Lease(_LeaseFace):
             claim = _drive(_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
             if attempt.unanswered is not None:
-                _abandon_now(self._store, self._terms, attempt.unanswered)
+                _abandon(self._store, self._terms, attempt.unanswered)
             raise
         finally:
             if self._feed is not None:
@@ -328,23 +399,7 @@ class Lease(_LeaseFace):
         hold.lose(lost)
 
     def _perform(self, step: _Step) -> Any:
-        store, terms = self._store, self._terms
         match step:
-            case _ClaimStep(request_id):
-                result = store.claim(
-                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
-                )
-                if self._feed is not None:  # after the claim: its own write is no news
-                    self._token = self._read_feed()
-                return result
-            case _ExtendStep(claim):
-                return store.extend(claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl)
-            case _ReleaseStep(claim):
-                return store.release(claim.id, holder=terms.holder, fence=claim.fence)
-            case _GetStep(claim_id):
-                return store.get(claim_id)
-            case _HoldersStep(targets):
-                return {target: store.holder_of(_one(target)) for target in targets}
             case _SleepStep(seconds, renewal):
                 if renewal and self._stop.wait(seconds):
                     raise _Stopped
@@ -354,7 +409,12 @@ class Lease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 self._await_change(seconds, hurried)
                 return None
-        raise AssertionError(step)  # pragma: no cover
+            case _ClaimStep():
+                result = _call(self._store, self._terms, step)
+                if self._feed is not None:  # after the claim: its own write is no news
+                    self._token = self._read_feed()
+                return result
+        return _call(self._store, self._terms, step)
 
     def _await_change(self, seconds: float, hurried: float) -> None:
         """Sleep ``seconds``, cut to at most ``hurried`` more when the store's change feed moves."""
@@ -453,7 +513,7 @@ class AsyncLease(_LeaseFace):
             if attempt.unanswered is not None:
                 # Settled before the error propagates, even if cancelled again: once
                 # the cancelled entry returns, a retry finds the targets as they were.
-                await to_the_end(self._abandon(attempt.unanswered))
+                await to_the_end(_abandon_async(self._store, self._terms, attempt.unanswered))
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
         self._task = task
@@ -523,48 +583,22 @@ class AsyncLease(_LeaseFace):
             self._cancelled = True
             self._task.cancel(f"dibs: lease {hold.claim.id!r} lost")
 
-    async def _abandon(self, request_id: str) -> None:
-        """Learn the outcome of a claim whose answer was cut off, and release it if granted."""
-        store, terms = self._store, self._terms
-        try:
-            result = await store.claim(
-                terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
-            )
-            claim = result.claim
-            if result and claim is not None and claim.request_id == request_id:
-                await store.release(claim.id, holder=terms.holder, fence=claim.fence)
-        except Exception as exc:  # best effort: the hold expires by itself
-            _logger.warning(
-                "lease request %s: abandoned claim left to expire (%s)", request_id, exc
-            )
-
     async def _perform(self, step: _Step) -> Any:
-        store, terms = self._store, self._terms
         match step:
-            case _ClaimStep(request_id):
-                return await store.claim(
-                    terms.targets, holder=terms.holder, request_id=request_id, ttl=terms.ttl
-                )
             case _ExtendStep(claim, deadline):
+                # Only a task can stop waiting for a stuck extend; the sync face's renewal
+                # thread cannot be interrupted, so its exit bounds the wait instead.
                 try:
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        return await store.extend(
-                            claim.id, holder=terms.holder, fence=claim.fence, ttl=terms.ttl
-                        )
+                        return await _call_async(self._store, self._terms, step)
                 except TimeoutError:
                     raise StoreUnavailable(
                         f"renewing lease {claim.id!r} got no answer in time"
                     ) from None
-            case _ReleaseStep(claim):
-                return await store.release(claim.id, holder=terms.holder, fence=claim.fence)
-            case _GetStep(claim_id):
-                return await store.get(claim_id)
-            case _HoldersStep(targets):
-                return {target: await store.holder_of(_one(target)) for target in targets}
             case _SleepStep(seconds) | _ChangeStep(seconds):  # no change feed on this face
                 await asyncio.sleep(seconds)
                 return None
-        raise AssertionError(step)  # pragma: no cover
+        return await _call_async(self._store, self._terms, step)
 
 
 # The stores' lease() builds these; the store layer never imports this module.

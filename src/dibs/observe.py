@@ -21,7 +21,10 @@ Each call of the contract (``claim``, ``confirm``, ``extend``, ``release``,
 
 An async store (:func:`dibs.aio.open`) is instrumented the same way:
 ``instrument(async_store)`` returns an :class:`InstrumentedAsyncStore` whose
-coroutines make the same spans and metrics.
+coroutines make the same spans and metrics. Both faces are one implementation:
+:class:`InstrumentedStore`'s traced calls are generated from
+:class:`InstrumentedAsyncStore`'s by ``scripts/unasync.py`` (dropping ``async``
+and ``await``), so the two cannot drift.
 
 Holder names, resources, slots, claim and request IDs are never recorded:
 they may be personal data. Two instruments are recorded on the meter
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from dibs.stores.capabilities import ChangeFeed, ClaimLog
+    from dibs.stores.capabilities import AsyncChangeFeed, ChangeFeed, ClaimLog
     from dibs.stores.jobs import JobTable
 
 __all__ = ["InstrumentedAsyncStore", "InstrumentedStore", "instrument"]
@@ -179,6 +182,7 @@ class _Telemetry:
         self._detach(token)
         span.end()
 
+    # --- generated from the shared part below (scripts/unasync.py): edit that, then run it ---
     def traced(
         self,
         operation: str,
@@ -186,6 +190,13 @@ class _Telemetry:
         outcome: Callable[[_T], str] | None = None,
         targets: int | None = None,
     ) -> _T:
+        """Run ``call`` in the operation's span and measure it; its result, or its error.
+
+        The span is current in this context while the call runs, so spans the call
+        makes (a driver's) nest under it; on the async face that context is the
+        calling task's, and other tasks never see it. An error, a cancellation too,
+        makes an error span.
+        """
         span, token, started = self.start(operation, targets)
         try:
             result = call()
@@ -198,6 +209,9 @@ class _Telemetry:
         finally:
             self.end(span, token)
 
+    # --- end of the generated part ---
+
+    # --- shared with the sync face: scripts/unasync.py makes traced() from this part ---
     async def traced_async(
         self,
         operation: str,
@@ -205,12 +219,17 @@ class _Telemetry:
         outcome: Callable[[_T], str] | None = None,
         targets: int | None = None,
     ) -> _T:
-        # The span is current in this task's context while the call is awaited, so
-        # spans the call makes (a driver's) nest under it; other tasks never see it.
+        """Run ``call`` in the operation's span and measure it; its result, or its error.
+
+        The span is current in this context while the call runs, so spans the call
+        makes (a driver's) nest under it; on the async face that context is the
+        calling task's, and other tasks never see it. An error, a cancellation too,
+        makes an error span.
+        """
         span, token, started = self.start(operation, targets)
         try:
             result = await call()
-        except BaseException as exc:  # a cancelled call too: its span says CancelledError
+        except BaseException as exc:
             self.failed(span, operation, exc, started, outcome is not None)
             raise
         else:
@@ -218,6 +237,8 @@ class _Telemetry:
             return result
         finally:
             self.end(span, token)
+
+    # --- end of the shared part ---
 
     def _measure(self, operation: str, outcome: str, started: float, *, counted: bool) -> None:
         seconds = time.perf_counter() - started
@@ -268,7 +289,7 @@ class InstrumentedStore(Store):
     def __repr__(self) -> str:
         return f"instrument({self.store!r})"
 
-    # --- the traced calls -----------------------------------------------------------------------
+    # --- generated from InstrumentedAsyncStore (scripts/unasync.py): edit that, then run it ---
 
     def claim(
         self,
@@ -278,7 +299,7 @@ class InstrumentedStore(Store):
         request_id: str | None = None,
         ttl: float | None = None,
     ) -> ClaimResult:
-        """Traced :meth:`Store.claim`."""
+        """Traced :meth:`dibs.Store.claim`."""
         return self._traced(
             "claim",
             lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
@@ -287,65 +308,41 @@ class InstrumentedStore(Store):
         )
 
     def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
-        """Traced :meth:`Store.confirm`."""
+        """Traced :meth:`dibs.Store.confirm`."""
         return self._traced(
             "confirm", lambda: self.store.confirm(claim_id, holder=holder, fence=fence)
         )
 
     def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
-        """Traced :meth:`Store.extend`."""
+        """Traced :meth:`dibs.Store.extend`."""
         return self._traced(
             "extend", lambda: self.store.extend(claim_id, holder=holder, fence=fence, ttl=ttl)
         )
 
     def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
-        """Traced :meth:`Store.release`."""
+        """Traced :meth:`dibs.Store.release`."""
         return self._traced(
             "release", lambda: self.store.release(claim_id, holder=holder, fence=fence)
         )
 
     def get(self, claim_id: str) -> Claim | None:
-        """Traced :meth:`Store.get`."""
+        """Traced :meth:`dibs.Store.get`."""
         return self._traced("get", lambda: self.store.get(claim_id))
 
     def holder_of(self, target: Unit | Span) -> str | None:
-        """Traced :meth:`Store.holder_of`."""
+        """Traced :meth:`dibs.Store.holder_of`."""
         return self._traced("holder_of", lambda: self.store.holder_of(target))
 
     def claims_of(self, holder: str) -> list[Claim]:
-        """Traced :meth:`Store.claims_of`."""
+        """Traced :meth:`dibs.Store.claims_of`."""
         return self._traced("claims_of", lambda: self.store.claims_of(holder))
 
     def sweep(self) -> SweepResult:
-        """Traced :meth:`Store.sweep`."""
+        """Traced :meth:`dibs.Store.sweep`."""
         return self._traced("sweep", self.store.sweep)
 
-    # --- the rest is the wrapped store's ---------------------------------------------------------
-
-    def job_table(self) -> JobTable | None:
-        """The wrapped store's job table (its calls are not traced)."""
-        return self.store.job_table()
-
-    def change_feed(self) -> ChangeFeed | None:
-        """The wrapped store's change feed."""
-        return self.store.change_feed()
-
-    def claim_log(self) -> ClaimLog | None:
-        """The wrapped store's claim log."""
-        return self.store.claim_log()
-
-    def integrity_check(self) -> str | None:
-        """The wrapped store's integrity check."""
-        return self.store.integrity_check()
-
-    def _now(self) -> float:
-        return self.store._now()
-
-    def _close(self) -> None:
-        self.store.close()
-
     # The contract's _-methods are never reached (the public methods above
-    # delegate whole), but a Store must define them.
+    # delegate whole), but a store must define them.
 
     def _claim(self, request: ClaimRequest) -> ClaimResult:
         return self.store._claim(request)
@@ -370,6 +367,32 @@ class InstrumentedStore(Store):
 
     def _sweep(self) -> SweepResult:
         return self.store._sweep()
+
+    def _now(self) -> float:
+        return self.store._now()
+
+    def _close(self) -> None:
+        self.store.close()
+
+    # --- end of the generated part ---
+
+    # --- the rest is the wrapped store's ---------------------------------------------------------
+
+    def job_table(self) -> JobTable | None:
+        """The wrapped store's job table (its calls are not traced)."""
+        return self.store.job_table()
+
+    def change_feed(self) -> ChangeFeed | None:
+        """The wrapped store's change feed."""
+        return self.store.change_feed()
+
+    def claim_log(self) -> ClaimLog | None:
+        """The wrapped store's claim log."""
+        return self.store.claim_log()
+
+    def integrity_check(self) -> str | None:
+        """The wrapped store's integrity check."""
+        return self.store.integrity_check()
 
 
 class InstrumentedAsyncStore(AsyncStore):
@@ -424,7 +447,14 @@ class InstrumentedAsyncStore(AsyncStore):
         """Whether the wrapped store was closed."""
         return self.store.closed
 
-    # --- the traced calls -----------------------------------------------------------------------
+    async def now(self) -> datetime:
+        """The wrapped store's :meth:`~dibs.aio.AsyncStore.now` (not traced)."""
+        return await self.store.now()
+
+    async def _open(self) -> None:
+        await self.store.open()
+
+    # --- shared with the sync face: scripts/unasync.py makes InstrumentedStore's from this part ---
 
     async def claim(
         self,
@@ -464,6 +494,10 @@ class InstrumentedAsyncStore(AsyncStore):
         """Traced :meth:`dibs.aio.AsyncStore.get`."""
         return await self._traced("get", lambda: self.store.get(claim_id))
 
+    def change_feed(self) -> AsyncChangeFeed | None:
+        """The wrapped store's change feed (its reads are not traced)."""
+        return self.store.change_feed()
+
     async def holder_of(self, target: Unit | Span) -> str | None:
         """Traced :meth:`dibs.aio.AsyncStore.holder_of`."""
         return await self._traced("holder_of", lambda: self.store.holder_of(target))
@@ -476,15 +510,8 @@ class InstrumentedAsyncStore(AsyncStore):
         """Traced :meth:`dibs.aio.AsyncStore.sweep`."""
         return await self._traced("sweep", self.store.sweep)
 
-    async def now(self) -> datetime:
-        """The wrapped store's :meth:`~dibs.aio.AsyncStore.now` (not traced)."""
-        return await self.store.now()
-
-    # The contract's _-coroutines are never reached (the public methods above
-    # delegate whole), but an AsyncStore must define them.
-
-    async def _open(self) -> None:
-        await self.store.open()
+    # The contract's _-methods are never reached (the public methods above
+    # delegate whole), but a store must define them.
 
     async def _claim(self, request: ClaimRequest) -> ClaimResult:
         return await self.store._claim(request)
@@ -515,6 +542,8 @@ class InstrumentedAsyncStore(AsyncStore):
 
     async def _close(self) -> None:
         await self.store.close()
+
+    # --- end of the shared part ---
 
 
 def _claim_outcome(result: ClaimResult) -> str:

@@ -7,6 +7,14 @@ the flight's published outcome rather than on a guess about how long it takes,
 and every caller gets the leader's value or re-raises the leader's exception
 (a copy per caller that did not raise it first: a raise mutates the exception).
 
+The two faces share everything but how the work runs and how a waiter waits
+(``_Flights``: the options, the flight table, the cache, the copies); that part
+differs on purpose, so it is written per face. A thread leader runs the work
+itself and its waiters block on a ``threading.Event`` it sets. A task leader
+cannot: its cancellation would cancel the work under its waiters, so the async
+work runs in a task of its own that every caller awaits through
+:func:`asyncio.shield`, and the last caller to be cancelled cancels it.
+
 Locking: one ``threading.Lock`` per instance (``_lock``) guards the flight
 table, the result cache and each flight's caller count. It is never held while
 user code runs or while a caller waits, and it is the only lock this module
@@ -55,14 +63,14 @@ class FlightResult(Generic[R]):
 
 
 class _Flights:
-    """The flight table, result cache and copy policy shared by both front ends."""
+    """The flight table, result cache, copy policy and options of both faces."""
 
     def __init__(
         self,
         *,
-        ttl: float | None,
-        copy: Callable[[Any], Any] | None,
-        clock: Callable[[], float],
+        ttl: float | None = None,
+        copy: Callable[[Any], Any] | None = _copy.deepcopy,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl is not None and (
             isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < float("inf")
@@ -196,15 +204,6 @@ class SingleFlight(_Flights):
     Raises :class:`~dibs.InvalidInput` for a bad ``ttl``.
     """
 
-    def __init__(
-        self,
-        *,
-        ttl: float | None = None,
-        copy: Callable[[Any], Any] | None = _copy.deepcopy,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(ttl=ttl, copy=copy, clock=clock)
-
     def do(self, key: Hashable, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Return ``fn(*args, **kwargs)``, run once among the concurrent callers for ``key``.
 
@@ -283,15 +282,6 @@ class AsyncSingleFlight(_Flights):
     cancelled too, since nobody wants its result. Options as for
     :class:`SingleFlight`.
     """
-
-    def __init__(
-        self,
-        *,
-        ttl: float | None = None,
-        copy: Callable[[Any], Any] | None = _copy.deepcopy,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(ttl=ttl, copy=copy, clock=clock)
 
     async def do(
         self, key: Hashable, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs

@@ -33,6 +33,7 @@ LAYERS: list[set[str]] = [
         "dibs.matching",
         "dibs.singleflight",
         "dibs.paths",
+        "dibs.semaphore",
     },
     {"dibs.stores"},
     {"dibs._request", "dibs._model", "dibs._clock"},

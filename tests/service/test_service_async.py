@@ -21,7 +21,7 @@ from test_service_support import GatedStore, reserved, serve_in_thread
 import dibs
 from dibs import Unit
 from dibs.aio import ThreadedStore
-from dibs.service import KeyRing, ServiceConfig, create_app
+from dibs.service import KeyRing, ServiceConfig
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
 
@@ -128,29 +128,26 @@ def test_memory_claims_run_inline_on_the_loop_without_a_thread_hop() -> None:
     assert store.on_loop == [True, True, True]
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
-def test_the_two_faces_are_one_store_unless_it_has_a_native_twin(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = {
-        "memory": "memory://",
-        "sqlite": f"sqlite:///{tmp_path / 'dibs.db'}",
-        "postgresql": "",
-    }[kind] or request.getfixturevalue("pg_schema_url")
+def test_the_service_opens_one_async_store_for_its_url(aio_url: str) -> None:
+    url = aio_url
     config = ServiceConfig(store_url=url, keys_file=None)
     native = not isinstance(dibs.aio.open(url), ThreadedStore)
     with serve_in_thread(config) as s, s.client("alice") as c:
         assert s.service is not None
-        if native:
-            assert not isinstance(s.service.aio, SharedFace)
-        else:
-            assert isinstance(s.service.aio, SharedFace) and s.service.aio.sync is s.service.store
+        assert not isinstance(s.service.aio, SharedFace)  # opened from the URL, not wrapped
+        assert isinstance(s.service.aio, ThreadedStore) is not native
+        # A native async store has no sync store behind it; a threaded one's is its own.
+        assert (s.service.store is None) is native
         r = c.post("/v1/claims", json={"targets": [seat("faces-1")], "ttl": 60})
         assert r.status_code == 201
-        # What the claim path wrote, the sync face (seat maps, patterns) reads.
-        assert s.service.store.holder_of(Unit("faces-1", SHOW)) == "alice"
+        if url == "memory://":
+            assert s.service.store is not None
+            assert s.service.store.holder_of(Unit("faces-1", SHOW)) == "alice"
+        else:  # what the service wrote, any other store on the URL reads
+            with dibs.open(url) as other:
+                assert other.holder_of(Unit("faces-1", SHOW)) == "alice"
         seats = c.get(f"/v1/showings/{SHOW}").json()["seats"]
-    assert kind == "memory" or seats  # the seat map answers on every store
+    assert seats  # the seat map answers on every store
 
 
 def test_concurrent_requests_on_sqlite_share_the_faces_threads(tmp_path: Path) -> None:
@@ -180,9 +177,16 @@ def test_concurrent_requests_on_sqlite_share_the_faces_threads(tmp_path: Path) -
         assert len(store.claims_of("alice")) == 80
 
 
-def test_an_async_store_needs_its_sync_store_alongside() -> None:
-    with pytest.raises(TypeError, match="store="):
-        create_app(ServiceConfig(store_url="memory://", keys_file=None), async_store=GatedStore())
+def test_an_async_store_alone_serves_and_stays_open() -> None:
+    # create_app(async_store=...) once needed store= beside it, for the seat maps
+    # and patterns; they await the async store now, so it serves alone.
+    async_store = dibs.aio.open("memory://")
+    config = ServiceConfig(store_url="sqlite:///nowhere/never-opened.db", keys_file=None)
+    with serve_in_thread(config, async_store=async_store) as s, s.client("alice") as c:
+        assert c.post("/v1/claims", json={"targets": [seat("alone-1")]}).status_code == 201
+        assert c.get(f"/v1/showings/{SHOW}").status_code == 200
+    assert not async_store.closed  # a store passed in is its owner's to close
+    asyncio.run(async_store.close())
 
 
 def test_the_app_closes_the_face_it_made_and_leaves_a_given_store_open(tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ from starlette.applications import Starlette
 from test_service_support import free_port, serve_in_thread
 
 import dibs
+import dibs.aio
 from conftest import StoreMaker
+from dibs.aio import AsyncStore, ThreadedStore
 from dibs.service import KeyRing, ServiceConfig, create_app
-from dibs.service._ids import SECRET_UNIT, ClaimIds, stored_secret_sync
+from dibs.service._ids import SECRET_UNIT, ClaimIds, stored_secret
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,17 +130,30 @@ def test_the_secret_unit_is_reserved_on_the_wire() -> None:
 
 
 def test_many_stores_racing_for_the_secret_all_read_one(make_store: StoreMaker) -> None:
-    """The secret's claim is the linearization point: of 16 racers exactly one makes it."""
+    """The secret's claim is the linearization point: of 16 racers exactly one makes it.
+
+    Each racer is an async store of its own on a loop of its own (memory://: an
+    async face of the one in-process store), as each service instance is.
+    """
     racers = 16
-    stores = [make_store() for _ in range(racers)]  # memory://: one store, shared
     start = threading.Barrier(racers)
     secrets: list[bytes] = []
 
-    def race(store: dibs.Store) -> None:
-        start.wait()
-        secrets.append(stored_secret_sync(store))
+    def face() -> AsyncStore:
+        if make_store.kind == "memory":
+            return ThreadedStore.over(make_store())
+        return dibs.aio.open(make_store.url)
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+    def race(face: AsyncStore) -> None:
+        async def read() -> bytes:
+            async with face as store:
+                start.wait()  # every racer open, then all claim at once
+                return await stored_secret(store)
+
+        secrets.append(asyncio.run(read()))
+
+    # Made here, not in the racers: make_store() is not for many threads at once.
+    threads = [threading.Thread(target=race, args=(face(),)) for _ in range(racers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -167,6 +182,11 @@ def test_an_app_read_before_it_serves_agrees_with_one_that_served(
         )
     assert r.status_code == 201, r.text
     api = unserved.state.service.api
-    assert api.ids.from_wire(r.json()["id"]) is not None
-    if make_store.kind != "memory":
-        unserved.state.service.store.close()
+
+    async def read() -> ClaimIds:
+        try:  # as the lifespan does, through the app's async store
+            return await api.load_ids()
+        finally:
+            await api.aio.close()
+
+    assert asyncio.run(read()).from_wire(r.json()["id"]) is not None

@@ -7,6 +7,7 @@ apply; tests/stores/test_etcd.py checks real leases.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import dibs
@@ -15,6 +16,10 @@ from conftest import drop_etcd_prefix
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
 from etcd_fixtures import fresh_prefix, session_cluster
+
+# Each machine runs a fixed number of examples: seconds on an idle machine, minutes on
+# a shared one under a parallel suite. The guard is against a hang, not a slow machine.
+pytestmark = pytest.mark.timeout(900)
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import dibs
@@ -11,6 +12,10 @@ from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
 from pg_fixtures import drop_schema, schema_url, session_database
+
+# Each machine runs a fixed number of examples: seconds on an idle machine, minutes on
+# a shared one under a parallel suite. The guard is against a hang, not a slow machine.
+pytestmark = pytest.mark.timeout(900)
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

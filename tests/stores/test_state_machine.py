@@ -6,12 +6,17 @@ import itertools
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import dibs
 from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
+
+# Each machine runs a fixed number of examples: seconds on an idle machine, minutes on
+# a shared one under a parallel suite. The guard is against a hang, not a slow machine.
+pytestmark = pytest.mark.timeout(900)
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

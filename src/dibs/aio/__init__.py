@@ -22,11 +22,21 @@ from typing import Any
 from dibs.aio import booking
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
+from dibs.semaphore import AsyncSemaphore as Semaphore
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base_async import AsyncStore
 from dibs.stores.threaded import ThreadedStore
 
-__all__ = ["AsyncSingleFlight", "AsyncStore", "Lot", "ThreadedStore", "booking", "match", "open"]
+__all__ = [
+    "AsyncSingleFlight",
+    "AsyncStore",
+    "Lot",
+    "Semaphore",
+    "ThreadedStore",
+    "booking",
+    "match",
+    "open",
+]
 
 
 def open(url: str | None = None, **options: Any) -> AsyncStore:

@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -52,7 +51,7 @@ from dibs.exceptions import (
 )
 from dibs.service._config import ServiceConfig
 from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
-from dibs.service._ids import ClaimIds, stored_secret, stored_secret_sync
+from dibs.service._ids import ClaimIds, stored_secret
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
 from dibs.service._wire import (
@@ -70,7 +69,6 @@ from dibs.service._wire import (
     time_to_wire,
 )
 from dibs.singleflight import AsyncSingleFlight
-from dibs.stores.base import Store
 
 __all__ = ["Api", "body_digest"]
 
@@ -110,17 +108,14 @@ class Api:
 
     def __init__(
         self,
-        store: Store,
         aio: AsyncStore,
         keys: KeyRing,
         config: ServiceConfig,
         metrics: Metrics,
         on_change: Callable[[tuple[Target, ...]], None],
     ) -> None:
-        self.store = store
-        """The sync store: the patterns' calls, in worker threads (:meth:`call_sync`)."""
         self.aio = aio
-        """The async store: every claim-path call (:meth:`call`)."""
+        """The service's one store: every store call awaits it (:meth:`call`)."""
         self.keys = keys
         self.config = config
         self.metrics = metrics
@@ -199,18 +194,6 @@ class Api:
             return parse_json_object(raw)
         except InvalidInput as exc:
             raise invalid(exc) from None
-
-    async def call_sync(
-        self, operation: str, work: Callable[[], _T], targets: Sequence[Target] = ()
-    ) -> _T:
-        """:meth:`call` for work on the sync store: it runs in a worker thread.
-
-        On timeout (or cancellation) the thread is abandoned, not stopped: its
-        store calls may still land, which a retry with the same key learns.
-        """
-        return await self.call(
-            operation, anyio.to_thread.run_sync(work, abandon_on_cancel=True), targets
-        )
 
     async def call(self, operation: str, work: Awaitable[_T], targets: Sequence[Target] = ()) -> _T:
         """Await one store call (``work``, not yet started), bounded by ``request_timeout``.
@@ -342,13 +325,13 @@ class Api:
 
     @property
     def ids(self) -> ClaimIds:
-        """The claim-ID permutation (handlers await :meth:`load_ids` instead).
+        """The claim-ID permutation, once :meth:`load_ids` has read it (handlers await that).
 
-        Read before the app has served anything, it reads the store's secret
-        through the sync store, blocking: for code outside the event loop.
+        Raises RuntimeError before then: the secret is read through the async
+        store, on the serving loop.
         """
         if self._ids is None:
-            self._ids = ClaimIds(stored_secret_sync(self.store))
+            raise RuntimeError("the claim-ID secret is not read yet: await Api.load_ids() first")
         return self._ids
 
     async def load_ids(self) -> ClaimIds:

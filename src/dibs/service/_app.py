@@ -1,11 +1,12 @@
 """The ASGI application: routes, the access-log middleware, and the background jobs.
 
 ``create_app`` wires a store, a key ring and a :class:`ServiceConfig` into a
-Starlette app. The claim path awaits the store's async face and the seat maps
-and patterns use its sync face (:mod:`dibs.service._stores` says which store is
-behind each). Background jobs run on the app's event loop while it is up (the
-lifespan): the sweeper, every ``sweep_interval`` seconds with jitter, and one
-poll loop per showing for the live seat map.
+Starlette app. Every store call (claims, lots, match, the seat maps and their
+change feed, the claim-ID secret, the sweeper) awaits one async store
+(:mod:`dibs.service._stores` says which). Background jobs run on the app's
+event loop while it is up (the lifespan): the sweeper, every
+``sweep_interval`` seconds with jitter, and one poll loop per showing for the
+live seat map.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,9 +27,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-import dibs
 from dibs._model import Target, Unit
-from dibs.aio import AsyncStore
+from dibs.aio import AsyncStore, ThreadedStore
 from dibs.exceptions import DibsError
 from dibs.service._api import Api
 from dibs.service._board import Board
@@ -41,7 +40,7 @@ from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
-from dibs.service._stores import async_face
+from dibs.service._stores import SharedFace, open_async
 from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
 
@@ -52,33 +51,47 @@ access_log = logging.getLogger("dibs.service.access")
 
 
 class Service:
-    """One running instance: store, keys, metrics, seat-map boards and the API handlers.
+    """One running instance: its async store, keys, metrics, seat-map boards and the API handlers.
 
-    ``store`` is the sync face (seat maps, patterns, the change feed); ``aio``
-    the async face every claim-path call awaits, by default the sync store
-    itself behind a :class:`~dibs.service._stores.SharedFace`.
+    Every store call awaits ``aio``. Without ``aio``, the sync ``store`` is
+    wrapped once in a :class:`~dibs.service._stores.SharedFace` for it.
     """
 
     def __init__(
         self,
         config: ServiceConfig,
-        store: Store,
+        store: Store | None,
         keys: KeyRing,
         aio: AsyncStore | None = None,
     ) -> None:
+        if aio is None:
+            if store is None:
+                raise TypeError("Service needs a store: store= (sync) or aio= (async)")
+            aio = SharedFace(store, threads=config.threads)
         self.config = config
-        self.store = store
-        self.aio = async_face(store, None, threads=config.threads) if aio is None else aio
+        self.aio = aio
+        self._given = store
         self.keys = keys
-        self.metrics = Metrics(store.scheme)
-        self.change_feed = feed = store.change_feed()
+        self.metrics = Metrics(aio.scheme)
+        self.change_feed = feed = aio.change_feed()
         self.boards = {
-            s.slot: Board(store, s, poll_interval=config.poll_interval, change_feed=feed)
+            s.slot: Board(aio, s, poll_interval=config.poll_interval, change_feed=feed)
             for s in config.showings
         }
-        self.api = Api(store, self.aio, keys, config, self.metrics, self.changed)
+        self.api = Api(aio, keys, config, self.metrics, self.changed)
         self.patterns = Patterns(self.api, config.lots)
         self.ready = False
+
+    @property
+    def store(self) -> Store | None:
+        """The sync store given, else the one behind ``aio`` if it runs on one (memory://, SQLite).
+
+        None on a native async store (PostgreSQL, etcd). For code outside the
+        event loop, such as tests: the service itself never calls it.
+        """
+        if self._given is not None:
+            return self._given
+        return self.aio.sync if isinstance(self.aio, ThreadedStore) else None
 
     def changed(self, targets: tuple[Target, ...]) -> None:
         """Tell the boards whose showing these targets are in to refresh now."""
@@ -143,7 +156,7 @@ class Service:
     async def showing(self, request: Request) -> Response:
         """``GET /v1/showings/{slot}``: every seat's state now, a snapshot."""
         board = self._board(request)
-        snapshot = await self.api.call_sync("seat_map", board.compute)
+        snapshot = await self.api.call("seat_map", board.compute())
         snapshot["version"] = board.version
         return JSONResponse(snapshot)
 
@@ -184,7 +197,7 @@ class Service:
             await self.api.call("ready", self.aio.holder_of(probe))
         except ApiError as exc:
             return exc.response(request.scope.get("root_path", ""))
-        return JSONResponse({"status": "ready", "store": self.store.scheme})
+        return JSONResponse({"status": "ready", "store": self.aio.scheme})
 
     async def metrics_page(self, request: Request) -> Response:
         """``GET /metrics``: Prometheus text format."""
@@ -223,43 +236,39 @@ def create_app(
     async_store: AsyncStore | None = None,
     keys: KeyRing | None = None,
 ) -> Starlette:
-    """Build the service's ASGI app.
+    """Build the service's ASGI app: every store call awaits one async store.
 
-    ``store`` and ``keys`` default to ``dibs.open(config.store_url)`` and the
-    config's keys file. The claim path awaits ``async_store``; by default, for
-    a store the app opens, the store class's native async twin opened from the
-    same URL if it has one (PostgreSQL), else the sync store itself on an async
-    face (memory:// inline on the loop, others on worker threads). Stores
-    passed in are not closed by the app; ``async_store`` needs ``store`` (the
-    same claims, for the seat maps and patterns) passed with it.
+    By default the app opens ``dibs.aio.open(config.store_url)`` at startup
+    (the lifespan) and closes it at shutdown; a store that cannot open fails
+    the startup. A sync ``store`` passed in is wrapped once on an async face
+    (:meth:`dibs.aio.ThreadedStore.over`); an ``async_store`` is used as it is
+    (given both, ``store`` is the same claims' sync face, for the caller's
+    own use). Stores passed in are not closed by the app. ``keys`` defaults to
+    the config's keys file. Raises :class:`~dibs.UnknownScheme` and
+    :class:`~dibs.InvalidInput` for a malformed store URL.
     """
     config = config or ServiceConfig()
-    if async_store is not None and store is None:
-        raise TypeError("create_app(async_store=...) needs store= too: the sync face of one store")
-    own_store = store is None
-    the_store = dibs.open(config.store_url) if store is None else store
-    own_aio = async_store is None
-    try:
-        aio = (
-            async_face(the_store, config.store_url if own_store else None, threads=config.threads)
-            if async_store is None
-            else async_store
-        )
-    except BaseException:
-        if own_store:
-            the_store.close()
-        raise
-    service = Service(config, the_store, keys or KeyRing(config.keys_file), aio)
+    own_store = store is None and async_store is None
+    if async_store is not None:
+        aio = async_store
+    elif store is not None:
+        aio = SharedFace(store, threads=config.threads)
+    else:
+        aio = open_async(config.store_url, threads=config.threads)
+    service = Service(config, store, keys or KeyRing(config.keys_file), aio)
     api = service.api
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        anyio.to_thread.current_default_thread_limiter().total_tokens = config.threads
         try:
-            # Connect now rather than on the first request; a store that cannot
-            # be reached yet is retried by the first call (and /readyz says so).
+            # Connect now rather than on the first request.
             await aio.open()
         except DibsError:
+            if own_store:  # as dibs.open() of it would have: the app cannot serve
+                await aio.close()
+                raise
+            # A store passed in that cannot be reached yet is retried by the
+            # first call (and /readyz says so).
             log.exception("the async store did not open; the first request retries")
         try:
             await api.load_ids()
@@ -268,7 +277,7 @@ def create_app(
         jobs = [asyncio.create_task(service.sweep_forever())]
         jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
         service.ready = True
-        log.info("serving", extra={"store": the_store.scheme})
+        log.info("serving", extra={"store": aio.scheme})
         try:
             yield
         finally:
@@ -278,11 +287,9 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
             if service.change_feed is not None:
-                service.change_feed.close()
-            if own_aio:
+                await service.change_feed.close()
+            if async_store is None:  # the face or the store the app made
                 await aio.close()
-            if own_store:
-                the_store.close()
 
     # The router tries routes in order: the claim path's first.
     routes = [

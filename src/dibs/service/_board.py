@@ -3,15 +3,17 @@
 Each :class:`Board` keeps the latest snapshot of one showing and a version
 that grows whenever the snapshot changes. A poll loop refreshes it when this
 instance changed something (``poke``), when a hold in the snapshot is due to
-expire, and when the store's change feed (:meth:`dibs.Store.change_feed`)
-says anyone changed anything: for SQLite ``PRAGMA data_version``, for
-PostgreSQL the server's WAL position. For a store without a feed the loop
-recomputes the snapshot every poll and compares. The snapshot is built
-from ``holder_of`` and ``claims_of`` only, so it works on every store, and it
-never names a holder.
+expire, and when the async store's change feed
+(:meth:`dibs.aio.AsyncStore.change_feed`) says anyone changed anything: for
+SQLite ``PRAGMA data_version``, for PostgreSQL the server's WAL position (on a
+connection of the store's one pool), for etcd the cluster's revision. For a
+store without a feed the loop recomputes the snapshot every poll and compares.
+The snapshot is built from ``holder_of`` and ``claims_of`` only, so it works on
+every store, and it never names a holder.
 
-Everything here runs on the event loop's thread except :meth:`Board.compute`
-and the change feed's reads, which run in worker threads.
+Everything here awaits the service's one async store on the event loop; no
+call hops to a thread of the service's (a store on threads runs its calls on
+its own workers).
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
-
-import anyio.to_thread
+from typing import Any, TypeVar
 
 from dibs._model import ClaimState, Unit
+from dibs.aio import AsyncStore
 from dibs.service._config import Showing
-from dibs.stores.base import Store
-from dibs.stores.capabilities import ChangeFeed
+from dibs.stores.capabilities import AsyncChangeFeed
 
 __all__ = ["Board"]
 
 log = logging.getLogger("dibs.service")
+
+_I = TypeVar("_I")
+_R = TypeVar("_R")
+_READS = 4
+"""Seat reads in flight at once per seat map: a store on threads has 4 workers by default."""
 
 
 class Board:
@@ -40,11 +46,11 @@ class Board:
 
     def __init__(
         self,
-        store: Store,
+        store: AsyncStore,
         showing: Showing,
         *,
         poll_interval: float,
-        change_feed: ChangeFeed | None,
+        change_feed: AsyncChangeFeed | None,
     ) -> None:
         self.store = store
         self.showing = showing
@@ -59,21 +65,21 @@ class Board:
         self._changed = asyncio.Event()
         self._next_expiry: float | None = None
 
-    def compute(self) -> dict[str, Any]:
-        """Read the showing's seats from the store (blocking; a worker thread calls it)."""
+    async def compute(self) -> dict[str, Any]:
+        """Read the showing's seats from the store, a snapshot; raises what the store raises."""
         slot = self.showing.slot
-        now = self.store.now()
         seats: dict[str, dict[str, Any]] = {}
         by_holder: dict[str, set[str]] = {}
-        for name in self.showing.seats:
-            holder = self.store.holder_of(Unit(name, slot))
+        every = self.showing.seats
+        holders = await _each([Unit(name, slot) for name in every], self.store.holder_of)
+        for name, holder in zip(every, holders, strict=True):
             seats[name] = {"state": "free", "expires_at": None}
             if holder is not None:
                 by_holder.setdefault(holder, set()).add(name)
                 # Until its claim is read below (a claim may land in between).
                 seats[name] = {"state": "held", "expires_at": None}
         for holder, names in by_holder.items():
-            for claim in self.store.claims_of(holder):
+            for claim in await self.store.claims_of(holder):
                 for unit in claim.units:
                     if unit.slot == slot and unit.resource in names:
                         confirmed = claim.state is ClaimState.CONFIRMED
@@ -83,6 +89,9 @@ class Board:
                             if confirmed or claim.expires_at is None
                             else claim.expires_at.isoformat().replace("+00:00", "Z"),
                         }
+        # The store's time is read last: every claim seen was made before it, so
+        # no hold on the map has more than its TTL left (the page counts down from it).
+        now = await self.store.now()
         return {
             "slot": slot,
             "rows": self.showing.rows,
@@ -100,7 +109,7 @@ class Board:
     async def _read_token(self) -> object:
         if self._change_feed is None:
             return object()  # no feed: "maybe changed", so every poll recomputes
-        return await anyio.to_thread.run_sync(self._change_feed.read)
+        return await self._change_feed.read()
 
     async def refresh(self) -> None:
         """Recompute the snapshot and publish it if any seat changed.
@@ -110,7 +119,7 @@ class Board:
         """
         self._dirty = False
         self._token = await self._read_token()
-        snapshot = await anyio.to_thread.run_sync(self.compute)
+        snapshot = await self.compute()
         expiries = [
             s["expires_at"] for s in snapshot["seats"].values() if s["expires_at"] is not None
         ]
@@ -153,6 +162,29 @@ class Board:
             except Exception:
                 log.exception("seat map refresh failed", extra={"slot": self.showing.slot})
                 await asyncio.sleep(self.poll_interval)
+
+
+async def _each(items: list[_I], read: Callable[[_I], Awaitable[_R]]) -> list[_R]:
+    """``[await read(item) for item in items]``, up to :data:`_READS` reads at a time.
+
+    A few at once: on a store on threads its workers share the reads, and on a
+    pool a claim never waits behind a whole seat map's reads.
+    """
+    results: list[_R | None] = [None] * len(items)
+    pending = iter(enumerate(items))
+
+    async def reader() -> None:
+        for i, item in pending:
+            results[i] = await read(item)
+
+    readers = [asyncio.ensure_future(reader()) for _ in range(min(_READS, len(items)))]
+    try:
+        await asyncio.gather(*readers)
+    except BaseException:  # one failed, or the caller was cancelled: the others stop too
+        for task in readers:
+            task.cancel()
+        raise
+    return results  # type: ignore[return-value]  # every slot was filled
 
 
 def _epoch(text: str) -> float:

@@ -7,12 +7,14 @@ Only argparse here at import time: Starlette and uvicorn are imported when
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dibs._cli_options import (
     add_store_option,
@@ -25,6 +27,9 @@ from dibs._extras import needs
 from dibs.exceptions import InvalidInput
 from dibs.service._keys import KeyRing
 from dibs.stores import default_url
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["add_commands"]
 
@@ -107,8 +112,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--threads",
         type=positive_int,
         default=32,
-        help="worker threads for the store calls that run on threads: SQLite and plug-in "
-        "stores, seat maps, lots and match (default 32)",
+        help="worker threads of a store whose calls run on threads: SQLite and plug-in "
+        "stores (default 32)",
     )
     p.add_argument(
         "--private-map", action="store_true", help="require an API key for the seat map stream too"
@@ -173,20 +178,45 @@ def _run_serve(args: argparse.Namespace) -> int:
     root.handlers[:] = [handler]
     root.setLevel(args.log_level.upper())
     app = create_app(config)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        proxy_headers=args.proxy_headers,
-        forwarded_allow_ips=args.forwarded_allow_ips,
-        root_path=args.root_path,
-        http=HTTP_PARSER,
-        timeout_keep_alive=30,
-        timeout_graceful_shutdown=10,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            proxy_headers=args.proxy_headers,
+            forwarded_allow_ips=args.forwarded_allow_ips,
+            root_path=args.root_path,
+            http=HTTP_PARSER,
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=10,
+        )
     )
-    return 0
+
+    async def serve() -> None:
+        # The store opens on the server's loop before the server binds: a store
+        # that cannot open ends the command with its error (exit 2), as
+        # dibs.open() of it would, instead of a failed startup.
+        await app.state.service.aio.open()
+        await server.serve()
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory(server.config)) as runner:
+            runner.run(serve())
+    except KeyboardInterrupt:  # a second Ctrl-C, or the one uvicorn re-raises after its shutdown
+        pass
+    return 0 if server.started else 3  # uvicorn's own status for a failed startup
+
+
+def _loop_factory(config: uvicorn.Config) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``uvicorn.run`` would serve on (uvloop when installed)."""
+    factory = getattr(config, "get_loop_factory", None)
+    if factory is not None:  # uvicorn 0.36 and later
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = factory()
+        return loop_factory
+    config.setup_event_loop()  # earlier: it sets the event loop policy instead
+    return None
 
 
 def _add_keys(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

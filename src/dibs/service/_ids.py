@@ -11,10 +11,11 @@ was tampered with decrypts to garbage and is refused before any store call
 (a 404, like any claim that is not yours).
 
 The secret is the deployment's: given (``--id-secret-file``), or else kept in
-the store itself (:func:`stored_secret`), so that every instance on one store
-agrees with no set-up. The first instance to start claims a reserved unit
-with the secret in its holder name; the claim's unique key makes it the only
-one, and every later instance reads it back.
+the store itself (:func:`stored_secret`, awaited on the service's async
+store), so that every instance on one store agrees with no set-up. The first
+instance to start claims a reserved unit with the secret in its holder name;
+the claim's unique key makes it the only one, and every later instance reads
+it back.
 
 Plaintext layout: ``00 00 00 <kind>`` then, for kind 0, a store ID that is a
 decimal integer below 2**63 as 8 big-endian bytes (a 16-character wire ID);
@@ -34,9 +35,8 @@ import secrets
 from dibs._model import Unit
 from dibs.aio import AsyncStore
 from dibs.exceptions import StoreUnavailable
-from dibs.stores.base import Store
 
-__all__ = ["SECRET_UNIT", "WIRE_ID_PATTERN", "ClaimIds", "stored_secret", "stored_secret_sync"]
+__all__ = ["SECRET_UNIT", "WIRE_ID_PATTERN", "ClaimIds", "stored_secret"]
 
 SECRET_UNIT = Unit("dibs.service.id-secret", "")
 """The reserved unit whose one confirmed claim keeps the store's claim-ID secret."""
@@ -135,17 +135,6 @@ def _xor(data: bytes, pad: bytes) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
-
-
-def stored_secret_sync(store: Store) -> bytes:
-    """:func:`stored_secret` on a sync store, for callers outside the event loop."""
-    mine = _SECRET_HOLDER + secrets.token_urlsafe(32)
-    for _ in range(3):
-        result = store.claim(SECRET_UNIT, holder=mine, ttl=None)
-        secret = _secret(mine if result else store.holder_of(SECRET_UNIT))
-        if secret is not None:
-            return secret
-    raise _not_a_secret()
 
 
 def _secret(holder: str | None) -> bytes | None:

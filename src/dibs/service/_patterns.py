@@ -10,6 +10,11 @@ Their internal units live under the reserved resource prefix ``dibs.``, which
 ``POST /v1/claims`` refuses: lots are ``dibs.lot:<name>``, match keys
 ``dibs.match``. Vehicle holders start with ``dibs.`` too, which no API key's
 holder may, so no client can claim, hold or block another client's internals.
+
+Both run as :mod:`dibs.aio`'s :class:`~dibs.aio.Lot` and
+:func:`~dibs.aio.match` on the service's one async store, awaited under the
+request timeout like any store call. A park or remove cut short by the timeout
+ends holding nothing it took (the async lot gives a cut-off park's claim back).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dibs._model import Unit, target_to_json
+from dibs.aio import Lot, match
 from dibs.exceptions import InvalidInput
-from dibs.lot import AlreadyParked, Lot, NotParked, VehicleBlocked
-from dibs.matching import REQUEST_RESOURCE, Match, match
+from dibs.lot import AlreadyParked, NotParked, VehicleBlocked
+from dibs.matching import REQUEST_RESOURCE, Match
 from dibs.service._api import Api, body_digest
 from dibs.service._config import LotSpec
 from dibs.service._guard import ApiError, invalid, parse_idempotency_key
@@ -52,7 +58,7 @@ class Patterns:
         self.api = api
         self.lots = {
             spec.name: Lot(
-                api.store, spec.name, spec.size, fit=spec.fit, resource=f"{RESERVED}lot:{spec.name}"
+                api.aio, spec.name, spec.size, fit=spec.fit, resource=f"{RESERVED}lot:{spec.name}"
             )
             for spec in lots
         }
@@ -86,7 +92,7 @@ class Patterns:
         """``GET /v1/lots/{lot}``: each slot free, yours or taken; a snapshot."""
         key = self.api.authorize(request)
         lot = self._lot(request)
-        occupancy = await self.api.call_sync("lot_occupancy", lot.occupancy)
+        occupancy = await self.api.call("lot_occupancy", lot.occupancy())
         mine = self._holder(key.holder, "")
         slots: list[dict[str, Any]] = []
         for vehicle in occupancy.slots:
@@ -121,7 +127,7 @@ class Patterns:
             )
         who = self._holder(key.holder, vehicle)
         try:
-            position = await self.api.call_sync("park", lambda: lot.park(who, length))
+            position = await self.api.call("park", lot.park(who, length))
         except AlreadyParked as exc:
             raise ApiError(
                 409,
@@ -148,7 +154,7 @@ class Patterns:
         lot = self._lot(request)
         vehicle = self._vehicle(request.path_params["vehicle"])
         who = self._holder(key.holder, vehicle)
-        position = await self.api.call_sync("lot_position", lambda: lot.position_of(who))
+        position = await self.api.call("lot_position", lot.position_of(who))
         if position is None:
             raise ApiError(404, "not_found", "you have no such vehicle in this lot")
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
@@ -160,7 +166,7 @@ class Patterns:
         vehicle = self._vehicle(request.path_params["vehicle"])
         who = self._holder(key.holder, vehicle)
         try:
-            position = await self.api.call_sync("unpark", lambda: lot.remove(who))
+            position = await self.api.call("unpark", lot.remove(who))
         except NotParked:
             raise ApiError(404, "not_found", "you have no such vehicle in this lot") from None
         return JSONResponse({"lot": lot.name, "vehicle": vehicle, "position": position})
@@ -203,10 +209,10 @@ class Patterns:
                     record, holder=holder, request_id=f"{BODY_RESOURCE}:{request_id}", ttl=MIN_TTL
                 ),
             )
-            return await self.api.call_sync(
+            return await self.api.call(
                 "match",
-                lambda: match(
-                    self.api.store,
+                match(
+                    self.api.aio,
                     units,
                     holder=holder,
                     request_id=request_id,

@@ -1,21 +1,18 @@
-"""The service's two faces of its store: async for the claim path, sync for the rest.
+"""The service's one store: an :class:`~dibs.aio.AsyncStore`, for every call it makes.
 
-The claim path (``/v1/claims``, ``/v1/resources``, ``/readyz`` and the
-sweeper) awaits an :class:`~dibs.aio.AsyncStore`, so that on a store with a
-native async twin (PostgreSQL) a request makes no thread hop at all. What the
-async face does not offer (the change feed and reads behind the live seat
-maps, the lot and match patterns) runs on the sync :class:`~dibs.Store` in
-worker threads. Which store is behind each face:
+Claims, lots, match, the seat maps (their reads and the change feed), the
+claim-ID secret, ``/readyz`` and the sweeper all await one async store, so
+that no request hops to a thread the service runs. Which store that is:
 
-- a store class with a native async twin (:attr:`dibs.Store.async_store`):
-  two stores opened from the same URL, the twin for the claim path and the
-  sync store for the rest (same database, so both see every claim);
-- any other store (memory://, SQLite, plug-ins): one store, the sync one,
-  behind :class:`SharedFace` (:meth:`dibs.aio.ThreadedStore.over`). memory://
-  must be one store (a second open would be a second, empty world); for SQLite
-  one store keeps one connection set and one group-commit queue. Its calls run
-  inline on the loop when the store is in-process (memory://, pure CPU) and on
-  the face's worker threads otherwise.
+- a store the service opens from its URL: :func:`dibs.aio.open` of it; on
+  PostgreSQL the native async store on psycopg's async pool (the one pool the
+  service opens), on etcd the native store on its async HTTP client, on
+  memory:// and SQLite a :class:`~dibs.aio.ThreadedStore` owning the sync store
+  (memory:// inline on the loop, SQLite on the face's worker threads);
+- a sync store the caller passes (``create_app(store=...)``): that store behind
+  a :class:`SharedFace` (:meth:`dibs.aio.ThreadedStore.over`), wrapped once;
+  the caller closes the store, the service only its face;
+- an async store the caller passes: that store, as it is.
 """
 
 from __future__ import annotations
@@ -24,24 +21,22 @@ from typing import Any, Self
 
 import dibs.aio
 from dibs.aio import AsyncStore, ThreadedStore
+from dibs.stores import store_class
 from dibs.stores.base import Store
 
-__all__ = ["SharedFace", "async_face"]
+__all__ = ["SharedFace", "open_async"]
 
 
-def async_face(store: Store, url: str | None, *, threads: int) -> AsyncStore:
-    """The async store for the claim path beside the sync ``store``.
+def open_async(url: str, *, threads: int) -> AsyncStore:
+    """The async store the service opens for ``url``; does no I/O (it opens on the first await).
 
-    With a ``url`` (the store the service opened itself) and a store class with
-    a native async twin, the twin opened from the same URL; otherwise the sync
-    store itself behind a :class:`SharedFace`. Does no I/O: an async store opens
-    on the first await, on the serving loop.
+    ``threads`` sizes the worker threads of a store without a native async
+    twin (SQLite, plug-ins). Raises :class:`~dibs.UnknownScheme` and
+    :class:`~dibs.InvalidInput` for a malformed URL.
     """
-    if url is not None:
-        native = dibs.aio.open(url)
-        if not isinstance(native, ThreadedStore):
-            return native
-    return SharedFace(store, threads=threads)
+    if store_class(url).async_store is not None:
+        return dibs.aio.open(url)
+    return dibs.aio.open(url, threads=threads)
 
 
 class SharedFace(ThreadedStore):

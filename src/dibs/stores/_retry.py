@@ -3,21 +3,20 @@
 Each store says which of its driver's errors are transient (SQLite: "database
 is locked"/"busy"; PostgreSQL: serialization failures and deadlocks, SQLSTATE
 40001/40P01) and how long to keep trying; everything else propagates at once,
-for the store to translate. :func:`retrying` runs the policy for blocking
-code, :func:`retrying_async` for coroutines; :class:`Backoff` is the policy
-both share.
+for the store to translate. :class:`Backoff` is the policy; :func:`retrying`
+runs it for blocking code (SQLite). PostgreSQL's operations are plans that ask
+:class:`Backoff` themselves, so both of its faces retry alike (``_drive.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["Backoff", "retrying", "retrying_async"]
+__all__ = ["Backoff", "retrying"]
 
 _T = TypeVar("_T")
 
@@ -115,15 +114,3 @@ def retrying(
             if pause is None:
                 raise
         time.sleep(pause)
-
-
-async def retrying_async(work: Callable[[], Awaitable[_T]], backoff: Backoff) -> _T:
-    """:func:`retrying` for a coroutine function: waits without blocking the event loop."""
-    while True:
-        try:
-            return await work()
-        except Exception as exc:
-            pause = backoff.pause(exc)
-            if pause is None:
-                raise
-        await asyncio.sleep(pause)

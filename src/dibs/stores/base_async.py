@@ -16,7 +16,7 @@ import abc
 import asyncio
 import logging
 import os
-from collections.abc import Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -45,8 +45,9 @@ from dibs.stores.base import (
 
 if TYPE_CHECKING:
     from dibs.lease import AsyncLease
+    from dibs.stores.capabilities import AsyncChangeFeed
 
-__all__ = ["AsyncStore"]
+__all__ = ["AsyncStore", "TokenFeed"]
 
 
 class AsyncStore(abc.ABC):
@@ -297,6 +298,19 @@ class AsyncStore(abc.ABC):
             self._closed_under(exc)
             raise
 
+    # --- optional capabilities: None means "this store does not offer it" ----------------------
+
+    def change_feed(self) -> AsyncChangeFeed | None:
+        """A cheap token that moves whenever anyone may have changed this store, or None.
+
+        :meth:`dibs.Store.change_feed` for asyncio code: the same token, read
+        with ``await feed.read()`` on this store's loop (a native store reads
+        it on its own connections, a store on threads on its workers). Returns
+        at once, without I/O; the first read opens the store if needed. The
+        caller closes it (``await feed.close()``).
+        """
+        return None
+
     # --- for backends ---------------------------------------------------------------------------
 
     async def _ready(self) -> None:
@@ -386,3 +400,34 @@ class AsyncStore(abc.ABC):
 
     @abc.abstractmethod
     async def _close(self) -> None: ...
+
+
+class TokenFeed:
+    """An :class:`~dibs.stores.capabilities.AsyncChangeFeed` read through its store's connections.
+
+    ``read`` is the backend's coroutine function that reads the token (etcd's
+    revision, PostgreSQL's WAL position) with the store's own pool or client,
+    so the feed holds nothing of its own. A read opens the store if needed;
+    any failure but the store's closing answers a fresh ``object()``.
+    """
+
+    def __init__(self, store: AsyncStore, read: Callable[[], Awaitable[object]]) -> None:
+        self._store = store
+        self._read = read
+
+    async def read(self) -> object:
+        """The current token, or a fresh ``object()``; raises StoreClosed once the store is."""
+        store = self._store
+        store._check_open()
+        try:
+            await store._ready()
+            return await self._read()
+        except StoreClosed:
+            raise
+        except Exception:  # a transient failure: "maybe changed", as the protocol says
+            if store._shut():
+                raise StoreClosed(f"this {type(store).__name__} is closed") from None
+            return object()
+
+    async def close(self) -> None:
+        """Nothing to release: the feed reads on its store's connections."""

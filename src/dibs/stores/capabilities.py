@@ -4,13 +4,14 @@ A store offers a capability by returning an object from the matching
 :class:`~dibs.Store` method; ``None`` is the answer "not supported", and the
 caller degrades or refuses as its docs say:
 
-=====================  ======================  =========================================
-capability             asked by                without it
-=====================  ======================  =========================================
-:class:`JobTable`      :meth:`Store.job_table`   durable tasks refuse the store
-:class:`ChangeFeed`    :meth:`Store.change_feed` live views recompute on every poll
-:class:`ClaimLog`      :meth:`Store.claim_log`   ``dibs verify`` skips the log replay
-=====================  ======================  =========================================
+==========================  ================================  ==================================
+capability                  asked by                          without it
+==========================  ================================  ==================================
+:class:`JobTable`           :meth:`Store.job_table`           durable tasks refuse the store
+:class:`ChangeFeed`         :meth:`Store.change_feed`         live views recompute on every poll
+:class:`AsyncChangeFeed`    :meth:`AsyncStore.change_feed`    the same, on the async face
+:class:`ClaimLog`           :meth:`Store.claim_log`           ``dibs verify`` skips the log replay
+==========================  ================================  ==================================
 
 Code outside :mod:`dibs.stores` asks for these and never tests a store's
 scheme or reads its private attributes, so a store from another package gets
@@ -25,7 +26,15 @@ from typing import Protocol
 from dibs._model import Claim
 from dibs.stores.jobs import Job, JobTable
 
-__all__ = ["ChangeFeed", "ClaimLog", "ClaimReader", "Job", "JobTable", "UnchangingFeed"]
+__all__ = [
+    "AsyncChangeFeed",
+    "ChangeFeed",
+    "ClaimLog",
+    "ClaimReader",
+    "Job",
+    "JobTable",
+    "UnchangingFeed",
+]
 
 
 class ChangeFeed(Protocol):
@@ -41,6 +50,27 @@ class ChangeFeed(Protocol):
 
     def close(self) -> None:
         """Release the feed's connection, if any."""
+        ...
+
+
+class AsyncChangeFeed(Protocol):
+    """:class:`ChangeFeed` for asyncio code: the same token, awaited on the store's own loop.
+
+    Equal tokens promise "nothing changed in between"; a token that moved may
+    be a needless refresh, never a missed one. It belongs to its async store's
+    event loop, as the store does.
+    """
+
+    async def read(self) -> object:
+        """The current token; on a transient failure, a fresh ``object()`` ("maybe changed").
+
+        Opens the store first if needed. Raises :class:`~dibs.StoreClosed`
+        once the store is closed.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the feed holds beyond its store's connections, if anything."""
         ...
 
 

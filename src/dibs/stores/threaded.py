@@ -22,13 +22,16 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput, StoreClosed
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store, _logger_name
 from dibs.stores.base_async import AsyncStore
+
+if TYPE_CHECKING:
+    from dibs.stores.capabilities import ChangeFeed
 
 __all__ = ["DEFAULT_THREADS", "ThreadedStore"]
 
@@ -160,6 +163,7 @@ class ThreadedStore(AsyncStore):
             )
         self._url = url
         self._options = options
+        self._class = cls
         self._inline = cls.in_process and cls.local_clock
         self._threads = threads
         self._workers: _Workers | None = None
@@ -325,6 +329,17 @@ class ThreadedStore(AsyncStore):
     async def _now(self) -> float:
         return await self._run(self._store()._now)
 
+    def change_feed(self) -> _ThreadedFeed | None:
+        """The sync store's :meth:`~dibs.Store.change_feed`, read where its calls run.
+
+        Inline for memory:// (its feed never moves), on this store's workers
+        otherwise (SQLite's ``PRAGMA data_version`` on a connection of its own).
+        None when the store class offers no feed.
+        """
+        if self._class.change_feed is Store.change_feed:
+            return None
+        return _ThreadedFeed(self)
+
     async def _close(self) -> None:
         if self._given:  # its owner closes it
             store = None
@@ -336,6 +351,55 @@ class ThreadedStore(AsyncStore):
                 store.close()
         elif workers is not None or store is not None:
             await asyncio.shield(self._close_off_loop(workers, store))
+
+
+class _ThreadedFeed:
+    """:class:`~dibs.stores.capabilities.AsyncChangeFeed` over a sync store's feed.
+
+    The sync feed is made on the first read (opening the store if needed) and
+    read where the store's calls run. A store whose ``change_feed()`` answers
+    None after all reads as "maybe changed" every time.
+    """
+
+    def __init__(self, store: ThreadedStore) -> None:
+        self._store = store
+        self._making: asyncio.Future[ChangeFeed | None] | None = None
+
+    async def read(self) -> object:
+        """The sync feed's token, or a fresh ``object()``; raises StoreClosed once the store is."""
+        store = self._store
+        store._check_open()
+        try:
+            await store._ready()
+            if self._making is None:
+                # One feed for all reads, however many start together (it holds a connection).
+                self._making = asyncio.ensure_future(store._run(store._store().change_feed))
+            feed = await asyncio.shield(self._making)
+            return object() if feed is None else await store._run(feed.read)
+        except StoreClosed:
+            raise
+        except Exception:  # a transient failure: "maybe changed", as the protocol says
+            if self._made() is None and self._making is not None and self._making.done():
+                self._making = None  # making it failed: try again on the next read
+            if store._shut():
+                raise StoreClosed(f"this {type(store).__name__} is closed") from None
+            return object()
+
+    def _made(self) -> ChangeFeed | None:
+        making = self._making
+        if making is None or not making.done() or making.cancelled() or making.exception():
+            return None
+        return making.result()
+
+    async def close(self) -> None:
+        """Close the sync feed (its connection), on the workers while they run."""
+        feed, self._making = self._made(), None
+        if feed is None:
+            return
+        try:
+            await self._store._run(feed.close)
+        except StoreClosed:  # the workers are gone: closing a connection does not wait
+            feed.close()
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -48,7 +48,7 @@ from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
-from dibs.tasks._locks import LockKeys
+from dibs.tasks._locks import Concurrency, LockKeys
 from dibs.tasks._worker import Outcome, OutcomeKind
 
 __all__ = ["DurableRunner", "RegisteredTask", "encode_payload"]
@@ -129,6 +129,8 @@ class RegisteredTask:
     retries: int
     backoff: Backoff
     timeout: float | None
+    concurrency: Concurrency | None = None
+    """At most this many running attempts per concurrency key, on every worker together."""
     is_async: bool = field(init=False)
     """Whether its attempts run on the processor's event loop (an ``async def``); read
     per job, so worked out once."""
@@ -422,11 +424,12 @@ class DurableRunner:
 
     def _lock_key(self, job: Job) -> bool:
         """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted."""
+        task = self.tasks.get(job.name)
         try:
-            if self.locks.acquire(job):
+            if self.locks.acquire(job, None if task is None else task.concurrency):
                 return True
         except DibsError:
-            log.exception("claiming the lock key of job %s failed; putting it back", job.id)
+            log.exception("claiming the lock key or permit of job %s failed; put back", job.id)
         self._give_back(job)
         return False
 

@@ -13,6 +13,14 @@ Each hold has a holder of its own (the worker's name and a random suffix): two
 attempts in one process must not be taken for one holder re-claiming what it
 holds, which the store would answer with the existing claim.
 
+A task registered with ``concurrency=N`` also takes a permit of the semaphore
+``dibs.tasks.concurrency/<key>`` (:class:`dibs.Semaphore`, N permits) for each
+attempt, as a lease of the same TTL renewed by its own thread; ``key`` is the
+task's ``concurrency_key`` (a string, or a function of the job's arguments),
+its name by default. An attempt that finds every permit taken goes back
+uncounted, as for a lock key; a lost permit is a lost attempt. A worker killed
+with ``kill -9`` stops renewing, so its permit comes back when the lease ends.
+
 The job table's ``take`` skips jobs whose lock key is on a running row, which
 keeps most losers from taking a job they cannot run; a worker that takes one
 anyway loses the claim here and puts the job back, uncounted.
@@ -20,17 +28,20 @@ anyway loses the claim here and puts the job back, uncounted.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dibs._model import Unit
-from dibs.exceptions import ClaimNotFound, DibsError, HoldLost
+from dibs.exceptions import ClaimNotFound, DibsError, HoldLost, ResourceBusy
+from dibs.semaphore import Semaphore, SemaphoreLease
 from dibs.stores.base import Store
 from dibs.stores.jobs import Job
 
-__all__ = ["LOCK_RESOURCE", "LockKeys"]
+__all__ = ["CONCURRENCY_PREFIX", "LOCK_RESOURCE", "Concurrency", "LockKeys"]
 
 log = logging.getLogger("dibs.tasks")
 
@@ -39,6 +50,27 @@ Attempt = tuple[str, int | None]
 
 LOCK_RESOURCE = "dibs.tasks.lock"
 """The resource whose slots are lock keys: a lock key ``k`` is ``Unit(LOCK_RESOURCE, k)``."""
+
+CONCURRENCY_PREFIX = "dibs.tasks.concurrency/"
+"""A concurrency key ``k`` is the semaphore ``CONCURRENCY_PREFIX + k``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """A task's limit: at most ``permits`` running attempts per key."""
+
+    permits: int
+    key: str | Callable[..., str] | None
+    """A fixed key, a function of the job's ``(*args, **kwargs)``, or None: the task's name."""
+
+    def key_of(self, job: Job) -> str:
+        """The semaphore key of ``job``'s attempt."""
+        if self.key is None:
+            return CONCURRENCY_PREFIX + job.name
+        if isinstance(self.key, str):
+            return CONCURRENCY_PREFIX + self.key
+        args, kwargs = json.loads(job.args)
+        return CONCURRENCY_PREFIX + str(self.key(*args, **kwargs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +89,46 @@ class LockKeys:
         self._lease = lease
         self._lock = threading.Lock()  # guards _held
         self._held: dict[Attempt, _Held] = {}
+        self._permits: dict[Attempt, SemaphoreLease] = {}  # guarded by _lock
+        self._semaphores: dict[str, Semaphore] = {}  # by key; guarded by _lock
 
-    def acquire(self, job: Job) -> bool:
-        """Claim ``job``'s lock key for its attempt; False if another attempt holds it.
+    def acquire(self, job: Job, limit: Concurrency | None = None) -> bool:
+        """Claim ``job``'s lock key and a permit of its ``limit`` for its attempt; False if taken.
 
-        True at once for a job without a lock key. Raises what the store's
-        ``claim`` raises (StoreUnavailable): then nothing is held.
+        True at once for a job with neither. Raises what the store raises
+        (StoreUnavailable), and InvalidInput for a bad concurrency key: then
+        nothing is held.
         """
+        if not self._lock_key(job):
+            return False
+        if limit is None:
+            return True
+        try:
+            permit = self._permit(job, limit)
+        except BaseException:
+            self.release((job.id, job.fence))
+            raise
+        if permit is None:
+            self.release((job.id, job.fence))
+            return False
+        with self._lock:
+            self._permits[job.id, job.fence] = permit
+        return True
+
+    def _permit(self, job: Job, limit: Concurrency) -> SemaphoreLease | None:
+        key = limit.key_of(job)
+        with self._lock:
+            sem = self._semaphores.get(key)
+            if sem is None or sem.permits != limit.permits:
+                sem = self._semaphores[key] = Semaphore(self._store, key, permits=limit.permits)
+        permit = sem.lease(holder=f"{self._holder}/{secrets.token_hex(4)}", ttl=self._lease)
+        try:
+            permit.__enter__()
+        except ResourceBusy:
+            return None
+        return permit
+
+    def _lock_key(self, job: Job) -> bool:
         if job.lock_key is None:
             return True
         holder = f"{self._holder}/{secrets.token_hex(4)}"
@@ -83,7 +148,8 @@ class LockKeys:
         """
         with self._lock:
             held = [(attempt, self._held[attempt]) for attempt in attempts if attempt in self._held]
-        lost: set[Attempt] = set()
+            permits = [(a, self._permits[a]) for a in attempts if a in self._permits]
+        lost: set[Attempt] = {attempt for attempt, permit in permits if permit.lost}
         for attempt, hold in held:
             try:
                 self._store.extend(
@@ -103,6 +169,12 @@ class LockKeys:
         job_id = attempt[0]
         with self._lock:
             hold = self._held.pop(attempt, None)
+            permit = self._permits.pop(attempt, None)
+        if permit is not None:
+            try:
+                permit.__exit__(None, None, None)
+            except DibsError as exc:  # lost or unreachable: the permit's hold expires by itself
+                log.info("the concurrency permit of job %s ended badly: %s", job_id, exc)
         if hold is None:
             return
         try:

@@ -7,9 +7,18 @@ from typing import Any
 from dibs._model import check_name, shown
 from dibs.exceptions import InvalidInput
 from dibs.limits import NUMBER_MAX, RETENTION_MAX
+from dibs.semaphore import PERMITS_MAX, check_key
 from dibs.tasks._handle import Backoff
+from dibs.tasks._locks import CONCURRENCY_PREFIX, Concurrency
 
-__all__ = ["RETRIES_MAX", "check_fn", "check_id", "check_limit", "task_options"]
+__all__ = [
+    "RETRIES_MAX",
+    "check_fn",
+    "check_id",
+    "check_limit",
+    "concurrency_option",
+    "task_options",
+]
 
 
 RETRIES_MAX = 1_000_000
@@ -92,3 +101,43 @@ def task_options(
 def describe(fn: Any) -> str:
     """A readable name for a task function in logs."""
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
+
+
+def concurrency_option(concurrency: object, key: object) -> Concurrency | None:
+    """A task's concurrency limit, or None; raises :class:`~dibs.InvalidInput` for a bad one.
+
+    ``concurrency`` is None (no limit) or an int from 1 to
+    :data:`dibs.semaphore.PERMITS_MAX`; ``key`` a name, a callable, or None.
+    """
+    if concurrency is None:
+        if key is not None:
+            raise InvalidInput(
+                "concurrency_key needs concurrency=N", field="concurrency_key", value=key
+            )
+        return None
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= PERMITS_MAX
+    ):
+        raise InvalidInput(
+            f"concurrency must be None or an int from 1 to {PERMITS_MAX}, got {shown(concurrency)}",
+            field="concurrency",
+            value=concurrency,
+        )
+    if isinstance(key, str):
+        check_id(key, "concurrency_key")
+        try:
+            check_key(CONCURRENCY_PREFIX + key)
+        except InvalidInput:
+            raise InvalidInput(
+                f"concurrency_key is too long, got {shown(key)}", field="concurrency_key", value=key
+            ) from None
+    elif key is not None and not callable(key):
+        raise InvalidInput(
+            f"concurrency_key must be a name, a function of the job's arguments or None,"
+            f" got {shown(key)}",
+            field="concurrency_key",
+            value=key,
+        )
+    return Concurrency(concurrency, key)

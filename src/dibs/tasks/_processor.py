@@ -33,7 +33,13 @@ from dibs.tasks._errors import (
 )
 from dibs.tasks._handle import Backoff, TaskHandle
 from dibs.tasks._jobs import Job
-from dibs.tasks._options import check_fn, check_id, check_limit, task_options
+from dibs.tasks._options import (
+    check_fn,
+    check_id,
+    check_limit,
+    concurrency_option,
+    task_options,
+)
 from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
@@ -257,23 +263,29 @@ class TaskProcessor:
         priority: int = 0,
         lock_key: str | None = None,
         retention: float | None = None,
+        concurrency: int | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
 
         Every process that registers the same name can run its jobs. ``queue``,
         ``priority``, ``lock_key`` and ``retention`` are the defaults of its
         jobs (see :meth:`enqueue`). An ``async def`` function runs on the
-        processor's event loop. Raises :class:`~dibs.InvalidInput` without a
-        store or for bad options.
+        processor's event loop. ``concurrency=N`` runs at most N of its jobs
+        at once per ``concurrency_key`` across every worker (a string, or a
+        function of the job's arguments returning one; default: the task's
+        name), each attempt holding a permit of a :class:`dibs.Semaphore`.
+        Raises :class:`~dibs.InvalidInput` without a store or for bad options.
         """
         durable = self._require_store()
         retries, backoff, timeout = task_options(retries, backoff, timeout)
+        limit = concurrency_option(concurrency, concurrency_key)
         options = JobOptions().merged(queue, priority, lock_key, retention)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
             task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
-            durable.register(RegisteredTask(task_name, fn, retries, backoff, timeout))
+            durable.register(RegisteredTask(task_name, fn, retries, backoff, timeout, limit))
             self._job_options[task_name] = options
             return fn
 

@@ -333,7 +333,7 @@ def partition(ops: Sequence[Op]) -> dict[str, list[Op]]:
     parts: dict[str, list[Op]] = {}
     spread: list[Op] = []
     for op in ops:
-        if op.fn == "sweep":
+        if op.fn in ("sweep", "semaphore"):  # a semaphore's holds are judged apart
             continue
         if op.fn == "claims_of":
             spread.append(op)
@@ -347,6 +347,37 @@ def partition(ops: Sequence[Op]) -> dict[str, list[Op]]:
     for part in parts.values():
         part.sort(key=lambda o: o.start)
     return parts
+
+
+def semaphore_anomalies(ops: Sequence[Op]) -> list[str]:
+    """More holders of a semaphore at once than its permits: each hold's surely-held
+    interval (entered to left, monotonic), overlaps counted per semaphore."""
+    found = []
+    by_key: dict[str, list[Op]] = {}
+    for op in ops:
+        if op.fn == "semaphore" and op.status == OK and op.value.get("entered") is not None:
+            by_key.setdefault(str(op.args["res"]), []).append(op)
+    for key, held in sorted(by_key.items()):
+        permits = int(held[0].args["permits"])
+        edges = sorted(
+            [(op.value["entered"], 1, op) for op in held]
+            + [(op.value["left"], -1, op) for op in held],
+            key=lambda edge: (edge[0], edge[1]),  # a hold leaving at t before one entering
+        )
+        inside: dict[str, Op] = {}
+        for _, step, op in edges:
+            if step < 0:
+                inside.pop(op.id, None)
+                continue
+            inside[op.id] = op
+            if len(inside) > permits:
+                names = ", ".join(sorted(f"{o.client} ({o.id})" for o in inside.values()))
+                found.append(
+                    f"SEMAPHORE: {len(inside)} holders of {key!r} at once under"
+                    f" {permits} permits: {names}"
+                )
+                break
+    return found
 
 
 def check_history(
@@ -398,13 +429,14 @@ def check_history(
                 failing, window, max(1.0, shrink_budget), outlive=outlive, stamped=stamped
             )
         results.append(result)
+    # The semaphore's claims are the pattern's, not ops of the history: judged by its holds.
+    sem_resources = {str(op.args["res"]) for op in ops if op.fn == "semaphore"}
+    rows = [row for row in history.log or () if not any(t[1] in sem_resources for t in row.targets)]
     log_anomalies = (
-        None
-        if history.log is None
-        else replay_log(ops, history.log, outlive=outlive, stamped=stamped)
+        None if history.log is None else replay_log(ops, rows, outlive=outlive, stamped=stamped)
     )
     faults: dict[str, int] = {}
-    other = list(clock_anomalies)
+    other = list(clock_anomalies) + semaphore_anomalies(ops)
     for event in history.nemesis:
         faults[event["f"]] = faults.get(event["f"], 0) + 1
         if event["f"] == "integrity_check" and event.get("result") != "ok":

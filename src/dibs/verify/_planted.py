@@ -41,11 +41,22 @@ from dibs.stores.sqlite import SQLiteStore
 from dibs.verify._planted_replay import REPLAY_PLANTS, replay_plant
 from dibs.verify._workload import RACE_WINDOW
 
-__all__ = ["ALL_PLANTS", "PLANTS", "REPLAY_PLANTS", "SkewedClock", "open_planted", "plant_class"]
+__all__ = [
+    "ALL_PLANTS",
+    "PLANTS",
+    "REPLAY_PLANTS",
+    "SEMAPHORE_PLANTS",
+    "SkewedClock",
+    "open_planted",
+    "plant_class",
+]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
 """The plants every checker must catch: the negative controls run on every store."""
-ALL_PLANTS = PLANTS + REPLAY_PLANTS
+SEMAPHORE_PLANTS = ("semaphore-n-plus-one",)
+"""Plants in the patterns above the store: the store is the real one, the workload's
+semaphore admits one holder too many (its ``semaphore`` ops are turned on)."""
+ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS
 """Every built-in plant a ``--plant`` name may give."""
 
 
@@ -199,7 +210,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     :class:`~dibs.InvalidInput` for an unknown plant or a store it has no
     broken twin for.
     """
-    if plant is None:
+    if plant is None or plant in SEMAPHORE_PLANTS:
         return dibs.open(url, **options)
     if ":" in plant:
         custom: Callable[..., Store] = plant_class(plant).from_url

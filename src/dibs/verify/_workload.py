@@ -34,8 +34,11 @@ from dibs.exceptions import (
     InvalidInput,
     NotHolder,
     RequestConflict,
+    ResourceBusy,
     SpanKindMismatch,
 )
+from dibs.lease import LEASE_TTL_MIN
+from dibs.semaphore import Semaphore
 from dibs.stores import redact
 from dibs.stores.base import Store
 from dibs.verify._history import write_events
@@ -61,10 +64,16 @@ DEFAULT_MIX: tuple[tuple[str, float], ...] = (
     ("holder_of", 4.0),
     ("get", 5.0),
     ("claims_of", 3.0),
+    ("semaphore", 0.0),
 )
 """Relative weights of a client's ops: fresh claims, retries of an earlier request
 ID (a fifth of them with other input), confirm/extend/release of a claim it
-holds, and the three reads."""
+holds, the three reads, and holds of a :class:`dibs.Semaphore` permit (off by
+default; ``--mix semaphore=5`` turns them on, and the ``semaphore-n-plus-one``
+plant does)."""
+
+SEMAPHORE_PERMITS = 2
+"""Permits of the workload's one semaphore, ``<run>-sem``."""
 
 OP_KINDS = tuple(kind for kind, _ in DEFAULT_MIX)
 
@@ -217,7 +226,10 @@ class Client:
         rng, store = self.rng, self.store
         if len(self.mine) > 6:
             return self._transition("release", self.mine[0])
-        kinds, weights = zip(*self.workload.mix, strict=True)
+        mix = self.workload.mix
+        if self.workload.plant == "semaphore-n-plus-one" and not dict(mix).get("semaphore"):
+            mix = (*mix, ("semaphore", 20.0))  # the plant is in the semaphore: use it
+        kinds, weights = zip(*mix, strict=True)
         kind = rng.choices(kinds, weights)[0]
         if kind == "retry" and self.requests:
             old_rid, old_targets, ttl, old_res = rng.choice(self.requests[-20:])
@@ -228,6 +240,11 @@ class Client:
             cid, res, targets = rng.choice(self.seen[-20:])
             args = {"res": res, "targets": targets, "claim_id": cid}
             return "get", args, lambda: store.get(cid)
+        if kind == "semaphore":
+            res = f"{self.workload.run}-sem"
+            holder = f"{self.name}-sem"
+            permit_args = {"res": res, "holder": holder, "permits": SEMAPHORE_PERMITS}
+            return "semaphore", permit_args, self._permit
         if kind == "claims_of":
             holder = f"c{rng.randrange(self.workload.clients)}"
             return "claims_of", {"res": "*", "holder": holder}, lambda: store.claims_of(holder)
@@ -265,6 +282,31 @@ class Client:
             args,
             lambda: self.store.claim(objs, holder=self.name, request_id=rid, ttl=ttl),
         )
+
+    def _permit(self) -> dict[str, Any]:
+        """Hold a permit of the run's semaphore a moment; when it was surely held, and by whom.
+
+        ``entered`` and ``left`` are monotonic times inside the hold (after the
+        lease was entered, before its exit began): the checker counts overlaps of
+        these, so a count over the permits is a breach, never a false alarm. A
+        permit lost meanwhile is left out (its end is unknown).
+        """
+        w = self.workload
+        cls = Semaphore if w.plant != "semaphore-n-plus-one" else _n_plus_one()
+        sem = cls(self.store, f"{w.run}-sem", permits=SEMAPHORE_PERMITS)
+        ttl = max(LEASE_TTL_MIN, w.ttl * 5)
+        entered = left = 0.0
+        try:
+            with sem.lease(holder=f"{self.name}-sem", ttl=ttl, wait=w.ttl) as permit:
+                entered = time.monotonic()
+                time.sleep(w.ttl * self.rng.choice((0.05, 0.25)))
+                left = time.monotonic()
+                slot = permit.slot
+        except ResourceBusy:
+            return {"granted": False}
+        except HoldLost:
+            return {"granted": True, "lost": True}
+        return {"granted": True, "lost": False, "entered": entered, "left": left, "slot": slot}
 
     def _transition(self, fn: str, held: _Held) -> tuple[str, dict[str, Any], Callable[[], Any]]:
         fence = held.fence + 1 if self.rng.random() < 0.03 else held.fence  # misuse: a wrong fence
@@ -332,6 +374,9 @@ class Client:
 
     def _learn(self, fn: str, args: dict[str, Any], result: Any) -> dict[str, Any]:
         """Encode the result for the history and update what this client believes it holds."""
+        if fn == "semaphore":
+            assert isinstance(result, dict)
+            return result
         if fn == "claim":
             assert isinstance(result, ClaimResult)
             value: dict[str, Any] = {
@@ -488,3 +533,16 @@ def _emit(out: int, event: dict[str, Any]) -> None:
     event["t"] = time.monotonic()
     event["w"] = time.time()
     write_events(out, [event])
+
+
+def _n_plus_one() -> type[Semaphore]:
+    """The ``semaphore-n-plus-one`` plant: a semaphore that counts one slot too many."""
+    from dibs.semaphore import _Limit  # noqa: PLC0415
+
+    class NPlusOne(Semaphore):
+        def _current(self) -> Any:
+            limit = yield from super()._current()
+            # BUG: one slot past the limit, as an off-by-one in a slot loop would.
+            return _Limit(limit.version, limit.permits + 1, limit.cap + 1)
+
+    return NPlusOne

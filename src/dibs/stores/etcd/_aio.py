@@ -13,7 +13,7 @@ from dibs._clock import Clock, SystemClock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
-from dibs.stores.base_async import AsyncStore
+from dibs.stores.base_async import AsyncStore, TokenFeed
 from dibs.stores.etcd._keys import Settings
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._store import open_settings
@@ -76,6 +76,10 @@ class AsyncEtcdStore(AsyncStore):
 
     async def _now(self) -> float:
         return self.clock.now()
+
+    def change_feed(self) -> TokenFeed:
+        """The cluster's revision, read on this store's HTTP client: it moves on every write."""
+        return TokenFeed(self, lambda: self._driver.run(self._ops.token()))
 
     async def _close(self) -> None:
         await self._driver.close()

@@ -9,6 +9,12 @@ failed after it may have been proposed, has an unknown outcome:
 :class:`~dibs.StoreUnavailable` (the caller retries with its request ID),
 and the next request starts at the next member. A member that is dead or
 paused therefore costs one short timeout, not every request.
+
+One exchange with the members (:func:`_exchange`) is a plan both drivers run
+with :func:`dibs._drive.drive` / ``adrive``; ``SyncDriver.send`` is generated
+from ``AsyncDriver.send`` (``scripts/unasync.py``). What stays per driver is
+how a client is owned: one per thread and process on the blocking face, one
+per loop on the async face.
 """
 
 from __future__ import annotations
@@ -264,6 +270,7 @@ class SyncDriver:
         finally:
             self._checkin(own)
 
+    # --- generated from AsyncDriver.send (scripts/unasync.py): edit that, then run it ---
     def send(self, call: Call) -> Any:
         client = self._http()
 
@@ -277,6 +284,8 @@ class SyncDriver:
                 return (None, exc)
 
         return drive(_exchange(self.members, call), post)
+
+    # --- end of the generated part ---
 
     def close(self) -> None:
         """Refuse new plans; close every idle client now, and each busy one as its plan ends."""
@@ -325,6 +334,7 @@ class AsyncDriver:
             if not self._running and self._drained is not None:
                 self._drained.set()
 
+    # --- shared with the sync face: scripts/unasync.py makes SyncDriver.send from this part ---
     async def send(self, call: Call) -> Any:
         client = self._http()
 
@@ -338,6 +348,8 @@ class AsyncDriver:
                 return (None, exc)
 
         return await adrive(_exchange(self.members, call), post)
+
+    # --- end of the shared part ---
 
     async def close(self) -> None:
         self._closed = True

@@ -28,7 +28,7 @@ from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_reten
 from dibs._request import ClaimRequest
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
-from dibs.stores.base_async import AsyncStore
+from dibs.stores.base_async import AsyncStore, TokenFeed
 from dibs.stores.postgres._connect import (
     AsyncRecordingPool,
     aforget_replication,
@@ -404,3 +404,13 @@ class AsyncPostgresStore(AsyncStore):
 
     async def _now(self) -> float:
         return await self._run(self._ops.now())
+
+    # --- capabilities ---------------------------------------------------------------------------
+
+    def change_feed(self) -> TokenFeed:
+        """The server's WAL position, read on a connection of this store's pool.
+
+        The sync store's feed keeps a connection of its own; this one borrows a
+        pooled connection for each read, so an async service has one pool.
+        """
+        return TokenFeed(self, lambda: self._run(self._ops.wal_position()))

@@ -705,6 +705,11 @@ class Operations:
         (now,) = yield (b"SELECT clock_timestamp()", (), ONE, None)
         return float(now.timestamp())
 
+    def wal_position(self) -> Plan[object]:
+        """The server's WAL position: it moves on every write to the cluster (a change token)."""
+        row = yield (b"SELECT pg_current_wal_lsn()::text", (), ONE, None)
+        return row[0] if row else object()
+
     def log(self) -> Plan[list[Claim]]:
         rows = yield (self.sql.log, {}, ALL, None)
         return [claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]

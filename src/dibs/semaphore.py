@@ -1,0 +1,626 @@
+"""A semaphore with ``permits`` slots: at most that many live holders, across processes and hosts.
+
+``dibs.Semaphore(store, key, permits=N)``; ``with sem.lease(holder=..., ttl=...)``
+holds one permit as a fenced, auto-renewing :meth:`~dibs.Store.lease` on one of
+the units ``(key, "0")`` .. ``(key, "N-1")``. The claim of a unit is the
+decision, so two holders never share a slot and, while the limit stands, never
+more than N hold one.
+
+The limit lives in the store, so every process agrees on it and it may change
+at run time: version ``v`` of it is a confirmed claim on the unit
+``(key, "permits/v")`` whose holder spells ``permits`` and ``cap``, the most
+permits the key has ever had. A version is written once (the claim of its unit
+is the compare-and-set), so the versions are a prefix ``1..V``, found by
+galloping from the last one seen. A :class:`Semaphore` declares its
+``permits`` on first use (writing a new version when the store's differs);
+:meth:`Semaphore.set_permits` changes it later.
+
+Lowering the limit from M to N leaves holders on slots ``N..M-1``. They can
+only leave: a new holder is admitted on a slot below N only. An acquirer that
+finds none of them live just claims a free slot below N (exclusive slots: at
+most N). Otherwise it reads every slot and claims the lowest free slot ``i``
+only if ``i + 1 + (live claims above i) <= N``: the slots below ``i`` hold at
+most ``i``, and the ones above it can only empty, so the count after it joins
+is at most N. A lowered limit thus admits no one new until the count is below
+it. Each acquirer reads the version before its reads and again after its
+claim; when it moved, the claim is released and the acquirer starts again, so
+every admission was judged under one version of the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from dibs._drive import adrive, drive
+from dibs._lease import _terms
+from dibs._model import Claim, ClaimResult, Unit
+from dibs._shield import to_the_end
+from dibs.exceptions import HoldLost, InvalidInput, ResourceBusy
+from dibs.lease import AsyncLease, Lease
+from dibs.stores.base import Store
+from dibs.stores.base_async import AsyncStore
+
+__all__ = ["PERMITS_MAX", "AsyncSemaphore", "AsyncSemaphoreLease", "Semaphore", "SemaphoreLease"]
+
+PERMITS_MAX = 10_000
+"""The most permits a semaphore takes: an acquirer may read every slot up to the highest ever."""
+
+_VERSION = "permits/"  # slot prefix of the limit's versions
+_FIRST_PAUSE = 0.005
+_MAX_PAUSE = 0.25
+_random = random.Random()  # our own: a semaphore never moves the global random state
+
+
+def check_permits(permits: object) -> int:
+    """``permits`` as an int from 0 to :data:`PERMITS_MAX`; raises :class:`~dibs.InvalidInput`."""
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 0 <= permits <= PERMITS_MAX:
+        raise InvalidInput(
+            f"permits must be an int from 0 to {PERMITS_MAX}, got {permits!r}",
+            field="permits",
+            value=permits,
+        )
+    return permits
+
+
+def check_key(key: object) -> str:
+    """``key`` as a semaphore key (a unit's resource); raises :class:`~dibs.InvalidInput`."""
+    try:
+        Unit(key, "0")  # type: ignore[arg-type]
+    except InvalidInput as exc:
+        raise InvalidInput(
+            f"a semaphore's key {exc.message.removeprefix('resource ')}", field="key", value=key
+        ) from None
+    assert isinstance(key, str)
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    """One version of a key's limit, as stored."""
+
+    version: int
+    permits: int
+    cap: int
+
+    @property
+    def holder(self) -> str:
+        return f"semaphore-permits-{self.permits}-cap-{self.cap}"
+
+    @classmethod
+    def parse(cls, version: int, holder: str) -> _Limit:
+        _, permits, _, cap = holder.removeprefix("semaphore-").split("-")
+        return cls(version, int(permits), int(cap))
+
+
+_NONE = _Limit(0, 0, 0)
+
+
+# --- steps: what the rules below ask a face to do -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    unit: Unit
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Enter:
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
+class _Exit:
+    lease: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+_Step = _Read | _Write | _Enter | _Exit | _Sleep
+_Rule = Generator[_Step, Any, Any]
+
+
+def _version_unit(key: str, version: int) -> Unit:
+    return Unit(key, f"{_VERSION}{version}")
+
+
+def _latest(key: str, known: _Limit) -> _Rule:
+    """The newest version of the limit (``_NONE`` if none): gallop up from ``known``, bisect."""
+    holder = yield _Read(_version_unit(key, known.version + 1))
+    if holder is None:
+        return known
+    low, low_holder, step = known.version + 1, holder, 1
+    while True:  # the versions are a prefix: find a free one above
+        high = low + step
+        found = yield _Read(_version_unit(key, high))
+        if found is None:
+            break
+        low, low_holder, step = high, found, step * 2
+    while high - low > 1:  # low is written, high is not
+        middle = (low + high) // 2
+        found = yield _Read(_version_unit(key, middle))
+        if found is None:
+            high = middle
+        else:
+            low, low_holder = middle, found
+    return _Limit.parse(low, low_holder)
+
+
+def _set(key: str, permits: int, known: _Limit) -> _Rule:
+    """Make ``permits`` the limit unless it is already; the version written or found."""
+    limit = yield from _latest(key, known)
+    while limit.permits != permits or limit.version == 0:
+        wanted = _Limit(limit.version + 1, permits, max(limit.cap, permits))
+        # The claim of the next version's unit is the compare-and-set: one writer per version.
+        result: ClaimResult = yield _Write(_version_unit(key, wanted.version), wanted.holder)
+        if result:
+            return wanted
+        limit = yield from _latest(key, limit)
+    return limit
+
+
+class _Rules:
+    """What both faces share: the key, the declared permits and the newest limit seen."""
+
+    def __init__(self, key: object, permits: object) -> None:
+        self.key = check_key(key)
+        self._permits = check_permits(permits)
+        self._limit = _NONE
+        self._declared = False
+
+    def _current(self) -> _Rule:
+        """The limit now, declaring this handle's permits on its first use."""
+        if not self._declared:
+            self._limit = yield from _set(self.key, self._permits, self._limit)
+            self._declared = True
+            return self._limit
+        limit = yield from _latest(self.key, self._limit)
+        self._limit = limit
+        return limit
+
+    def _set_rule(self, permits: int) -> _Rule:
+        self._limit = yield from _set(self.key, permits, self._limit)
+        self._permits, self._declared = permits, True
+        return self._limit.permits
+
+    def _read_rule(self) -> _Rule:
+        limit = yield from self._current()
+        return limit.permits
+
+    def _holders_rule(self) -> _Rule:
+        limit = yield from self._current()
+        holders = []
+        for slot in range(limit.cap):
+            holder = yield _Read(Unit(self.key, str(slot)))
+            if holder is not None:
+                holders.append(holder)
+        return holders
+
+    def _acquire_rule(self, holder: str, wait: float | None) -> _Rule:
+        """Claim a slot as a lease; the lease entered and the limit it was judged under."""
+        key = self.key
+        started = time.monotonic()
+        delay = _FIRST_PAUSE
+        while True:
+            limit = yield from self._current()
+            permits = limit.permits
+            live_above = []  # live claims on slots a lowered limit left behind
+            for slot in range(permits, limit.cap):
+                if (yield _Read(Unit(key, str(slot)))) is not None:
+                    live_above.append(slot)
+            if not live_above:
+                # No one above the limit, and no one can join there: the slots decide.
+                start = _random.randrange(permits) if permits else 0
+                order = [(start + i) % permits for i in range(permits)]
+                candidates = order[:1]
+                lease = None
+                if candidates:
+                    lease = yield _Enter(Unit(key, str(candidates[0])))
+                if lease is None and permits > 1:
+                    free = []
+                    for slot in order[1:]:
+                        if (yield _Read(Unit(key, str(slot)))) is None:
+                            free.append(slot)
+                    for slot in free:
+                        lease = yield _Enter(Unit(key, str(slot)))
+                        if lease is not None:
+                            break
+            else:
+                lease = yield from self._lowest(limit, live_above)
+            if lease is not None:
+                # Judged under one version only: a limit changed meanwhile means judge again.
+                after = yield from _latest(key, limit)
+                if after.version == limit.version:
+                    return lease, limit
+                self._limit = after
+                yield _Exit(lease)
+                continue
+            waited = time.monotonic() - started
+            if wait is not None and waited >= wait:
+                raise ResourceBusy(
+                    f"semaphore {key!r} for {holder!r}: all {permits} permits taken,"
+                    f" waited {waited:.3g}s",
+                    resource=key,
+                    waited=waited,
+                    permits=permits,
+                )
+            pause = _random.uniform(0, delay)
+            if wait is not None:
+                pause = min(pause, max(0.0, started + wait - time.monotonic()))
+            yield _Sleep(pause)
+            delay = min(delay * 2, _MAX_PAUSE)
+
+    def _lowest(self, limit: _Limit, live_above: list[int]) -> _Rule:
+        """Under a lowered limit: the lowest free slot, if the count stays within it once joined."""
+        key, permits = self.key, limit.permits
+        live = [False] * permits
+        for slot in range(permits):
+            live[slot] = (yield _Read(Unit(key, str(slot)))) is not None
+        if all(live):
+            return None
+        lowest = live.index(False)
+        above = sum(live[lowest + 1 :]) + len(live_above)
+        if lowest + 1 + above > permits:
+            return None  # the count is not below the limit yet
+        return (yield _Enter(Unit(key, str(lowest))))
+
+
+# --- the faces ------------------------------------------------------------------------
+
+
+class _LeaseView:
+    """What a semaphore's lease shows: its slot and the limit, then the inner lease's hold."""
+
+    _inner: Lease | AsyncLease
+
+    def __init__(self, semaphore_key: str, holder: str, ttl: float) -> None:
+        self.key = semaphore_key
+        self._holder = holder
+        self._ttl = ttl
+        self._limit = _NONE
+        self._entered = False
+
+    def _take(self, inner: Lease | AsyncLease, limit: _Limit) -> None:
+        self._inner, self._limit = inner, limit
+
+    def _live(self) -> Lease | AsyncLease:
+        try:
+            return self._inner
+        except AttributeError:
+            raise RuntimeError("the lease holds no permit yet: use it in a with block") from None
+
+    @property
+    def holder(self) -> str:
+        """The holder the permit is held for."""
+        return self._holder
+
+    @property
+    def ttl(self) -> float:
+        """Seconds each renewal pushes the hold's expiry to."""
+        return self._ttl
+
+    @property
+    def slot(self) -> int:
+        """The permit's slot: the hold is on the unit ``(key, str(slot))``."""
+        target = self._live().targets[0]
+        assert isinstance(target, Unit)
+        return int(target.slot)
+
+    @property
+    def permits(self) -> int:
+        """The limit the permit was granted under."""
+        self._live()
+        return self._limit.permits
+
+    @property
+    def claim(self) -> Claim:
+        """The permit's hold, as of its latest renewal."""
+        return self._live().claim
+
+    @property
+    def id(self) -> str:
+        """The hold's claim ID."""
+        return self._live().id
+
+    @property
+    def fence(self) -> int:
+        """The hold's fence token: pass it to what the block writes, to refuse stale holders."""
+        return self._live().fence
+
+    @property
+    def renewals(self) -> int:
+        """How many renewals have succeeded so far."""
+        return self._live().renewals
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold is known lost, or may have expired unrenewed."""
+        return self._live().lost
+
+    @property
+    def error(self) -> HoldLost | None:
+        """The :class:`~dibs.HoldLost` that ended the permit, or None while it holds."""
+        return self._live().error
+
+    def check(self) -> None:
+        """Raise :class:`~dibs.HoldLost` if the permit's hold is lost."""
+        self._live().check()
+
+    def _enter(self) -> None:
+        if self._entered:
+            raise RuntimeError("a semaphore lease is entered once; call sem.lease() again")
+        self._entered = True
+
+    def __repr__(self) -> str:
+        inner = getattr(self, "_inner", None)
+        where = "waiting" if inner is None else f"slot {self.slot} fence={inner.fence}"
+        return f"<{type(self).__name__} {self.key!r} {self._holder!r} {where}>"
+
+
+class SemaphoreLease(_LeaseView):
+    """``with sem.lease(holder=..., ttl=...) as permit:``: one permit, renewed while the block runs.
+
+    Entering raises :class:`~dibs.ResourceBusy` when every permit stays taken
+    past ``wait``; the block then behaves as a :class:`~dibs.lease.Lease`
+    (``check()``, ``lost``, ``fence``; the ``with`` raises
+    :class:`~dibs.HoldLost` when the hold was lost).
+    """
+
+    def __init__(
+        self,
+        semaphore: Semaphore,
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None,
+        renew_every: float | None,
+    ) -> None:
+        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every)
+        super().__init__(semaphore.key, terms.holder, terms.ttl)
+        self._semaphore = semaphore
+        self._wait = terms.wait
+        self._renew_every = renew_every
+        self._pending: Lease | None = None
+
+    def __enter__(self) -> Self:
+        self._enter()
+        sem = self._semaphore
+        try:
+            inner, limit = drive(sem._acquire_rule(self._holder, self._wait), self._perform)
+        except BaseException as exc:
+            if self._pending is not None:  # entered, then interrupted before it was handed over
+                self._pending.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._take(inner, limit)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        inner = self._live()
+        assert isinstance(inner, Lease)
+        inner.__exit__(exc_type, exc, tb)
+
+    def _perform(self, step: _Step) -> Any:
+        store = self._semaphore.store
+        match step:
+            case _Enter(unit):
+                lease = store.lease(
+                    unit, holder=self._holder, ttl=self._ttl, renew_every=self._renew_every
+                )
+                try:
+                    lease.__enter__()
+                except ResourceBusy:
+                    return None
+                self._pending = lease
+                return lease
+            case _Exit(lease):
+                self._pending = None
+                lease.__exit__(None, None, None)
+                return None
+        return self._semaphore._perform(step)
+
+
+class Semaphore(_Rules):
+    """At most ``permits`` live holders of ``key``, across processes: see :mod:`dibs.semaphore`.
+
+    ``permits`` is declared on first use: if the store's limit for ``key``
+    differs, this handle's replaces it. Raises :class:`~dibs.InvalidInput` for
+    a bad key or permits. Share one instance among threads.
+    """
+
+    def __init__(self, store: Store, key: str, *, permits: int) -> None:
+        super().__init__(key, permits)
+        self.store = store
+
+    def lease(
+        self,
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> SemaphoreLease:
+        """One permit for a ``with`` block, as a fenced, auto-renewing hold on a free slot.
+
+        ``wait`` is how long entering waits for a permit (0: not at all; None:
+        as long as it takes) before raising :class:`~dibs.ResourceBusy`.
+        Raises :class:`~dibs.InvalidInput` here for bad arguments, as
+        :meth:`dibs.Store.lease` does.
+        """
+        return SemaphoreLease(self, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+
+    def holders(self) -> list[str]:
+        """The holders of live permits, in slot order (a snapshot; one holder may hold several)."""
+        held: list[str] = drive(self._holders_rule(), self._perform)
+        return held
+
+    @property
+    def permits(self) -> int:
+        """The permits this handle declares or last set; :meth:`current_permits` reads the store."""
+        return self._permits
+
+    def current_permits(self) -> int:
+        """The limit in the store now (declaring this handle's on first use)."""
+        found: int = drive(self._read_rule(), self._perform)
+        return found
+
+    def set_permits(self, permits: int) -> None:
+        """Change the limit for every process; a lower one admits no one new until fewer hold.
+
+        Raises :class:`~dibs.InvalidInput` for a bad ``permits``.
+        """
+        drive(self._set_rule(check_permits(permits)), self._perform)
+
+    def _perform(self, step: _Step) -> Any:
+        store = self.store
+        match step:
+            case _Read(unit):
+                return store.holder_of(unit)
+            case _Write(unit, holder):
+                return store.claim(unit, holder=holder)
+            case _Sleep(seconds):
+                time.sleep(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.key!r} permits={self._permits}>"
+
+
+class AsyncSemaphoreLease(_LeaseView):
+    """``async with sem.lease(holder=..., ttl=...) as permit:``: :class:`SemaphoreLease`, awaited.
+
+    Its loss cancels the block's task, and ``async with`` raises
+    :class:`~dibs.HoldLost`, as an :class:`~dibs.lease.AsyncLease` does.
+    """
+
+    def __init__(
+        self,
+        semaphore: AsyncSemaphore,
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None,
+        renew_every: float | None,
+    ) -> None:
+        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every)
+        super().__init__(semaphore.key, terms.holder, terms.ttl)
+        self._semaphore = semaphore
+        self._wait = terms.wait
+        self._renew_every = renew_every
+        self._pending: AsyncLease | None = None
+
+    async def __aenter__(self) -> Self:
+        self._enter()
+        sem = self._semaphore
+        try:
+            inner, limit = await adrive(sem._acquire_rule(self._holder, self._wait), self._perform)
+        except BaseException as exc:
+            if self._pending is not None:  # entered, then interrupted before it was handed over
+                await to_the_end(self._pending.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        self._take(inner, limit)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        inner = self._live()
+        assert isinstance(inner, AsyncLease)
+        await inner.__aexit__(exc_type, exc, tb)
+
+    async def _perform(self, step: _Step) -> Any:
+        store = self._semaphore.store
+        match step:
+            case _Enter(unit):
+                lease = store.lease(
+                    unit, holder=self._holder, ttl=self._ttl, renew_every=self._renew_every
+                )
+                try:
+                    await lease.__aenter__()
+                except ResourceBusy:
+                    return None
+                self._pending = lease
+                return lease
+            case _Exit(lease):
+                self._pending = None
+                await lease.__aexit__(None, None, None)
+                return None
+        return await self._semaphore._perform(step)
+
+
+class AsyncSemaphore(_Rules):
+    """:class:`Semaphore` on an :class:`~dibs.aio.AsyncStore`: the same rules, awaited.
+
+    ``dibs.aio.Semaphore``. Share one instance among the tasks of one event loop.
+    """
+
+    def __init__(self, store: AsyncStore, key: str, *, permits: int) -> None:
+        super().__init__(key, permits)
+        self.store = store
+
+    def lease(
+        self,
+        *,
+        holder: str,
+        ttl: float,
+        wait: float | None = 0.0,
+        renew_every: float | None = None,
+    ) -> AsyncSemaphoreLease:
+        """One permit for an ``async with`` block: :meth:`Semaphore.lease`."""
+        return AsyncSemaphoreLease(self, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+
+    async def holders(self) -> list[str]:
+        """The holders of live permits, in slot order: :meth:`Semaphore.holders`."""
+        held: list[str] = await adrive(self._holders_rule(), self._perform)
+        return held
+
+    @property
+    def permits(self) -> int:
+        """The permits this handle declares (or last set): :attr:`Semaphore.permits`."""
+        return self._permits
+
+    async def current_permits(self) -> int:
+        """The limit in the store now: :meth:`Semaphore.current_permits`."""
+        found: int = await adrive(self._read_rule(), self._perform)
+        return found
+
+    async def set_permits(self, permits: int) -> None:
+        """Change the limit for every process: :meth:`Semaphore.set_permits`."""
+        await adrive(self._set_rule(check_permits(permits)), self._perform)
+
+    async def _perform(self, step: _Step) -> Any:
+        store = self.store
+        match step:
+            case _Read(unit):
+                return await store.holder_of(unit)
+            case _Write(unit, holder):
+                return await store.claim(unit, holder=holder)
+            case _Sleep(seconds):
+                await asyncio.sleep(seconds)
+                return None
+        raise AssertionError(step)  # pragma: no cover
+
+    def __repr__(self) -> str:
+        return f"<dibs.aio.Semaphore {self.key!r} permits={self._permits}>"

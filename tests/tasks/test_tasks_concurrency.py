@@ -1,0 +1,143 @@
+"""``@processor.task(concurrency=N, concurrency_key=...)``: at most N running jobs per key.
+
+Each job raises a per-key counter when it starts and lowers it before it returns, so
+the counter never exceeds the number of attempts holding a permit: a count over N is
+a real breach. A worker killed with SIGKILL gives its permit back when its lease ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import dibs
+from conftest import kinds_offering
+from dibs import InvalidInput, Store
+from dibs.tasks import TaskProcessor
+
+WITH_JOBS = pytest.mark.parametrize("store_kind", kinds_offering("job_table"))
+
+GUARD = 90.0  # real seconds before a wait is declared hung
+
+
+@WITH_JOBS
+def test_at_most_n_jobs_of_one_key_run_at_once(store: Store) -> None:
+    active: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    guard = threading.Lock()
+    with TaskProcessor(store=store, workers=8, lease=5, poll=0.01) as processor:
+
+        @processor.task("export", concurrency=2, concurrency_key=lambda customer, n: customer)
+        def export(customer: str, n: int) -> int:
+            with guard:
+                active[customer] += 1
+                peak[customer] = max(peak[customer], active[customer])
+            time.sleep(0.05)
+            with guard:
+                active[customer] -= 1
+            return n
+
+        jobs = [processor.enqueue("export", c, n) for n in range(16) for c in ("acme", "zeta")]
+        for job in jobs:
+            assert processor.wait(job, timeout=GUARD).state == "done"
+    assert 1 <= peak["acme"] <= 2
+    assert 1 <= peak["zeta"] <= 2
+    assert dibs.Semaphore(store, "dibs.tasks.concurrency/acme", permits=2).holders() == []
+
+
+@WITH_JOBS
+def test_the_default_key_is_the_task(store: Store) -> None:
+    active = peak = 0
+    guard = threading.Lock()
+    with TaskProcessor(store=store, workers=6, lease=5, poll=0.01) as processor:
+
+        @processor.task("one-at-a-time", concurrency=1)
+        def single() -> None:
+            nonlocal active, peak
+            with guard:
+                active += 1
+                peak = max(peak, active)
+            time.sleep(0.01)
+            with guard:
+                active -= 1
+
+        jobs = [processor.enqueue("one-at-a-time") for _ in range(12)]
+        for job in jobs:
+            assert processor.wait(job, timeout=GUARD).state == "done"
+    assert peak == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"concurrency": 2**64}, "concurrency"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"concurrency": 2, "concurrency_key": ""}, "concurrency_key"),
+        ({"concurrency": 2, "concurrency_key": "a\x00"}, "concurrency_key"),
+        ({"concurrency": 2, "concurrency_key": "x" * 1024}, "concurrency_key"),
+        ({"concurrency": 2, "concurrency_key": 7}, "concurrency_key"),
+        ({"concurrency_key": "k"}, "concurrency_key"),
+    ],
+)
+@WITH_JOBS
+def test_bad_options_are_invalid_input(store: Store, options: dict[str, Any], field: str) -> None:
+    with TaskProcessor(store=store, workers=1) as processor:
+        with pytest.raises(InvalidInput) as bad:
+            processor.task("t", **options)
+        assert bad.value.field == field
+
+
+_DOOMED = """
+import sys, threading, dibs
+from dibs.tasks import TaskProcessor
+store = dibs.open(sys.argv[1])
+processor = TaskProcessor(store=store, workers=2, lease=1.0, poll=0.01)
+
+@processor.task("hog", concurrency=1, concurrency_key="tenant")
+def hog(n):
+    print("running", n, flush=True)
+    threading.Event().wait()  # until kill -9
+
+threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
+def test_a_killed_workers_permit_comes_back_when_its_lease_ends(make_store: Any) -> None:
+    store = make_store()
+    client = TaskProcessor(store=store, workers=1, take_jobs=False)
+    client.task("hog", concurrency=1, concurrency_key="tenant")(lambda n: None)
+    first = client.enqueue("hog", 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", _DOOMED, make_store.url], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert doomed.stdout is not None
+        assert doomed.stdout.readline().split() == ["running", "1"]
+        sem = dibs.Semaphore(store, "dibs.tasks.concurrency/tenant", permits=1)
+        assert len(sem.holders()) == 1
+    finally:
+        doomed.kill()  # SIGKILL: the permit's renewal stops with it
+        doomed.communicate()
+    client.shutdown(timeout=0)
+    ran: list[int] = []
+    with TaskProcessor(store=store, workers=2, lease=2.0, poll=0.01) as worker:
+
+        @worker.task("hog", concurrency=1, concurrency_key="tenant")
+        def hog(n: int) -> None:
+            ran.append(n)
+
+        second = worker.enqueue("hog", 2)
+        assert worker.wait(second, timeout=GUARD).state == "done"
+        assert worker.wait(first, timeout=GUARD).state == "done"  # taken over once it lapsed
+    assert sorted(ran) == [1, 2]
