@@ -61,6 +61,7 @@ FILES = [
     ("aio/lot.py", "lot.py"),
     ("aio/matching.py", "matching.py"),
     ("aio/booking.py", "booking.py"),
+    ("aio/ratelimit.py", "ratelimit.py"),
     ("observe.py", "observe.py"),
     ("lease.py", "lease.py"),
     ("stores/etcd/_wire.py", "stores/etcd/_wire.py"),

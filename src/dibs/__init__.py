@@ -36,6 +36,7 @@ from dibs.idempotency import IdempotencyInProgress, idempotent
 from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
+from dibs.ratelimit import Decision, Rate, RateLimit
 from dibs.semaphore import Semaphore
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
@@ -50,6 +51,7 @@ __all__ = [
     "ClaimResult",
     "ClaimState",
     "Clock",
+    "Decision",
     "DibsError",
     "FakeClock",
     "FlightResult",
@@ -64,6 +66,8 @@ __all__ = [
     "NotParked",
     "Occupancy",
     "PathsExhausted",
+    "Rate",
+    "RateLimit",
     "RequestConflict",
     "ReservedPath",
     "ResourceBusy",

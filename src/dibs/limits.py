@@ -8,6 +8,7 @@ __all__ = [
     "NAME_MAX_BYTES",
     "NUMBER_MAX",
     "NUMBER_MIN",
+    "RATE_LIMIT_MAX",
     "RETENTION_MAX",
     "RETENTION_MIN",
     "TTL_MAX",
@@ -28,3 +29,5 @@ NUMBER_MIN = -(2**63)
 """Smallest numeric span bound: what a signed 64-bit column holds."""
 NUMBER_MAX = 2**63 - 1
 """Largest numeric span bound, and largest fence."""
+RATE_LIMIT_MAX = 10_000
+"""Most units a :class:`~dibs.RateLimit` admits per window (one slot unit each, in the store)."""

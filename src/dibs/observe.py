@@ -494,10 +494,6 @@ class InstrumentedAsyncStore(AsyncStore):
         """Traced :meth:`dibs.aio.AsyncStore.get`."""
         return await self._traced("get", lambda: self.store.get(claim_id))
 
-    def change_feed(self) -> AsyncChangeFeed | None:
-        """The wrapped store's change feed (its reads are not traced)."""
-        return self.store.change_feed()
-
     async def holder_of(self, target: Unit | Span) -> str | None:
         """Traced :meth:`dibs.aio.AsyncStore.holder_of`."""
         return await self._traced("holder_of", lambda: self.store.holder_of(target))
@@ -544,6 +540,12 @@ class InstrumentedAsyncStore(AsyncStore):
         await self.store.close()
 
     # --- end of the shared part ---
+
+    # --- the rest is the wrapped store's (each face has its own feed type) ----------------------
+
+    def change_feed(self) -> AsyncChangeFeed | None:
+        """The wrapped store's change feed (its reads are not traced)."""
+        return self.store.change_feed()
 
 
 def _claim_outcome(result: ClaimResult) -> str:

@@ -30,6 +30,7 @@ from conftest import SHARED_STORE_KINDS, StoreMaker
 from dibs import FakeClock, IdempotencyInProgress, InvalidInput, RequestConflict, Store
 from dibs.idempotency import RESULT_MAX_BYTES
 from dibs.testing.strategies import names
+from eventually import eventually
 from layout import DOCS, PLUGIN_DIR
 
 START = 1_800_000_000.0
@@ -360,7 +361,7 @@ def _until_done(fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
         except IdempotencyInProgress:
-            time.sleep(0)
+            time.sleep(0)  # a yield, not a wait: let the running duplicate finish
 
 
 @pytest.mark.timeout(300)
@@ -399,7 +400,7 @@ def work(k):
     os.close(fd)
     return k + " by " + str(os.getpid())
 
-while not os.path.exists(log + ".go"):  # start together
+while not os.path.exists(log + ".go"):  # start together: a poll on the go file
     time.sleep(0.001)
 answers = []
 for r in range(keys):
@@ -469,9 +470,8 @@ def test_a_first_call_killed_mid_way_blocks_until_its_ttl_then_runs_again(
     started = tmp_path / "started"
     child = subprocess.Popen(_python(_CRASHER.format(start=START), make_store.url, str(started)))
     try:
-        while not started.exists():
-            assert child.poll() is None, "the first call died before it started"
-            time.sleep(0.01)
+        eventually(lambda: started.exists() or child.poll() is not None, "the first call starts")
+        assert child.poll() is None, "the first call died before it started"
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
@@ -657,16 +657,18 @@ def test_with_wait_a_duplicate_gets_the_running_calls_result(store: Store) -> No
     watched = _Watched(store, times=3)  # the duplicate has polled a few times
     runs: list[str] = []
 
+    running = threading.Event()
+
     @dibs.idempotent(watched, key="k", wait=120)
     def slow(k: str, who: str) -> str:
         runs.append(who)
+        running.set()
         assert watched.polled.wait(60)
         return f"done by {who}"
 
     first = threading.Thread(target=slow, args=("a", "first"))
     first.start()
-    while not runs:
-        time.sleep(0.001)
+    assert running.wait(60)
     with pytest.raises(RequestConflict):
         slow("a", "second")  # "who" is part of the payload here: no waiting for a conflict
     answers = race(2, lambda i: slow("a", "first"))
@@ -1161,9 +1163,8 @@ def test_on_an_async_store_a_process_killed_mid_call_blocks_until_its_ttl(
     started = tmp_path / "started"
     child = subprocess.Popen(_python(_AIO_CRASHER.format(start=START), aio_url, str(started)))
     try:
-        while not started.exists():
-            assert child.poll() is None, "the first call died before it started"
-            time.sleep(0.01)
+        eventually(lambda: started.exists() or child.poll() is not None, "the first call starts")
+        assert child.poll() is None, "the first call died before it started"
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()

@@ -35,19 +35,9 @@ from dibs import (
 )
 from dibs.aio import AsyncStore
 from dibs.testing import strategies
+from eventually import aeventually, eventually
 
 UNIT = Unit("report", "2026-11-30")
-
-
-def until(condition: Callable[[], bool]) -> None:
-    """Poll until ``condition()`` holds; pytest-timeout fails a test that never gets there."""
-    while not condition():
-        time.sleep(0.002)
-
-
-async def auntil(condition: Callable[[], Any]) -> None:
-    while not await condition():
-        await asyncio.sleep(0.002)
 
 
 @pytest.fixture
@@ -82,7 +72,7 @@ def test_renewal_keeps_the_hold_alive_well_past_its_ttl(store: Store, clock: Fak
         for _ in range(8):  # 160 s on the store's clock under a 30 s TTL
             seen = lease.renewals
             clock.advance(20.0)
-            until(lambda seen=seen: lease.renewals >= seen + 2)  # one sent after the advance
+            eventually(lambda seen=seen: lease.renewals >= seen + 2)  # one sent after the advance
         now = store.get(first.id)
         assert now is not None and now.state is ClaimState.HELD
         assert (lease.claim.id, lease.fence) == (first.id, first.fence)
@@ -117,7 +107,7 @@ def test_a_hold_released_from_outside_shows_in_check_and_at_exit(store: Store) -
         store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease,
     ):
         store.release(lease.claim.id, holder="w1", fence=lease.fence)
-        until(lambda: lease.lost)
+        eventually(lambda: lease.lost)
         with pytest.raises(HoldLost) as early:
             lease.check()
         assert early.value.reason is HoldLostReason.RELEASED
@@ -143,7 +133,7 @@ def test_a_loss_does_not_mask_the_blocks_own_exception(store: Store) -> None:
         store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease,
     ):
         store.release(lease.claim.id, holder="w1", fence=lease.fence)
-        until(lambda: lease.lost)
+        eventually(lambda: lease.lost)
         _ = 1 / 0
     assert any("lost" in note for note in raised.value.__notes__)
 
@@ -292,6 +282,7 @@ class Flaky:
                 self.lose_claim_replies -= 1
                 raise StoreUnavailable("the claim's reply was lost")
             slow, self.slow_replay = self.slow_replay, 0.0
+        # Real time: the lease judges a late answer on time.monotonic, not the store's clock.
         time.sleep(slow)  # the replay's answer comes late, after the store came back
         return result
 
@@ -328,9 +319,9 @@ def test_renewal_rides_out_a_store_outage_shorter_than_the_ttl(store: Store) -> 
     flaky = Flaky(store)
     with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease:  # type: ignore[arg-type]
         flaky.failing_extends = 20
-        until(lambda: flaky.failing_extends == 0)
+        eventually(lambda: flaky.failing_extends == 0)
         seen = lease.renewals
-        until(lambda: lease.renewals > seen)
+        eventually(lambda: lease.renewals > seen)
         lease.check()
 
 
@@ -341,7 +332,7 @@ def test_an_outage_until_the_hold_could_expire_loses_the_lease(store: Store) -> 
         dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=1.0, renew_every=0.05) as lease,  # type: ignore[arg-type]
     ):
         flaky.failing_extends = 10**9
-        until(lambda: lease.lost)
+        eventually(lambda: lease.lost)
     assert lost.value.reason is HoldLostReason.EXPIRED
     assert isinstance(lost.value.__cause__, StoreUnavailable)
 
@@ -362,7 +353,7 @@ def test_a_claim_answered_late_is_renewed_before_it_can_expire(store: Store) -> 
     flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
     with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
         assert lease.id == flaky.claims[0].id  # the replay answered the first claim
-        until(lambda: lease.renewals > 0 or lease.lost)
+        eventually(lambda: lease.renewals > 0 or lease.lost)
         lease.check()
 
 
@@ -556,7 +547,7 @@ def test_a_store_closed_under_the_lease_loses_it_without_masking(store: Store) -
         store.lease(UNIT, holder="w1", ttl=30.0, renew_every=0.01) as lease,
     ):
         store.close()
-        until(lambda: lease.lost)
+        eventually(lambda: lease.lost)
     assert isinstance(lost.value.__cause__, dibs.StoreClosed)
     with pytest.raises(dibs.StoreClosed):
         store.lease(UNIT, holder="w1", ttl=30.0)
@@ -616,7 +607,7 @@ def test_contending_threads_never_overlap(store: Store, holders: str, fine_switc
                     if active > 1:
                         overlaps.append(active)
                     fences.append(lease.fence)
-                time.sleep(0.001)
+                time.sleep(0.001)  # real time inside the lease: others contend meanwhile
                 lease.check()
                 with guard:
                     active -= 1
@@ -644,7 +635,7 @@ def test_async_renewal_keeps_the_hold_alive(astore: AsyncStore, clock: FakeClock
                 async def renewed(seen: int = seen) -> bool:
                     return lease.renewals >= seen + 2
 
-                await auntil(renewed)
+                await aeventually(renewed)
             now = await store.get(lease.claim.id)
             assert now is not None and now.state is ClaimState.HELD
             assert not await store.claim(UNIT, holder="w2", ttl=5.0)
@@ -757,13 +748,16 @@ def test_async_taken_raises_then_waits(astore: AsyncStore) -> None:
                 pytest.fail("entered a lease on a taken unit")
         assert busy.value.holders == {UNIT: "alice"}
 
-        async def release_soon() -> None:
-            await asyncio.sleep(0.1)
+        counting = AsyncCounting(store)
+
+        async def release_once_refused() -> None:
+            # A second claim asked means the first was refused: the lease is waiting.
+            await aeventually(lambda: counting.claims >= 2, "the lease's retry")
             assert other.claim is not None
             await store.release(other.claim.id, holder="alice", fence=other.claim.fence)
 
-        releaser = asyncio.create_task(release_soon())
-        async with store.lease(UNIT, holder="w1", ttl=30.0, wait=None) as lease:
+        releaser = asyncio.create_task(release_once_refused())
+        async with dibs.lease.AsyncLease(counting, UNIT, holder="w1", ttl=30.0, wait=None) as lease:  # type: ignore[arg-type]
             assert lease.fence > other.claim.fence
         await releaser
 
@@ -789,6 +783,21 @@ def test_async_cancelled_entry_leaves_no_hold(astore: AsyncStore) -> None:
 async def _enter_and_hold(store: AsyncStore, holder: str) -> None:
     async with store.lease(UNIT, holder=holder, ttl=30.0, wait=None):
         await asyncio.sleep(3600)
+
+
+class AsyncCounting:
+    """:class:`Counting` for the async face."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self.store = store
+        self.claims = 0
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return await self.store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
 
 
 class AsyncHanging:
@@ -844,7 +853,7 @@ def test_async_contending_tasks_never_overlap(astore: AsyncStore, holders: str) 
                     if active > 1:
                         overlaps.append(active)
                     fences.append(lease.fence)
-                    await asyncio.sleep(0.001)
+                    await asyncio.sleep(0.001)  # a real pause inside: others contend meanwhile
                     active -= 1
 
         await asyncio.gather(*(work(i) for i in range(tasks)))
@@ -873,7 +882,7 @@ class AsyncFlaky:
             self.lose_claim_replies -= 1
             raise StoreUnavailable("the claim's reply was lost")
         slow, self.slow_replay = self.slow_replay, 0.0
-        await asyncio.sleep(slow)
+        await asyncio.sleep(slow)  # real time: the lease ages answers on time.monotonic
         return result
 
     async def release(self, *args: Any, **kwargs: Any) -> Any:
@@ -913,7 +922,7 @@ def test_async_a_claim_answered_late_is_renewed_before_it_can_expire(astore: Asy
             async def renewed_or_lost() -> bool:
                 return lease.renewals > 0 or lease.lost
 
-            await auntil(renewed_or_lost)
+            await aeventually(renewed_or_lost)
             lease.check()
 
     arun(astore, main)

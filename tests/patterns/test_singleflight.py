@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dibs import AsyncSingleFlight, DibsError, FlightResult, InvalidInput, SingleFlight
+from eventually import eventually
 
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
@@ -26,12 +27,6 @@ class Ticker:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _wait_for(predicate: Any) -> None:
-    # Waits on a condition, not a duration: pytest-timeout bounds it if it never holds.
-    while not predicate():
-        time.sleep(0.001)
 
 
 # --- threads -------------------------------------------------------------------------------------
@@ -54,7 +49,7 @@ def test_concurrent_callers_share_one_execution() -> None:
     for t in threads:
         t.start()
     # Every caller has joined the flight before the leader is allowed to finish.
-    _wait_for(lambda: flight.in_flight("k") == 32)
+    eventually(lambda: flight.in_flight("k") == 32, "callers joined the flight")
     release.set()
     for t in threads:
         t.join()
@@ -137,7 +132,7 @@ def test_leader_exception_is_raised_in_every_caller_and_not_cached() -> None:
     threads = [threading.Thread(target=caller) for _ in range(8)]
     for t in threads:
         t.start()
-    _wait_for(lambda: flight.in_flight("k") == 8)
+    eventually(lambda: flight.in_flight("k") == 8, "callers joined the flight")
     release.set()
     for t in threads:
         t.join()
@@ -181,7 +176,7 @@ def test_every_waiter_raises_its_own_copy_with_its_own_traceback() -> None:
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
-    _wait_for(lambda: flight.in_flight("k") == 16)
+    eventually(lambda: flight.in_flight("k") == 16, "callers joined the flight")
     release.set()
     for t in threads:
         t.join()
@@ -224,7 +219,7 @@ def test_an_exception_that_cannot_be_copied_is_still_raised_in_every_waiter() ->
     threads = [threading.Thread(target=caller) for _ in range(4)]
     for t in threads:
         t.start()
-    _wait_for(lambda: flight.in_flight("k") == 4)
+    eventually(lambda: flight.in_flight("k") == 4, "callers joined the flight")
     release.set()
     for t in threads:
         t.join()
@@ -253,7 +248,7 @@ def test_base_exception_in_leader_does_not_strand_waiters() -> None:
     threads = [threading.Thread(target=caller) for _ in range(4)]
     for t in threads:
         t.start()
-    _wait_for(lambda: flight.in_flight("k") == 4)
+    eventually(lambda: flight.in_flight("k") == 4, "callers joined the flight")
     release.set()
     for t in threads:
         t.join()
@@ -293,7 +288,7 @@ def test_forget_detaches_the_flight_and_drops_the_cache() -> None:
 
     waiter = threading.Thread(target=lambda: old.append(flight.do("k", slow)))
     waiter.start()
-    _wait_for(lambda: flight.in_flight("k") == 1)
+    eventually(lambda: flight.in_flight("k") == 1, "callers joined the flight")
     flight.forget("k")
     assert flight.in_flight("k") == 0
     assert flight.do("k", lambda: "new") == "new"  # a new flight, not a wait on the old one

@@ -12,7 +12,6 @@ import json
 import logging
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from dibs.verify.harness import (
     free_ports,
 )
 from etcd_fixtures import cluster
+from eventually import eventually
 from layout import PLUGIN_DIR
 
 pytestmark = pytest.mark.timeout(300)
@@ -166,11 +166,13 @@ def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -
         )
         try:
             with psycopg.connect(server.admin_url, autocommit=True) as conn:
-                while not conn.execute(
-                    "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
-                    "ON s.active_pid = r.pid"
-                ).fetchone()[0]:
-                    time.sleep(0.05)
+                eventually(
+                    lambda: conn.execute(
+                        "SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s "
+                        "ON s.active_pid = r.pid"
+                    ).fetchone()[0],
+                    "the logical reader is streaming",
+                )
             code, report = _doctor(capsys, url)
         finally:
             reader.terminate()

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
         "dibs.booking",
         "dibs.matching",
         "dibs.singleflight",
+        "dibs.ratelimit",
         "dibs.paths",
         "dibs.semaphore",
     },

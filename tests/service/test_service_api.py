@@ -19,12 +19,13 @@ import httpx
 import pytest
 from openapi_spec_validator import validate
 from starlette.routing import Route
-from test_service_support import GatedStore, Running, serve_in_thread
 
 import dibs
 from dibs import FakeClock, Unit
 from dibs.service import KeyRing, ServiceConfig, Showing, create_app
 from dibs.stores.memory import MemoryStore
+from eventually import eventually
+from service_support import GatedStore, Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -515,8 +516,7 @@ def test_sweeper_runs_on_its_schedule(clock: FakeClock) -> None:
     with serve_in_thread(config, store=store) as s, s.client("alice") as c:
         hold(c, seat("s1"), ttl=1)
         clock.advance(2)
-        while "dibs_holds_expired_total 1.0" not in c.get("/metrics").text:
-            threading.Event().wait(0.05)
+        eventually(lambda: "dibs_holds_expired_total 1.0" in c.get("/metrics").text, "a sweep ran")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])

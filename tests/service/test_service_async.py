@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from test_service_support import GatedStore, reserved, serve_in_thread
 
 import dibs
 from dibs import Unit
@@ -24,6 +23,7 @@ from dibs.aio import ThreadedStore
 from dibs.service import KeyRing, ServiceConfig
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
+from service_support import GatedStore, reserved, serve_in_thread
 
 SHOW = "show-1"
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 from playwright.async_api import Page, async_playwright
-from test_service_support import Running, serve_in_thread
 
 import dibs
 from conftest import CHROMIUM_FLAGS as FLAGS
 from dibs import Unit
 from dibs.service import ServiceConfig, Showing
 from layout import ROOT
+from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -21,11 +21,11 @@ from typing import Any, Literal
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_service_support import Running, serve_in_process, serve_in_thread
 
 import dibs
 from dibs.service import ServiceConfig
 from dibs.service._framing import MAX_HEAD, valid_host
+from service_support import Running, serve_in_process, serve_in_thread
 
 pytestmark = pytest.mark.timeout(90)
 

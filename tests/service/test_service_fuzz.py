@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_service_support import Running, serve_in_process
+
+from service_support import Running, serve_in_process
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

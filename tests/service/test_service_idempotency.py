@@ -17,12 +17,12 @@ import httpx
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from test_service_support import GatedStore, serve_in_thread
 
 import dibs
 from dibs.service import ServiceConfig
 from dibs.service._guard import MAX_KEY, ApiError, parse_idempotency_key
 from dibs.service._ids import SECRET_UNIT
+from service_support import GatedStore, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

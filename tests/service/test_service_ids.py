@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from test_service_support import free_port, serve_in_thread
 
 import dibs
 import dibs.aio
@@ -26,6 +24,8 @@ from conftest import StoreMaker
 from dibs.aio import AsyncStore, ThreadedStore
 from dibs.service import KeyRing, ServiceConfig, create_app
 from dibs.service._ids import SECRET_UNIT, ClaimIds, stored_secret
+from eventually import eventually
+from service_support import free_port, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,9 +59,8 @@ def serve_together(apps: list[Starlette]) -> Iterator[list[str]]:
         t.start()
     try:
         for server, thread in zip(servers, threads, strict=True):
-            while not server.started:
-                assert thread.is_alive(), "a service thread died while starting"
-                time.sleep(0.01)
+            eventually(lambda s=server, t=thread: s.started or not t.is_alive(), "it started")
+            assert thread.is_alive(), "a service thread died while starting"
         yield [f"http://127.0.0.1:{s.config.port}" for s in servers]
     finally:
         for server in servers:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_service_support import Running, serve_in_process
 
 import dibs
 from dibs import Unit
 from dibs.service import Showing
 from dibs.service._ids import ClaimIds
+from service_support import Running, serve_in_process
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,7 +19,6 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 import pytest
-from test_service_support import Running, serve_in_thread
 
 import dibs
 from dibs import Unit
@@ -28,6 +27,7 @@ from dibs.service import ServiceConfig, Showing
 from dibs.service._config import LotSpec
 from dibs.stores import store_class
 from dibs.stores.base import Store
+from service_support import Running, serve_in_thread
 
 SHOW = Showing("show-1", 2, 3)
 

@@ -21,11 +21,11 @@ import httpx
 import jsonschema
 import pytest
 from openapi_spec_validator import validate
-from test_service_support import Running, serve_in_thread
 
 from dibs.service import ServiceConfig, Showing
 from dibs.service._config import LotSpec
 from dibs.service._openapi import openapi_document
+from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 

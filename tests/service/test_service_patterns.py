@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_service_support import Running, serve_in_thread
 
 from dibs import Unit
 from dibs.service import ServiceConfig
 from dibs.service._config import LotSpec
+from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

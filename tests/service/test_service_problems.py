@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from test_service_support import GatedStore, Running, reserved, serve_in_thread
 
 import dibs
 from dibs import FakeClock
@@ -24,6 +23,7 @@ from dibs.service._config import LotSpec
 from dibs.service._guard import PROBLEMS
 from dibs.service._stores import SharedFace
 from dibs.stores.memory import MemoryStore
+from service_support import GatedStore, Running, reserved, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
-from test_service_support import Running, serve_in_thread
 
 import dibs
 from dibs import FakeClock
 from dibs.service import KeyRing, ServiceConfig
 from dibs.stores.memory import MemoryStore
+from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
-from test_service_support import Running, serve_in_thread
 
 import dibs
 from dibs.service import ServiceConfig
 from dibs.service._ids import ClaimIds
 from dibs.service._openapi import openapi_document
 from dibs.service._wire import MAX_BOUND, MAX_FENCE, MAX_NAME, MAX_TTL, MIN_TTL
+from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,6 +29,7 @@ from dibs import ClaimResult, ClaimState, Unit
 from dibs.aio import AsyncStore
 
 ROUNDS = {"memory": 320, "sqlite": 240, "postgresql": 160, "etcd": 80}  # etcd: CI time
+# Real time, the point: cancellations land at spread moments of a call in flight.
 SLEEPS = [0.0, 1e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 3e-3]
 
 

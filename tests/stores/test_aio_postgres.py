@@ -38,6 +38,7 @@ from dibs import (
 )
 from dibs.stores.postgres._aio import AsyncPostgresStore
 from dibs.verify.harness import PostgresServer, free_ports
+from eventually import aeventually
 
 _T = TypeVar("_T")
 
@@ -292,6 +293,7 @@ def test_tasks_and_threads_racing_for_seats_never_double_grant(pg_schema_url: st
 
 CANCEL_ROUNDS = 240
 STEPS = [0, 1, 2, 3, 5, 8]
+# Real time, the point: cancellations land at spread moments of a claim in flight.
 SLEEPS = [0.0, 5e-5, 2e-4, 5e-4, 1e-3, 2e-3, 4e-3]
 
 
@@ -420,12 +422,17 @@ def _terminate(admin_url: str, database: str) -> int:
 
 
 async def _until_it_answers(call: Callable[[], Awaitable[_T]]) -> _T:
-    for _ in range(400):  # the pool reconnects in the background
+    answers: list[_T] = []
+
+    async def answered() -> bool:  # the pool reconnects in the background
         try:
-            return await call()
+            answers.append(await call())
         except StoreUnavailable:
-            await asyncio.sleep(0.05)
-    return await call()
+            return False
+        return True
+
+    await aeventually(answered, "the pool reconnects")
+    return answers[0]
 
 
 def test_terminated_sessions_are_store_unavailable_then_it_recovers(

@@ -79,12 +79,15 @@ def test_a_cancellation_closes_the_rule() -> None:
     log: list[str] = []
 
     async def main() -> None:
+        performing = asyncio.Event()
+
         async def slow(step: str) -> str:
-            await asyncio.sleep(10)
+            performing.set()
+            await asyncio.sleep(3600)  # held until cancelled
             return step
 
         task = asyncio.ensure_future(adrive(rule(log), slow))
-        await asyncio.sleep(0.01)
+        await performing.wait()  # the rule is mid-step: cancelling must close it
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +41,7 @@ from dibs import (
 from dibs.stores.etcd import AsyncEtcdStore, EtcdStore
 from dibs.stores.etcd._keys import parse_url
 from etcd_fixtures import fresh_prefix
+from eventually import eventually
 
 SEAT = Unit("seat-14A", "show-42")
 
@@ -80,8 +80,7 @@ def _lease_alive(store: EtcdStore, lease: int) -> bool:
 
 
 def _wait_until_free(store: EtcdStore, target: Unit) -> None:
-    while store.holder_of(target) is not None:  # pytest-timeout bounds the wait
-        time.sleep(0.1)
+    eventually(lambda: store.holder_of(target) is None, f"{target} is free")
 
 
 # --- the URL ----------------------------------------------------------------------------------

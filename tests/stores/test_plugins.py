@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -128,11 +127,7 @@ def test_durable_tasks_run_on_the_plugin_store() -> None:
             return 2 * x
 
         job = tasks.enqueue("double", 21)
-        deadline = time.monotonic() + 60
-        while (record := tasks.job(job)) is None or record.state != "done":
-            assert time.monotonic() < deadline, record
-            time.sleep(0.01)
-        assert record.result == 42
+        assert tasks.result(job, timeout=60) == 42
 
 
 class _Bare(MemoryStore):
@@ -166,9 +161,8 @@ def test_dibs_demo_rushes_the_plugin_store(capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.usefixtures("toy")
 def test_dibs_serve_serves_the_plugin_store() -> None:
-    from test_service_support import serve_in_thread
-
     from dibs.service import ServiceConfig, Showing
+    from service_support import serve_in_thread
 
     config = ServiceConfig(store_url="toy://", keys_file=None, showings=(Showing("show-1", 2, 2),))
     with serve_in_thread(config) as running, running.client("alice") as c:

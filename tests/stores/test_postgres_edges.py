@@ -7,7 +7,6 @@ import itertools
 import random
 import secrets
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from dibs._model import targets_to_text
 from dibs._request import ClaimRequest
 from dibs.stores.postgres import PostgresStore
 from dibs.stores.postgres._sql import SCHEMA_VERSION
+from eventually import eventually
 from layout import SCHEMAS
 from pg_fixtures import schema_url
 
@@ -152,8 +152,10 @@ def _race(
         threads = [threading.Thread(target=confirm), threading.Thread(target=take_over)]
         for thread in threads:
             thread.start()
-        while any(t.is_alive() for t in threads) and _waiting(blocker) < 2:
-            time.sleep(0.001)
+        eventually(
+            lambda: not any(t.is_alive() for t in threads) or _waiting(blocker) >= 2,
+            "both calls wait on the blocked row",
+        )
         blocker.rollback()
     for thread in threads:
         thread.join()
@@ -493,8 +495,7 @@ def test_calls_racing_close_raise_store_closed(pg_schema_url: str) -> None:
         thread.start()
     started.wait()
     # Most workers are queued for the one connection when the pool closes.
-    while store.holder_of(Unit("w0", "3")) is None:
-        time.sleep(0.001)
+    eventually(lambda: store.holder_of(Unit("w0", "3")) is not None, "the workers got going")
     store.close()
     for thread in threads:
         thread.join()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +27,7 @@ import pytest
 
 import dibs
 from dibs import ClaimState, FakeClock, HoldLost, HoldLostReason, Unit
+from eventually import eventually
 from pg_fixtures import drop_schema, schema_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -230,8 +230,8 @@ def test_a_retry_waits_for_its_first_attempt_in_flight(
             )
         )
         retry.start()
-        while _waiting(watch) < 1:  # the retry waits on the first attempt's index entry
-            time.sleep(0.001)
+        # The retry waits on the first attempt's index entry.
+        eventually(lambda: _waiting(watch) >= 1, "the retry waits for the first attempt")
         assert retry.is_alive()
         if first_commits:
             first.commit()
@@ -306,14 +306,16 @@ def test_the_uncontended_single_unit_path_runs_no_function(pg_url: str, pg_admin
         for i in range(groups):
             assert store.claim([Unit("row", f"{i}a"), Unit("row", f"{i}b")], holder="g")
     with psycopg.connect(admin, autocommit=True) as conn:
-        calls: dict[str, int] = {}
-        while calls.get("claim_v4", 0) < groups:  # until the ended session's counters arrive
+
+        def counted() -> dict[str, int]:  # once the ended session's counters arrive
             conn.execute("SELECT pg_stat_clear_snapshot()")
             rows = conn.execute(
                 "SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = %s",
                 (schema,),
             ).fetchall()
             calls = {name: int(n) for name, n in rows}
-            time.sleep(0.05)
+            return calls if calls.get("claim_v4", 0) >= groups else {}
+
+        calls = eventually(counted, "the session's function counters arrive")
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     assert calls.get("claim_v4") == groups and "transition_v4" not in calls, calls

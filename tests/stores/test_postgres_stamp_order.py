@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -38,6 +37,7 @@ import pytest
 
 import dibs
 from dibs import ClaimState, HoldLost, HoldLostReason, Unit
+from eventually import eventually
 from pg_fixtures import drop_schema, schema_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,12 +61,14 @@ class _Setup:
     def dead_hold(self, unit: Unit) -> dibs.Claim:
         hold = self.store.claim(unit, holder="alice", ttl=TTL).claim
         assert hold is not None
-        while True:  # until the store itself judges it dead (no timed assertion)
+
+        def dead() -> bool:  # as the store itself judges it (no timed assertion)
             seen = self.store.get(hold.id)
             assert seen is not None
-            if seen.state is ClaimState.EXPIRED:
-                return hold
-            time.sleep(TTL)
+            return seen.state is ClaimState.EXPIRED
+
+        eventually(dead, "the hold expired on the database clock")
+        return hold
 
     def claim_params(self, unit: Unit, holder: str) -> dict[str, Any]:
         """The parameters of the plain claim statements (as PostgresStore._claim_unit sends)."""
@@ -150,8 +152,10 @@ def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 def _settle(threads: list[threading.Thread], setup: _Setup, watch: Any) -> None:
     """Until each of ``threads`` has answered or waits for a lock."""
-    while setup.waiting(watch) < sum(t.is_alive() for t in threads):
-        time.sleep(0.001)
+    eventually(
+        lambda: setup.waiting(watch) >= sum(t.is_alive() for t in threads),
+        "each thread answered or waits for a lock",
+    )
 
 
 @pytest.mark.parametrize("op", ["confirm", "extend"])

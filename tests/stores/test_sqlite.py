@@ -10,9 +10,11 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -284,23 +286,38 @@ def test_store_survives_fork(tmp_path: Path) -> None:
     store.close()
 
 
-def test_busy_writers_wait_instead_of_failing(tmp_path: Path) -> None:
+def test_busy_writers_wait_instead_of_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "busy.db"
-    store = SQLiteStore(path, busy_timeout=10)
-    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    claiming, began = threading.Event(), threading.Event()
+
+    class Watched(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql.startswith("BEGIN IMMEDIATE") and not began.is_set() and claiming.is_set():
+                began.set()  # the claim's write starts here, and blocks on the file's lock
+            return super().execute(sql, *args)
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connect(*a, factory=Watched, **k))
+    store = SQLiteStore(path, busy_timeout=60)
+    blocker = connect(path, isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")
-    started = time.monotonic()
+    order: list[str] = []
 
-    def unblock() -> None:
-        time.sleep(0.3)
-        blocker.execute("COMMIT")
+    def claim() -> None:
+        claiming.set()
+        order.append("claimed" if store.claim(Unit("x"), holder="a") else "refused")
 
-    import threading
-
-    t = threading.Thread(target=unblock)
+    t = threading.Thread(target=claim)
     t.start()
-    assert store.claim(Unit("x"), holder="a")
+    assert began.wait(60), "the claim never began its write"
+    # Real time, the point of the test: the other writer keeps the lock a while
+    # after the claim asked for it (a busy_timeout of 1 ms fails here).
+    time.sleep(0.2)
+    order.append("committed")  # the claim cannot finish before this: the lock is held
+    blocker.execute("COMMIT")
     t.join()
-    assert time.monotonic() - started >= 0.2  # it waited for the other writer
+    assert order == ["committed", "claimed"]  # it waited for the other writer, then won
     blocker.close()
     store.close()

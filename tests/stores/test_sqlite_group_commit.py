@@ -30,6 +30,7 @@ from dibs import FakeClock, RequestConflict, SpanKindMismatch, Store, Unit
 from dibs.stores.sqlite import SQLiteStore
 from dibs.stores.sqlite._group import GroupCommit
 from dibs.testing import StoreContract, StoreStateMachine
+from eventually import eventually
 
 THREADS = 16
 ROUNDS = 150
@@ -309,11 +310,11 @@ def test_an_interrupt_in_the_leading_thread_is_its_own_and_others_may_retry(
             errors[name] = exc
 
     def queued(n: int) -> None:
-        while True:
+        def there() -> bool:
             with group._lock:
-                if len(group._queue) >= n:
-                    return
-            threading.Event().wait(0.001)
+                return len(group._queue) >= n
+
+        eventually(there, f"{n} call(s) queued")
 
     first = threading.Thread(target=call, args=("first", blocked))
     first.start()

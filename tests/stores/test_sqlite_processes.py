@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ import dibs
 from dibs import StoreClosed, StoreUnavailable, Unit
 from dibs.stores.jobs import Job, JobTable
 from dibs.stores.sqlite import SQLiteStore
+from eventually import eventually
 
 ROUNDS = 8  # claims per phase per process
 
@@ -296,8 +296,7 @@ def test_a_fork_waits_for_a_call_in_another_thread_then_both_sides_work(
     def a_call_that_ends_during_the_fork() -> None:
         with store._immediate():
             inside.set()
-            while not store._pool._forking:  # the fork has begun and is waiting for us
-                time.sleep(0.001)
+            eventually(lambda: store._pool._forking, "the fork has begun and waits for us")
         acks.grant(store, "thread", 0)  # blocked until the fork is over, then fine
 
     thread = threading.Thread(target=a_call_that_ends_during_the_fork)

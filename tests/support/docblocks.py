@@ -48,13 +48,13 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from eventually import eventually
 from layout import PLUGIN_DIR, ROOT
 
 __all__ = ["RUN_PYTHON", "RUN_SHELL", "Block", "find_blocks", "run_block", "urls_in"]
@@ -246,15 +246,17 @@ def _dibs_serve(where: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
         cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def healthy() -> bool:
             try:
                 with urllib.request.urlopen(f"{api}/healthz", timeout=5):
-                    break
+                    return True
             except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"dibs serve did not start (exit {server.poll()})") from None
-                time.sleep(0.1)
+                if server.poll() is not None:
+                    raise RuntimeError(f"dibs serve exited {server.poll()}") from None
+                return False
+
+        eventually(healthy, "dibs serve answers /healthz")
         yield {"API": api, "KEY": made.stdout.strip()}
     finally:
         server.terminate()

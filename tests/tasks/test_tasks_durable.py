@@ -15,8 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import pytest
 import dibs
 from conftest import StoreMaker
 from dibs.tasks import TaskProcessor, current
+from eventually import eventually
 
 GUARD = 60.0  # real seconds before a wait is declared hung
 
@@ -138,13 +138,6 @@ def done(cluster: Cluster, job_id: str) -> bool:
     return record is not None and record.state == "done"
 
 
-def wait_for(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + GUARD
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.02)
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     pg = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
@@ -159,7 +152,7 @@ def test_thousand_jobs_each_complete_exactly_once(cluster: Cluster) -> None:
     ids = [cluster.client.enqueue("quick", i, True) for i in range(1000)]
     cluster.start(3)
 
-    wait_for(lambda: all(done(cluster, i) for i in ids))
+    eventually(lambda: all(done(cluster, i) for i in ids))
     runs = cluster.effects("ran")
     assert sorted(job for job, _, _ in runs) == sorted(ids)  # each ran once, none twice
     assert len({pid for _, pid, _ in runs}) > 1  # the work was shared
@@ -168,7 +161,7 @@ def test_thousand_jobs_each_complete_exactly_once(cluster: Cluster) -> None:
 
 def test_every_occurrence_of_a_schedule_runs_exactly_once(cluster: Cluster) -> None:
     cluster.start(3, schedule=True)
-    wait_for(lambda: len(cluster.effects("tick")) >= 30)
+    eventually(lambda: len(cluster.effects("tick")) >= 30)
     ticks = cluster.effects("tick")
     nominal = sorted(job.split("@", 1)[1] for job, _, _ in ticks)
     assert len(nominal) == len(set(nominal)), "an occurrence ran twice"
@@ -186,10 +179,10 @@ def dibs_time(iso: str) -> float:
 def test_kill_9_mid_job_is_taken_over_and_recorded_once(cluster: Cluster) -> None:
     cluster.start(3)
     job = cluster.client.enqueue("slow")
-    wait_for(lambda: cluster.effects("started"))
+    eventually(lambda: cluster.effects("started"))
     ((_, victim, _),) = cluster.effects("started")
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: done(cluster, job))
+    eventually(lambda: done(cluster, job))
     record = cluster.client.job(job)
     assert record is not None
     assert record.result != victim and record.attempt == 2
@@ -199,17 +192,17 @@ def test_kill_9_mid_job_is_taken_over_and_recorded_once(cluster: Cluster) -> Non
 def test_stopped_worker_cannot_record_its_stale_result(cluster: Cluster) -> None:
     cluster.start(3)
     job = cluster.client.enqueue("slow")
-    wait_for(lambda: cluster.effects("started"))
+    eventually(lambda: cluster.effects("started"))
     ((_, sleeper, _),) = cluster.effects("started")
     os.kill(sleeper, signal.SIGSTOP)
-    wait_for(lambda: len(cluster.effects("started")) >= 2)  # taken over
+    eventually(lambda: len(cluster.effects("started")) >= 2)  # taken over
     owner = next(pid for _, pid, _ in cluster.effects("started") if pid != sleeper)
     # Wake the stale worker while the new owner is mid-job: its run ends at once
     # (its sleep is long over) and races to record first. The fenced writes and
     # the confirm must drop its result.
     os.kill(sleeper, signal.SIGCONT)
-    wait_for(lambda: done(cluster, job))
-    wait_for(lambda: len(cluster.effects("finished")) >= 2)  # both runs ended
+    eventually(lambda: done(cluster, job))
+    eventually(lambda: len(cluster.effects("finished")) >= 2)  # both runs ended
     winner = cluster.client.job(job)
     assert winner is not None and (winner.result, winner.attempt) == (owner, 2)
 
@@ -238,7 +231,7 @@ def test_durable_jobs_retry_and_record_results_on_memory_store() -> None:
     bad = processor.enqueue("broken")
     again = processor.enqueue("broken", key="once")
     assert processor.enqueue("broken", key="once") == again
-    wait_for(lambda: all(processor.job(j).state in ("done", "failed") for j in (ok, bad, again)))  # type: ignore[union-attr]
+    eventually(lambda: all(processor.job(j).state in ("done", "failed") for j in (ok, bad, again)))  # type: ignore[union-attr]
     record = processor.job(ok)
     assert record is not None and (record.state, record.result, record.attempt) == ("done", 40, 3)
     failed = processor.job(bad)

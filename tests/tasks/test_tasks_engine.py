@@ -27,6 +27,7 @@ from dibs.stores.jobs import Job, JobTable
 from dibs.stores.postgres._sql import JOBS as PG_JOBS
 from dibs.stores.sqlite._schema import JOBS as SQLITE_JOBS
 from dibs.tasks import TaskProcessor
+from eventually import eventually
 from layout import SUPPORT
 from pg_fixtures import schema_url
 
@@ -36,11 +37,8 @@ GUARD = 120.0
 WORKER = SUPPORT / "engine_worker.py"
 
 
-def wait_for(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + GUARD
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.02)
+def wait_for(condition: Callable[[], object]) -> object:
+    return eventually(condition, timeout=GUARD)  # processes start slowly on a loaded box
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

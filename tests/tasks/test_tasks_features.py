@@ -39,6 +39,7 @@ from dibs.tasks._jobs import job_table
 from dibs.tasks._locks import LockKeys
 from dibs.tasks._records import PRIORITY_MAX, PRIORITY_MIN
 from dibs.testing import strategies
+from eventually import eventually
 
 
 @pytest.fixture(params=kinds_offering("job_table"))
@@ -48,13 +49,6 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 
 GUARD = 60.0
-
-
-def wait_for(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + GUARD
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -378,7 +372,7 @@ class Overlap:
         with self.lock:
             self.now[key] = self.now.get(key, 0) + 1
             self.most[key] = max(self.most.get(key, 0), self.now[key])
-        time.sleep(seconds)
+        time.sleep(seconds)  # real time, the point: runs overlap while this one lasts
         with self.lock:
             self.now[key] -= 1
 
@@ -501,7 +495,7 @@ def test_results_are_kept_for_their_retention(
     longer = worker.enqueue("brief", retention=3600)  # the job's own wins over the task's
     for job_id in (short, kept, longer):
         worker.wait(job_id, timeout=GUARD)
-    wait_for(lambda: job_table(store).purge(3600) >= 1)  # finished_at < now, on the store's clock
+    eventually(lambda: job_table(store).purge(3600) >= 1)  # finished_at < now, on the store's clock
     with pytest.raises(JobNotFound):
         worker.result(short)
     assert worker.result(kept) == "kept" and worker.result(longer) == "gone soon"
@@ -566,6 +560,7 @@ def test_thread_and_async_jobs_share_batched_finishes_within_each_lanes_slots(
 
     worker = processors(workers=2, async_workers=3, poll=3600)
 
+    # Each task lasts a little real time, the point: runs overlap up to each lane's limit.
     @worker.task("plain")
     def plain(n: int) -> int:
         enter("threads")
@@ -612,7 +607,7 @@ def test_async_tasks_are_cancelled_at_an_await_and_time_out(
         await asyncio.sleep(3600)
 
     job = worker.enqueue("forever")
-    wait_for(started.is_set)
+    assert started.wait(GUARD)
     assert worker.cancel(job)
     with pytest.raises(TaskCancelled):
         worker.result(job, timeout=GUARD)
@@ -635,7 +630,7 @@ def test_shutdown_cancels_async_tasks_at_its_deadline_and_leaves_them_to_others(
         await asyncio.sleep(3600)
 
     job = worker.enqueue("forever")
-    wait_for(started.is_set)
+    assert started.wait(GUARD)
     worker.shutdown(timeout=0.05)
     row: Job | None = job_table(store).get(job)
     assert row is not None and row.state == "running"  # unrecorded: taken over after the lease

@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 import dibs
 from conftest import StoreMaker
 from dibs.tasks import TaskProcessor
+from eventually import eventually
 
 GUARD = 90.0
 LEASE = 4.0  # long enough that a loaded machine never lapses a live lease
@@ -102,11 +102,8 @@ class Workers:
         self.store.close()
 
 
-def wait_for(condition: Callable[[], object]) -> None:
-    deadline = time.monotonic() + GUARD
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.02)
+def wait_for(condition: Callable[[], object]) -> object:
+    return eventually(condition, timeout=GUARD)  # processes start slowly on a loaded box
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

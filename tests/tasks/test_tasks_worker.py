@@ -6,7 +6,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import dibs
 from dibs.cli import main
 from dibs.tasks import TaskProcessor
+from eventually import eventually
 
 GUARD = 60.0  # real seconds before a wait is declared hung
 
@@ -61,10 +61,7 @@ def effects(ledger: Path) -> list[tuple[int, str]]:
 
 
 def wait_for_start(ledger: Path) -> None:
-    deadline = time.monotonic() + GUARD
-    while not effects(ledger):
-        assert time.monotonic() < deadline, "the worker never started a job"
-        time.sleep(0.02)
+    eventually(lambda: effects(ledger), "the worker started a job", timeout=GUARD)
 
 
 def client(url: str) -> tuple[TaskProcessor, dibs.Store]:

@@ -19,6 +19,7 @@ import dibs
 from dibs import StoreUnavailable, Unit
 from dibs.verify.harness import EtcdCluster
 from etcd_fixtures import cluster
+from eventually import eventually
 
 THREADS = 4
 UNITS = 240
@@ -39,7 +40,7 @@ def _claim_retrying(
             return store.claim(unit, holder=holder, request_id=request_id)
         except StoreUnavailable:
             unavailable.append(1)  # list.append is atomic: a counter for every thread
-            time.sleep(0.05)
+            time.sleep(0.05)  # paced, as a client's retry would be
 
 
 @pytest.mark.timeout(300)
@@ -70,8 +71,7 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
     def faults() -> None:
         # Each fault waits for some grants first, so claims really run through it.
         for wait_for, fault in [(30, "kill"), (70, "restart"), (110, "pause"), (150, "resume")]:
-            while progress() < wait_for and not done.is_set():
-                time.sleep(0.01)
+            eventually(lambda n=wait_for: progress() >= n or done.is_set(), f"{wait_for} grants")
             if fault == "kill":
                 killed = three.wait_leader()
                 three.kill(killed)

@@ -26,6 +26,7 @@ from dibs import FakeClock, Span, StoreUnavailable, Unit
 from dibs.stores.jobs import Job
 from dibs.stores.postgres._connect import describe
 from dibs.verify.harness import ReplicatedCluster
+from eventually import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,14 +82,19 @@ def test_messages_name_every_host_of_a_multi_host_url() -> None:
 # --- failover ---------------------------------------------------------------------------------
 
 
-def _until_served(call: Callable[[], Any], tries: int = 600) -> Any:
+def _until_served(call: Callable[[], Any]) -> Any:
     """Retry ``call`` on StoreUnavailable, as the recovery recipe does; any other error fails."""
-    for _ in range(tries):
+    answers: list[Any] = []
+
+    def served() -> bool:
         try:
-            return call()
+            answers.append(call())
         except StoreUnavailable:
-            time.sleep(0.05)
-    raise AssertionError("the store never served again")
+            return False
+        return True
+
+    eventually(served, "the store serves again")
+    return answers[0]
 
 
 def test_a_failover_is_store_unavailable_then_retries_replay_the_first_outcome() -> None:
@@ -171,7 +177,7 @@ def test_a_claim_storm_across_a_failover_loses_no_acknowledged_claim() -> None:
                             break
                         except StoreUnavailable:
                             failed_over.wait()  # retry the same request once a primary serves
-                            time.sleep(0.02)
+                            time.sleep(0.02)  # paced, as a client's retry would be
                     if r.granted:
                         with lock:
                             granted.append((rid, r.claim))
@@ -243,13 +249,17 @@ class Ghost:
 
         thread = threading.Thread(target=run)
         thread.start()
-        while thread.is_alive():
+        pid: int | None = None
+
+        def waits() -> bool:
+            nonlocal pid
             pid = self.waiting()
-            if pid is not None:
-                with psycopg.connect(self.admin, autocommit=True) as conn:
-                    conn.execute(f"SELECT {how}(%s)", (pid,))
-                break
-            time.sleep(0.01)
+            return pid is not None or not thread.is_alive()
+
+        eventually(waits, "the call's commit waits, or the call ends")
+        if pid is not None:
+            with psycopg.connect(self.admin, autocommit=True) as conn:
+                conn.execute(f"SELECT {how}(%s)", (pid,))
         thread.join()
         assert pid is not None, f"the call ended without its commit waiting: {outcome}"
         return outcome[0]
@@ -452,8 +462,7 @@ def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None
     with dibs.open(ghost.url(schema) + "&pool_min=1&pool_max=1") as store:  # one connection
 
         def press_ctrl_c() -> None:
-            while ghost.waiting() is None:
-                time.sleep(0.01)
+            eventually(lambda: ghost.waiting() is not None, "the commit waits")
             _thread.interrupt_main()
 
         presser = threading.Thread(target=press_ctrl_c)

@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from eventually import eventually
 from layout import SUPPORT
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,12 +81,15 @@ def stop(child: subprocess.Popen[str]) -> None:
 
 def gone(root: str, pid: int, patience: float = 120.0) -> bool:
     """Wait (generously: this is no timing check) for the server and its directory to go."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if not alive(pid) and not named(root) and not Path(root).exists():
-            return True
-        time.sleep(0.2)
-    return False
+    try:
+        eventually(
+            lambda: not alive(pid) and not named(root) and not Path(root).exists(),
+            f"server {pid} and {root} are gone",
+            timeout=patience,
+        )
+    except AssertionError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])

@@ -22,6 +22,7 @@ from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
 from dibs.verify._runner import _errors_settle, _settle
 from dibs.verify.harness import PostgresServer
+from eventually import eventually
 from pg_fixtures import schema_url
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
@@ -574,19 +575,13 @@ def test_settling_a_killed_client_ends_its_statements_on_the_server(
 
     thread = threading.Thread(target=dead_client)
     thread.start()
-    deadline = time.monotonic() + 10
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        while time.monotonic() < deadline:
-            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            if admin.execute(query, (name,)).fetchone() == (1,):
-                break
-            time.sleep(0.01)
+        query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        eventually(lambda: admin.execute(query, (name,)).fetchone() == (1,), "the client is in")
     nemesis: list[dict[str, Any]] = []
-    began = time.monotonic()
     event = _settle(Workload(pg_url, admin_url=pg_admin_url), name, nemesis)
-    thread.join(timeout=10)
+    thread.join()  # ended by the termination, not by its 30 s sleep: the error says which
     assert event is not None and event["terminated"] == 1 and nemesis == [event]
-    assert time.monotonic() - began < 10 and not thread.is_alive()
     assert errors and "terminating connection" in str(errors[0])
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from dibs.aio import booking
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
+from dibs.aio.ratelimit import RateLimit
 from dibs.semaphore import AsyncSemaphore as Semaphore
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base_async import AsyncStore
@@ -31,6 +32,7 @@ __all__ = [
     "AsyncSingleFlight",
     "AsyncStore",
     "Lot",
+    "RateLimit",
     "Semaphore",
     "ThreadedStore",
     "booking",

@@ -54,16 +54,18 @@ from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotenc
 from dibs.service._ids import ClaimIds, stored_secret
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
+from dibs.service._schema import Obj
 from dibs.service._wire import (
+    EXTEND_REQUEST,
+    FENCE_REQUEST,
     RESERVED,
+    claim_request,
     claim_to_wire,
     parse_fence,
     parse_json_object,
     parse_query_bound,
     parse_query_fence,
     parse_target,
-    parse_targets,
-    parse_ttl,
     request_id_for,
     target_to_wire,
     time_to_wire,
@@ -255,13 +257,20 @@ class Api:
         self._on_change(targets)
 
     @staticmethod
-    def fields(body: dict[str, Any], allowed: set[str]) -> None:
-        """Raise 400 naming the first field of ``body`` not in ``allowed``."""
-        unknown = sorted(set(body) - allowed)
-        if unknown:
-            raise ApiError(
-                400, "invalid", f"unknown field {json.dumps(unknown[0])}", {"field": unknown[0]}
-            )
+    def fields(body: dict[str, Any], schema: Obj) -> None:
+        """Raise 400 naming the first field of ``body`` that ``schema`` does not have."""
+        try:
+            schema.unknown(body, "")
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+
+    @staticmethod
+    def parse(schema: Obj, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` parsed by its route's ``schema``; raises 400 naming a bad field."""
+        try:
+            return schema.parse(body)
+        except InvalidInput as exc:
+            raise invalid(exc) from None
 
     async def once(
         self,
@@ -362,13 +371,8 @@ class Api:
         """``POST /v1/claims``: claim every target or none."""
         key = self.authorize(request)
         idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
-        body = await self.read_body(request)
-        self.fields(body, {"targets", "ttl"})
-        try:
-            targets = parse_targets(body, self.config.max_targets)
-            ttl = parse_ttl(body, required=False)
-        except InvalidInput as exc:
-            raise invalid(exc) from None
+        parsed = self.parse(claim_request(self.config.max_targets), await self.read_body(request))
+        targets, ttl = parsed["targets"], parsed["ttl"]
         holder = key.holder
         request_id = None if idempotency_key is None else request_id_for(holder, idempotency_key)
         await self.load_ids()  # before the claim: a claim made must get its answer
@@ -452,9 +456,7 @@ class Api:
         """``POST /v1/claims/{id}/confirm``: turn the caller's live hold into a claim."""
         key = self.authorize(request)
         claim_id = await self._claim_id(request)
-        body = await self.read_body(request)
-        self.fields(body, {"fence"})
-        fence = self._fence(body.get("fence"))
+        fence = self.parse(FENCE_REQUEST, await self.read_body(request))["fence"]
         claim = await self.call(
             "confirm", self.aio.confirm(claim_id, holder=key.holder, fence=fence)
         )
@@ -465,14 +467,8 @@ class Api:
         """``POST /v1/claims/{id}/extend``: push the caller's live hold's expiry."""
         key = self.authorize(request)
         claim_id = await self._claim_id(request)
-        body = await self.read_body(request)
-        self.fields(body, {"fence", "ttl"})
-        fence = self._fence(body.get("fence"))
-        try:
-            ttl = parse_ttl(body, required=True)
-        except InvalidInput as exc:
-            raise invalid(exc) from None
-        assert ttl is not None
+        parsed = self.parse(EXTEND_REQUEST, await self.read_body(request))
+        fence, ttl = parsed["fence"], parsed["ttl"]
         claim = await self.call(
             "extend",
             self.aio.extend(claim_id, holder=key.holder, fence=fence, ttl=ttl),
@@ -488,7 +484,7 @@ class Api:
         key = self.authorize(request)
         claim_id = await self._claim_id(request)
         body = await self.read_body(request)
-        self.fields(body, {"fence"})
+        self.fields(body, FENCE_REQUEST)
         self.parameters(request, {"fence"})
         query = request.query_params.get("fence")
         if "fence" in body and query is not None:
@@ -526,13 +522,6 @@ class Api:
         for name in params:
             if len(params.getlist(name)) > 1:
                 raise ApiError(400, "invalid", f"{name} is given twice", {"field": name})
-
-    @staticmethod
-    def _fence(value: object) -> int:
-        try:
-            return parse_fence(value)
-        except InvalidInput as exc:
-            raise invalid(exc) from None
 
     # --- availability -----------------------------------------------------------------------------
 

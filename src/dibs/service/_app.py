@@ -40,6 +40,7 @@ from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
+from dibs.service._routes import operations
 from dibs.service._stores import SharedFace, open_async
 from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
@@ -291,32 +292,7 @@ def create_app(
             if async_store is None:  # the face or the store the app made
                 await aio.close()
 
-    # The router tries routes in order: the claim path's first.
-    routes = [
-        _route("/v1/claims", POST=api.create_claim, GET=api.list_claims),
-        _route("/v1/claims/{claim_id}", GET=api.get_claim, DELETE=api.release),
-        Route("/v1/claims/{claim_id}/confirm", api.confirm, methods=["POST"]),
-        Route("/v1/claims/{claim_id}/extend", api.extend, methods=["POST"]),
-        Route("/v1/resources/{resource}", api.resource, methods=["GET"]),
-        Route("/", service.page, methods=["GET"]),
-        Route("/healthz", service.health, methods=["GET"]),
-        Route("/readyz", service.readiness, methods=["GET"]),
-        Route("/metrics", service.metrics_page, methods=["GET"]),
-        Route("/openapi.json", service.openapi, methods=["GET"]),
-        Route("/docs", service.docs, methods=["GET"]),
-        Route("/v1/lots", service.patterns.list_lots, methods=["GET"]),
-        Route("/v1/lots/{lot}", service.patterns.lot, methods=["GET"]),
-        Route("/v1/lots/{lot}/vehicles", service.patterns.park, methods=["POST"]),
-        _route(
-            "/v1/lots/{lot}/vehicles/{vehicle}",
-            GET=service.patterns.vehicle,
-            DELETE=service.patterns.unpark,
-        ),
-        Route("/v1/match", service.patterns.match, methods=["POST"]),
-        Route("/v1/showings", service.showings, methods=["GET"]),
-        Route("/v1/showings/{slot}", service.showing, methods=["GET"]),
-        Route("/v1/showings/{slot}/events", service.events, methods=["GET"]),
-    ]
+    routes = _routes(service)
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -348,6 +324,21 @@ def create_app(
 def error_response(exc: ApiError, scope: Scope) -> Response:
     """The framing middleware's answer for an :class:`ApiError`: the handlers' own."""
     return exc.response(scope.get("root_path", ""))
+
+
+def _routes(service: Service) -> list[Route]:
+    """The app's routes, in the route table's order (the claim path's first)."""
+    owners = {"service": service, "api": service.api, "patterns": service.patterns}
+    paths: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
+    for op in operations(service.config.max_targets):
+        owner, _, name = op.handler.partition(".")
+        paths.setdefault(op.path, {})[op.method] = getattr(owners[owner], name)
+    return [
+        _route(path, **handlers)
+        if len(handlers) > 1
+        else Route(path, *handlers.values(), methods=list(handlers))
+        for path, handlers in paths.items()
+    ]
 
 
 def _route(path: str, **handlers: Callable[[Request], Awaitable[Response]]) -> Route:

@@ -24,9 +24,25 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from dibs.exceptions import InvalidInput
+from dibs.exceptions import HoldLostReason, InvalidInput
+from dibs.service._schema import (
+    Array,
+    Components,
+    Enum,
+    Integer,
+    Json,
+    Obj,
+    Prop,
+    Schema,
+    Text,
+    Unstated,
+)
+from dibs.service._wire import CLAIMED_TARGET
 
 __all__ = [
+    "ERROR",
+    "IDEMPOTENCY_KEY",
+    "IDEMPOTENCY_KEY_TEXT",
     "PROBLEMS",
     "PROBLEM_JSON",
     "ApiError",
@@ -98,6 +114,44 @@ PROBLEMS: dict[str, tuple[str, str]] = {
 }
 """Each error code's problem ``title`` (the same for every occurrence) and documentation."""
 
+ERROR = Obj(
+    {
+        "type": Text(
+            format="uri-reference",
+            description="The problem type: `/docs#problem-<error>` on this service.",
+        ),
+        "title": Text(description="The same for every `error` code."),
+        "status": Integer(400, 599),
+        "detail": Text(),
+        "instance": Prop(Text(format="uri-reference"), required=False),
+        "error": Text(description="A stable code: " + ", ".join(PROBLEMS) + "."),
+        "message": Text(description="The same text as `detail`."),
+        "field": Prop(Text(description="With `invalid`: the field at fault."), required=False),
+        "reason": Prop(
+            Enum(tuple(str(r) for r in HoldLostReason), description="With `hold_lost`."),
+            required=False,
+        ),
+        "taken": Prop(
+            Array(
+                CLAIMED_TARGET, description="With `taken`: your targets that someone else holds."
+            ),
+            required=False,
+        ),
+        "request_id": Prop(Text(description="With `internal`."), required=False),
+        "position": Prop(
+            Integer(description="With `already_parked`: where the vehicle is parked."),
+            required=False,
+        ),
+        "length": Prop(
+            Integer(description="With `already_parked`: how many slots it has."), required=False
+        ),
+    },
+    name="Error",
+    description="An RFC 9457 problem details document; `error` and `message` "
+    "are the service's own members (the code and the text clients read before).",
+)
+"""What :meth:`ApiError.body` makes."""
+
 
 @dataclass
 class ApiError(Exception):
@@ -147,13 +201,53 @@ def invalid(exc: InvalidInput) -> ApiError:
     return ApiError(400, "invalid", str(exc), {"field": exc.field})
 
 
+class IdempotencyKey(Schema):
+    """The Idempotency-Key header's value: a Structured Field string, or a bare token.
+
+    The IETF draft makes it a Structured Field string (``"abc"``); a bare
+    token is accepted too, since many clients send one. The bound is on the
+    key, not on its serialization: the quotes and the escaping backslashes of
+    a Structured Field string do not count, which the schema cannot state
+    (it bounds the header at twice the key, quoted): :class:`Unstated`.
+    """
+
+    def parse(self, value: Any, where: str = "Idempotency-Key") -> str:
+        text = value.strip() if isinstance(value, str) else ""
+        key = ""
+        if len(text) <= MAX_KEY_HEADER and _KEY.match(text):
+            key = text
+            if text.startswith('"'):
+                key = text[1:-1]
+                if "\\" in key:
+                    key = re.sub(r"\\(.)", r"\1", key)
+        if not key or len(key) > MAX_KEY:
+            error = Unstated if key else InvalidInput
+            raise error(
+                f"Idempotency-Key must be a structured-field string of 1-{MAX_KEY} printable "
+                'ASCII characters, e.g. "8e03978e-40d5-43e8-bc93-6894a57f9324"',
+                field=where,
+                value=None,
+            )
+        return key
+
+    def body(self, components: Components) -> Json:
+        return {"type": "string", "maxLength": MAX_KEY_HEADER, "pattern": KEY_PATTERN}
+
+
+IDEMPOTENCY_KEY = IdempotencyKey()
+IDEMPOTENCY_KEY_TEXT = (
+    'A Structured Field string, e.g. "4e1d…" (IETF draft), or a bare token: '
+    f"a key of 1-{MAX_KEY} printable ASCII characters (the quotes and escapes do not count). "
+    "Remembered for the store's request retention (24 h by default) from its first use."
+)
+
+
 def parse_idempotency_key(header: str | list[str] | None) -> str | None:
     """The Idempotency-Key header's value (or its field lines), or None when absent.
 
-    The IETF draft makes it a Structured Field string (``"abc"``); a bare
-    token is accepted too, since many clients send one. Raises
-    :class:`ApiError` (400) for an empty, oversized or malformed key, and for
-    a header sent twice (its lines combine into a list, not one string).
+    Raises :class:`ApiError` (400) for an empty, oversized or malformed key
+    (:data:`IDEMPOTENCY_KEY`), and for a header sent twice (its lines combine
+    into a list, not one string).
     """
     if isinstance(header, list):
         if not header:
@@ -161,25 +255,10 @@ def parse_idempotency_key(header: str | list[str] | None) -> str | None:
         header = ", ".join(header)
     if header is None:
         return None
-    text = header.strip()
-    key = ""
-    # The bound is on the key, not on its serialization: the quotes and the
-    # escaping backslashes of a Structured Field string do not count.
-    if len(text) <= MAX_KEY_HEADER and _KEY.match(text):
-        key = text
-        if text.startswith('"'):
-            key = text[1:-1]
-            if "\\" in key:
-                key = re.sub(r"\\(.)", r"\1", key)
-    if not key or len(key) > MAX_KEY:
-        raise ApiError(
-            400,
-            "invalid",
-            f"Idempotency-Key must be a structured-field string of 1-{MAX_KEY} printable "
-            'ASCII characters, e.g. "8e03978e-40d5-43e8-bc93-6894a57f9324"',
-            {"field": "Idempotency-Key"},
-        )
-    return key
+    try:
+        return IDEMPOTENCY_KEY.parse(header)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
 
 
 def new_request_id(header: str | None) -> str:

@@ -35,10 +35,10 @@ from dibs.service._config import LotSpec
 from dibs.service._guard import ApiError, invalid, parse_idempotency_key
 from dibs.service._wire import (
     MIN_TTL,
+    NAME,
     RESERVED,
-    check_name,
-    parse_targets,
-    parse_ttl,
+    match_request,
+    park_request,
     request_id_for,
 )
 
@@ -72,7 +72,8 @@ class Patterns:
     @staticmethod
     def _vehicle(value: object) -> str:
         try:
-            return check_name(value, "vehicle")
+            result: str = NAME.parse(value, "vehicle")
+            return result
         except InvalidInput as exc:
             raise invalid(exc) from None
 
@@ -117,14 +118,8 @@ class Patterns:
         """``POST /v1/lots/{lot}/vehicles``: park in ``length`` adjacent slots the lot picks."""
         key = self.api.authorize(request)
         lot = self._lot(request)
-        body = await self.api.read_body(request)
-        self.api.fields(body, {"vehicle", "length"})
-        vehicle = self._vehicle(body.get("vehicle"))
-        length = body.get("length", 1)
-        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= lot.size:
-            raise ApiError(
-                400, "invalid", f"length must be an integer in 1..{lot.size}", {"field": "length"}
-            )
+        parsed = self.api.parse(park_request(lot.size), await self.api.read_body(request))
+        vehicle, length = parsed["vehicle"], parsed["length"]
         who = self._holder(key.holder, vehicle)
         try:
             position = await self.api.call("park", lot.park(who, length))
@@ -182,16 +177,11 @@ class Patterns:
                 "POST /v1/match needs an Idempotency-Key",
                 {"field": "Idempotency-Key"},
             )
-        body = await self.api.read_body(request)
-        self.api.fields(body, {"candidates", "ttl"})
-        try:
-            candidates = parse_targets(body, self.api.config.max_targets, "candidates")
-            ttl = parse_ttl(body, required=False)
-        except InvalidInput as exc:
-            raise invalid(exc) from None
-        units = [c for c in candidates if isinstance(c, Unit)]
-        if len(units) != len(candidates):
-            raise ApiError(400, "invalid", "candidates are units", {"field": "candidates"})
+        parsed = self.api.parse(
+            match_request(self.api.config.max_targets), await self.api.read_body(request)
+        )
+        units: list[Unit] = parsed["candidates"]
+        ttl = parsed["ttl"]
         holder = key.holder
         request_id = request_id_for(holder, idempotency_key)
         digest = body_digest([[target_to_json(c) for c in units], ttl])

@@ -1,42 +1,76 @@
-"""JSON on the wire: the limits, the body decoder, the parsers of targets and numbers, claims.
+"""JSON on the wire: the limits, the body decoder, and the schema of every value and body.
 
-This module is the one source of the wire format's limits: the parsers here
-enforce them and ``_openapi.py`` builds its schemas from the same constants.
-Every parser raises :class:`~dibs.InvalidInput` naming the JSON field at fault
-(``targets[2].slot``), which the API answers with ``400``. The limits keep
-every value inside what every store can represent, so no input can reach a
-store and fail there; messages never echo a Python repr.
+This module is the one source of the wire format: each value is a schema
+object (:mod:`dibs.service._schema`) that both parses it, enforcing its limits,
+and renders it as JSON Schema for the OpenAPI document; the route table
+(:mod:`dibs.service._routes`) names the bodies below. Every parser raises
+:class:`~dibs.InvalidInput` naming the JSON field at fault (``targets[2].slot``),
+which the API answers with ``400``. The limits keep every value inside what
+every store can represent, so no input can reach a store and fail there;
+messages never echo a Python repr. The answers' builders (``claim_to_wire``)
+sit beside the schemas that describe them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from datetime import UTC, datetime
 from typing import Any
 
-from dibs._model import Claim, Span, Target, Unit
+from dibs._model import Claim, ClaimState, Span, Target, Unit
 from dibs.exceptions import InvalidInput
+from dibs.service._ids import WIRE_ID_PATTERN
+from dibs.service._schema import (
+    Array,
+    Boolean,
+    Components,
+    Enum,
+    Integer,
+    Json,
+    Nullable,
+    Number,
+    Obj,
+    OneOf,
+    Prop,
+    Raw,
+    Schema,
+    Text,
+    Unstated,
+)
 
 __all__ = [
+    "BOUND",
     "BOUND_PATTERN",
+    "CLAIM",
+    "CLAIMED_TARGET",
+    "EXTEND_REQUEST",
+    "FENCE",
+    "FENCE_REQUEST",
     "MAX_BOUND",
     "MAX_FENCE",
     "MAX_NAME",
     "MAX_TTL",
     "MIN_TTL",
+    "NAME",
     "NAME_PATTERN",
     "RESERVED",
-    "check_name",
-    "check_resource",
+    "RESOURCE",
+    "SLOT",
+    "SPAN",
+    "TARGET",
+    "TIME",
+    "UNIT",
+    "claim_request",
     "claim_to_wire",
+    "match_request",
+    "park_request",
     "parse_fence",
     "parse_json_object",
     "parse_query_fence",
     "parse_target",
-    "parse_targets",
-    "parse_ttl",
     "request_id_for",
     "target_to_wire",
 ]
@@ -50,9 +84,9 @@ MAX_BOUND = 2**53
 """Numeric span bounds lie in [-MAX_BOUND, MAX_BOUND], where floats are still exact integers."""
 RESERVED = "dibs."
 """Resources starting with this are the service's own (match keys, lots): no client claims them."""
-NAME_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
-# Control characters, and lone surrogates (not encodable as UTF-8, so no store can keep them).
-_CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\ud800-\\udfff]")
+# Control characters; the schema refuses lone surrogates too (no UTF-8 store can keep them).
+_CONTROL = "\\x00-\\x1f\\x7f-\\x9f"
+NAME_PATTERN = f"^[^{_CONTROL}]*$"
 # RFC 3339 date-time, ASCII digits only (``datetime.fromisoformat`` takes more than that).
 BOUND_PATTERN = (
     "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]{1,9})?"
@@ -122,55 +156,208 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def check_name(value: object, where: str, *, allow_empty: bool = False) -> str:
-    """Return ``value`` if it is a string of at most MAX_NAME characters, none a control one."""
-    if (
-        not isinstance(value, str)
-        or (not value and not allow_empty)
-        or len(value) > MAX_NAME
-        or _CONTROL.search(value) is not None
-    ):
+NAME = Text(
+    min_length=1,
+    max_length=MAX_NAME,
+    forbidden=_CONTROL,
+    message="{where} must be a non-empty string of at most "
+    f"{MAX_NAME} characters without control characters",
+)
+"""A resource, vehicle, lot or showing name."""
+SLOT = Text(
+    max_length=MAX_NAME,
+    forbidden=_CONTROL,
+    message="{where} must be a string of at most "
+    f"{MAX_NAME} characters without control characters",
+)
+"""A unit's slot: a name that may be empty."""
+RESOURCE = Text(
+    min_length=1,
+    max_length=MAX_NAME,
+    forbidden=_CONTROL,
+    reserved=RESERVED,
+    message=NAME.message,
+    reserved_message="{where}: resource names starting with {reserved!r} are reserved",
+    description=f"Names starting with `{RESERVED}` are reserved for the service.",
+)
+"""A resource a client may name: a name, not in the service's own namespace."""
+
+
+class Bound(Schema):
+    """A span bound: a number within ±MAX_BOUND, or an RFC 3339 time with an offset (in UTC)."""
+
+    description = "A number, or an RFC 3339 time with an offset; both bounds of one kind."
+
+    def parse(self, value: Any, where: str) -> int | float | datetime:
+        if isinstance(value, bool):
+            pass
+        elif isinstance(value, int):
+            if abs(value) <= MAX_BOUND:
+                return value
+            raise InvalidInput(f"{where} must be within ±2**53", field=where, value=None)
+        elif isinstance(value, float):
+            if math.isfinite(value) and abs(value) <= MAX_BOUND:
+                return value
+            raise InvalidInput(f"{where} must be within ±2**53", field=where, value=None)
+        elif isinstance(value, str) and _TIME.match(value):
+            try:
+                moment = datetime.fromisoformat(value.upper())
+                return moment.astimezone(UTC)
+            except (ValueError, OverflowError):
+                # The pattern and `format: date-time` admit what Python cannot
+                # represent (a leap second, a year 1 time west of UTC).
+                raise Unstated(f"{where} is not a valid time", field=where, value=None) from None
         raise InvalidInput(
-            f"{where} must be a {'' if allow_empty else 'non-empty '}string of at most "
-            f"{MAX_NAME} characters without control characters",
-            field=where,
-            value=None,
+            f"{where} must be a number or an RFC 3339 time with an offset", field=where, value=None
         )
-    return value
+
+    def body(self, components: Components) -> Json:
+        return {
+            "oneOf": [
+                {"type": "number", "minimum": -MAX_BOUND, "maximum": MAX_BOUND},
+                {"type": "string", "format": "date-time", "pattern": BOUND_PATTERN},
+            ]
+        }
 
 
-def check_resource(value: object, where: str) -> str:
-    """A resource a client may name: ``check_name``, and not in the service's own namespace."""
-    resource = check_name(value, where)
-    if resource.startswith(RESERVED):
-        raise InvalidInput(
-            f"{where}: resource names starting with {RESERVED!r} are reserved",
-            field=where,
-            value=None,
-        )
-    return resource
+BOUND = Bound()
+TTL = Number(
+    MIN_TTL, MAX_TTL, message="{where} must be a number of seconds from {minimum:g} to {maximum}"
+)
+"""A hold's time to live in seconds, on extend (required)."""
+FENCE = Integer(1, MAX_FENCE, message="{where} must be an integer from 1 to 2**63-1")
+
+UNIT = Obj(
+    {"resource": RESOURCE, "slot": Prop(SLOT, required=False, default="")},
+    name="Unit",
+    description="One indivisible key, e.g. a seat for a showing.",
+)
+SPAN = Obj(
+    {"resource": RESOURCE, "start": BOUND, "end": BOUND},
+    name="Span",
+    description="A half-open interval [start, end) on a resource; start < end.",
+)
 
 
-def _bound(value: object, where: str) -> int | float | datetime:
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        if abs(value) <= MAX_BOUND:
-            return value
-        raise InvalidInput(f"{where} must be within ±2**53", field=where, value=None)
-    elif isinstance(value, float):
-        if math.isfinite(value) and abs(value) <= MAX_BOUND:
-            return value
-        raise InvalidInput(f"{where} must be within ±2**53", field=where, value=None)
-    elif isinstance(value, str) and _TIME.match(value):
-        try:
-            moment = datetime.fromisoformat(value.upper())
-            return moment.astimezone(UTC)
-        except (ValueError, OverflowError):
-            raise InvalidInput(f"{where} is not a valid time", field=where, value=None) from None
-    raise InvalidInput(
-        f"{where} must be a number or an RFC 3339 time with an offset", field=where, value=None
+class TargetSchema(Schema):
+    """A Unit (``{"resource", "slot"}``) or a Span (``{"resource", "start", "end"}``)."""
+
+    name = "Target"
+
+    def __init__(self, unit: Obj, span: Obj) -> None:
+        self.unit, self.span = unit, span
+        self._either = Obj({**unit.members, **span.members})
+        self._resource = unit.members["resource"].schema
+        self._slot = unit.members["slot"]
+        self._start = span.members["start"].schema
+        self._end = span.members["end"].schema
+
+    def parse(self, item: Any, where: str) -> Target:
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{where} must be an object", field=where, value=None)
+        self._either.unknown(item, where)
+        resource = self._resource.parse(item.get("resource"), f"{where}.resource")
+        if "start" in item or "end" in item:
+            if "slot" in item:
+                raise InvalidInput(
+                    f"{where} is a unit (slot) or a span (start, end), not both",
+                    field=f"{where}.slot",
+                    value=None,
+                )
+            start = self._start.parse(item.get("start"), f"{where}.start")
+            end = self._end.parse(item.get("end"), f"{where}.end")
+            if isinstance(start, datetime) != isinstance(end, datetime):
+                raise Unstated(
+                    f"{where}: start and end must both be numbers or both be times",
+                    field=f"{where}.end",
+                    value=None,
+                )
+            if not start < end:
+                raise Unstated(
+                    f"{where}: start {_bound_text(start)} must be before end {_bound_text(end)}",
+                    field=f"{where}.end",
+                    value=None,
+                )
+            try:
+                return Span(resource, start, end)
+            except InvalidInput:
+                raise Unstated(f"{where} is not a valid span", field=where, value=None) from None
+        slot = self._slot.schema.parse(item.get("slot", self._slot.default), f"{where}.slot")
+        return Unit(resource, slot)
+
+    def body(self, components: Components) -> Json:
+        return {"oneOf": [components.render(self.unit), components.render(self.span)]}
+
+
+TARGET = TargetSchema(UNIT, SPAN)
+
+
+class Targets(Array):
+    """A list of targets; ``units=True`` renders (and admits) units only."""
+
+    def __init__(self, limit: int, *, units: bool = False) -> None:
+        super().__init__(TARGET, 1, limit, message="{where} must be a list of 1 to {max} targets")
+        self.units = units
+
+    def body(self, components: Components) -> Json:
+        return {
+            **super().body(components),
+            "items": components.render(UNIT if self.units else TARGET),
+        }
+
+
+def _only_units(parsed: dict[str, Any], where: str) -> None:
+    # After every member (so a bad ttl is named first), as ever.
+    if not all(isinstance(c, Unit) for c in parsed["candidates"]):
+        raise InvalidInput("candidates are units", field="candidates", value=None)
+
+
+@functools.cache
+def claim_request(max_targets: int) -> Obj:
+    """``POST /v1/claims``'s body, for a service with this many targets per claim."""
+    ttl = Number(
+        MIN_TTL,
+        MAX_TTL,
+        nullable=True,
+        message=TTL.message,
+        description="Seconds to hold before confirming; null or absent: confirmed now.",
     )
+    return Obj(
+        {"targets": Targets(max_targets), "ttl": Prop(ttl, required=False, default=None)},
+        name="ClaimRequest",
+    )
+
+
+@functools.cache
+def match_request(max_targets: int) -> Obj:
+    """``POST /v1/match``'s body, for a service with this many candidates per match."""
+    ttl = Number(MIN_TTL, MAX_TTL, nullable=True, message=TTL.message)
+    return Obj(
+        {
+            "candidates": Targets(max_targets, units=True),
+            "ttl": Prop(ttl, required=False, default=None),
+        },
+        name="MatchRequest",
+        after=_only_units,
+    )
+
+
+@functools.cache
+def park_request(size: int | None) -> Obj:
+    """``POST /v1/lots/{lot}/vehicles``'s body, for a lot of ``size`` slots.
+
+    The document cannot state a lot's size: its schema is any lot's.
+    """
+    length = Integer(
+        1, size, stated=False, default=1, message="{where} must be an integer in 1..{maximum}"
+    )
+    return Obj(
+        {"vehicle": NAME, "length": Prop(length, required=False, default=1)}, name="ParkRequest"
+    )
+
+
+FENCE_REQUEST = Obj({"fence": FENCE}, name="FenceRequest")
+EXTEND_REQUEST = Obj({"fence": FENCE, "ttl": TTL}, name="ExtendRequest")
 
 
 def _bound_text(value: int | float | datetime) -> str:
@@ -179,87 +366,20 @@ def _bound_text(value: int | float | datetime) -> str:
 
 def parse_target(item: object, where: str) -> Target:
     """Parse ``{"resource", "slot"}`` as a Unit, ``{"resource", "start", "end"}`` as a Span."""
-    if not isinstance(item, dict):
-        raise InvalidInput(f"{where} must be an object", field=where, value=None)
-    unknown = sorted(set(item) - {"resource", "slot", "start", "end"})
-    if unknown:
-        raise InvalidInput(
-            f"{where} has an unknown field {json.dumps(unknown[0])}",
-            field=f"{where}.{unknown[0]}",
-            value=None,
-        )
-    resource = check_resource(item.get("resource"), f"{where}.resource")
-    if "start" in item or "end" in item:
-        if "slot" in item:
-            raise InvalidInput(
-                f"{where} is a unit (slot) or a span (start, end), not both",
-                field=f"{where}.slot",
-                value=None,
-            )
-        start = _bound(item.get("start"), f"{where}.start")
-        end = _bound(item.get("end"), f"{where}.end")
-        if isinstance(start, datetime) != isinstance(end, datetime):
-            raise InvalidInput(
-                f"{where}: start and end must both be numbers or both be times",
-                field=f"{where}.end",
-                value=None,
-            )
-        if not start < end:  # type: ignore[operator]
-            raise InvalidInput(
-                f"{where}: start {_bound_text(start)} must be before end {_bound_text(end)}",
-                field=f"{where}.end",
-                value=None,
-            )
-        try:
-            return Span(resource, start, end)
-        except InvalidInput:
-            raise InvalidInput(f"{where} is not a valid span", field=where, value=None) from None
-    return Unit(resource, check_name(item.get("slot", ""), f"{where}.slot", allow_empty=True))
-
-
-def parse_targets(body: dict[str, Any], limit: int, field: str = "targets") -> list[Target]:
-    """The body's ``targets`` (or ``field``): a non-empty list of at most ``limit`` targets."""
-    items = body.get(field)
-    if not isinstance(items, list) or not items or len(items) > limit:
-        raise InvalidInput(
-            f"{field} must be a list of 1 to {limit} targets", field=field, value=None
-        )
-    return [parse_target(item, f"{field}[{i}]") for i, item in enumerate(items)]
-
-
-def parse_ttl(body: dict[str, Any], *, required: bool) -> float | None:
-    """The body's ``ttl`` in seconds, in [MIN_TTL, MAX_TTL]; null or absent when not required."""
-    ttl = body.get("ttl")
-    if ttl is None and not required:
-        return None
-    ok = (
-        not isinstance(ttl, bool)
-        and isinstance(ttl, int | float)
-        # Compare before any float conversion: a huge int is simply out of range.
-        and MIN_TTL <= ttl <= MAX_TTL
-    )
-    if not ok:
-        raise InvalidInput(
-            f"ttl must be a number of seconds from {MIN_TTL:g} to {MAX_TTL}"
-            + ("" if required else ", or null"),
-            field="ttl",
-            value=None,
-        )
-    return float(ttl)  # type: ignore[arg-type]
+    return TARGET.parse(item, where)
 
 
 def parse_fence(value: object) -> int:
     """A fence from a JSON body: a JSON integer from 1 to 2**63-1 (not a string, not 5.0)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_FENCE:
-        raise InvalidInput("fence must be an integer from 1 to 2**63-1", field="fence", value=None)
-    return value
+    return FENCE.parse(value, "fence")
 
 
 def parse_query_fence(text: str) -> int:
     """A fence from a query string: ASCII digits, no sign, no leading zero."""
-    if not _FENCE.fullmatch(text) or int(text) > MAX_FENCE:
-        raise InvalidInput("fence must be an integer from 1 to 2**63-1", field="fence", value=None)
-    return int(text)
+    if _FENCE.fullmatch(text):
+        return FENCE.parse(int(text), "fence")
+    # Any other number ("5.0", "5e0") or text is refused as in a body.
+    return FENCE.parse(parse_query_bound(text), "fence")
 
 
 def parse_query_bound(text: str) -> object:
@@ -294,6 +414,35 @@ def target_to_wire(target: Target) -> dict[str, Any]:
         "start": _bound_to_wire(target.start),
         "end": _bound_to_wire(target.end),
     }
+
+
+TIME = Text(format="date-time")
+_ANY_TEXT = Text()
+_NUMBER_OR_TEXT = Raw({"type": ["number", "string"]})
+CLAIMED_TARGET = OneOf(
+    (
+        Obj({"resource": _ANY_TEXT, "slot": _ANY_TEXT}),
+        Obj({"resource": _ANY_TEXT, "start": _NUMBER_OR_TEXT, "end": _NUMBER_OR_TEXT}),
+    ),
+    description="A target as stored: a unit, or a span (bounds: numbers or times).",
+).named("ClaimedTarget")
+"""What :func:`target_to_wire` makes."""
+CLAIM = Obj(
+    {
+        "id": Text(pattern=WIRE_ID_PATTERN),
+        "holder": _ANY_TEXT,
+        "targets": Array(CLAIMED_TARGET),
+        "state": Enum(tuple(str(s) for s in ClaimState)),
+        "fence": Integer(),
+        "expires_at": Nullable(TIME),
+        "idempotency_key": Nullable(_ANY_TEXT),
+        "created_at": TIME,
+        "updated_at": TIME,
+        "taken_over": Boolean(),
+    },
+    name="Claim",
+)
+"""What :func:`claim_to_wire` makes."""
 
 
 def claim_to_wire(claim: Claim, wire_id: str) -> dict[str, Any]:

@@ -104,6 +104,10 @@ _SQL = {
     "WHERE id = b_id AND fence = b_fence AND state = 'running' RETURNING id, state, lock_key",
     "put_back": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
     "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
+    # put_back with a delay: due again ``delay`` seconds from now (a rate limit's refusal).
+    "defer": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
+    f"run_at = {{now}} + CAST(:delay AS {_FLOAT}), "
+    "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
     "reclaim": "UPDATE {jobs} SET "
     "state = CASE WHEN cancel_requested = TRUE THEN 'cancelled' "
     "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
@@ -525,9 +529,13 @@ class SQLJobs(abc.ABC):
         # One row per job: a batch never holds two attempts of one job with live fences.
         return [ended[job_id][0] if job_id in ended else None for job_id, *_ in items]
 
-    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
-        params = {"id": job_id, "fence": fence, "now": self._now(now)}
-        stmt = self._statement("put_back")
+    def put_back(
+        self, job_id: str, fence: int, now: float | None = None, delay: float | None = None
+    ) -> bool:
+        params: dict[str, Any] = {"id": job_id, "fence": fence, "now": self._now(now)}
+        if delay is not None:
+            params["delay"] = float(delay)
+        stmt = self._statement("put_back" if delay is None else "defer")
         done = self._single(lambda conn: self._run(conn, stmt, params).rowcount == 1)
         return bool(done)
 

@@ -261,8 +261,14 @@ class JobTable(Protocol):
         """:meth:`finish_many` then :meth:`take`, in one transaction (one commit)."""
         ...
 
-    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
-        """Return a taken attempt to ``pending`` uncounted (no failure, same attempt); fenced."""
+    def put_back(
+        self, job_id: str, fence: int, now: float | None = None, delay: float | None = None
+    ) -> bool:
+        """Return a taken attempt to ``pending`` uncounted (no failure, same attempt); fenced.
+
+        With ``delay`` (seconds), the job is due again that long after ``now``
+        (a task's rate limit refused it), not at once.
+        """
         ...
 
     def reclaim(self, now: float | None = None) -> int:
@@ -570,14 +576,18 @@ class MemoryJobs:
         states = self.finish_many(items, now)
         return states, self.take(queues, limit, lease_ttl, holder, names, now) if limit else []
 
-    def put_back(self, job_id: str, fence: int, now: float | None = None) -> bool:
+    def put_back(
+        self, job_id: str, fence: int, now: float | None = None, delay: float | None = None
+    ) -> bool:
         with self._lock:
             job = self._held(job_id, fence)
             if job is None:
                 return False
-            log = ended(job, "put_back", self._now(now))
+            at = self._now(now)
+            log = ended(job, "put_back", at)
+            run_at = job.run_at if delay is None else at + delay
             self._rows[job_id] = replace(job, state="pending", holder=None, lease_expires=None,
-                                         attempts_log=log)  # fmt: skip
+                                         run_at=run_at, attempts_log=log)  # fmt: skip
         return True
 
     def reclaim(self, now: float | None = None) -> int:

@@ -42,6 +42,7 @@ from datetime import datetime
 from typing import Any
 
 from dibs.exceptions import DibsError, InvalidInput
+from dibs.ratelimit import Rate, RateLimit
 from dibs.stores.base import Store
 from dibs.tasks._async import AsyncLane
 from dibs.tasks._durable_schedules import DurableSchedule
@@ -131,6 +132,10 @@ class RegisteredTask:
     timeout: float | None
     concurrency: Concurrency | None = None
     """At most this many running attempts per concurrency key, on every worker together."""
+    rate: Rate | None = None
+    """At most this many of its attempts start per window (on every process), or None."""
+    rate_key: str | None = None
+    """The key of its rate limit (None: the task's name)."""
     is_async: bool = field(init=False)
     """Whether its attempts run on the processor's event loop (an ``async def``); read
     per job, so worked out once."""
@@ -195,6 +200,8 @@ class DurableRunner:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.lane = AsyncLane("dibs-tasks-async", async_workers)
         self.locks = LockKeys(store, self.holder, lease)
+        # By (key, rate): plain dict steps; two threads may make one twice, harmlessly.
+        self._rate_limits: dict[tuple[str, Rate], RateLimit] = {}
         self.tasks: dict[str, RegisteredTask] = {}
         """By name; add through :meth:`register`."""
         self._lane_names: dict[bool, tuple[int, list[str]]] = {}  # by lane: (version, names)
@@ -389,6 +396,8 @@ class DurableRunner:
             if not self._lock_key(job):
                 continue
             task = self.tasks.get(job.name)
+            if task is not None and task.rate is not None and not self._rate_allows(task, job):
+                continue
             running = _Running(job)
             if task is not None and task.is_async:
                 # Before it is listed: _free tells the lanes apart by the token.
@@ -410,17 +419,46 @@ class DurableRunner:
             started += 1
         return started
 
-    def _give_back(self, job: Job) -> None:
-        """Forget a taken job that will not run here and put it back, uncounted; never raises."""
+    def _give_back(self, job: Job, delay: float | None = None) -> None:
+        """Forget a taken job that will not run here and put it back, uncounted; never raises.
+
+        With ``delay``, it is due again only that many seconds from now.
+        """
         assert job.fence is not None  # taken rows always have one
         with self._lock:
             self._running.pop((job.id, job.fence), None)
         self.locks.release((job.id, job.fence))
         try:
-            self.jobs.put_back(job.id, job.fence)
+            if delay is None:
+                self.jobs.put_back(job.id, job.fence)
+            else:
+                self.jobs.put_back(job.id, job.fence, delay=delay)
         except DibsError:
             # Its lease lapses and reclaim() makes it pending again (counted as lost).
             log.exception("putting job %s back failed", job.id)
+
+    def _rate_allows(self, task: RegisteredTask, job: Job) -> bool:
+        """Admit one attempt of ``task`` under its rate; else defer the job until it may start.
+
+        The limit is ``dibs.RateLimit(store, rate_key or task name, rate)``, shared with
+        every process and with any other caller of that key and rate. A refused job
+        goes back uncounted (it is deferred, not failed), due ``retry_after`` from now.
+        """
+        assert task.rate is not None
+        key = (task.rate_key or task.name, task.rate)
+        limit = self._rate_limits.get(key)
+        if limit is None:
+            limit = self._rate_limits[key] = RateLimit(self.store, *key)
+        try:
+            decision = limit.acquire()
+        except DibsError:
+            log.exception("asking the rate limit of job %s failed; deferring it", job.id)
+            self._give_back(job, delay=self.poll)
+            return False
+        if decision:
+            return True
+        self._give_back(job, delay=decision.retry_after)
+        return False
 
     def _lock_key(self, job: Job) -> bool:
         """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted."""

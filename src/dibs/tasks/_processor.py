@@ -18,6 +18,7 @@ from dibs._clock import Clock
 from dibs._model import shown
 from dibs.exceptions import InvalidInput
 from dibs.limits import NAME_MAX_BYTES
+from dibs.ratelimit import Rate
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
@@ -265,6 +266,8 @@ class TaskProcessor:
         retention: float | None = None,
         concurrency: int | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
+        rate: str | Rate | None = None,
+        rate_key: str | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
 
@@ -275,17 +278,34 @@ class TaskProcessor:
         at once per ``concurrency_key`` across every worker (a string, or a
         function of the job's arguments returning one; default: the task's
         name), each attempt holding a permit of a :class:`dibs.Semaphore`.
+        With ``rate`` (``"10/s"``, a :class:`dibs.Rate`), at most that many of
+        its attempts start in any window, across every process: the limit is
+        ``dibs.RateLimit(store, rate_key or name, rate)``, and a job over it is
+        deferred (put back uncounted, due when the limit allows), never failed.
         Raises :class:`~dibs.InvalidInput` without a store or for bad options.
         """
         durable = self._require_store()
         retries, backoff, timeout = task_options(retries, backoff, timeout)
         limit = concurrency_option(concurrency, concurrency_key)
+        rate_limit = None if rate is None else Rate.parse(rate)
+        if rate_key is not None:
+            check_id(rate_key, "rate_key")
+            if rate_limit is None:
+                raise InvalidInput(
+                    "rate_key needs a rate (rate_key names its limit)",
+                    field="rate_key",
+                    value=rate_key,
+                )
         options = JobOptions().merged(queue, priority, lock_key, retention)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
             task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
-            durable.register(RegisteredTask(task_name, fn, retries, backoff, timeout, limit))
+            durable.register(
+                RegisteredTask(
+                    task_name, fn, retries, backoff, timeout, limit, rate_limit, rate_key
+                )
+            )
             self._job_options[task_name] = options
             return fn
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dibs.ratelimit import Rate
 from dibs.verify._history import FAIL, OK, UNKNOWN, History, Op
 from dibs.verify._linear import (
     ANOMALY,
@@ -39,7 +40,7 @@ from dibs.verify._linear import (
     minimal_witness,
 )
 from dibs.verify._log import LogAnomaly, acknowledged_fences, describe_row, replay_log
-from dibs.verify._model import TOLERANCE, keys_of, op_targets
+from dibs.verify._model import TOLERANCE, keys_of, op_targets, rate_over_limit
 
 __all__ = ["Report", "check_history"]
 
@@ -138,6 +139,8 @@ class Report:
             )
         for msg in self.other_anomalies:
             kind = "clock" if msg.startswith("CLOCK") else "integrity"
+            if msg.startswith("RATE"):
+                kind = "rate-limit"
             found.append({"kind": kind, "message": msg})
         return found
 
@@ -323,6 +326,42 @@ def _offset(ops: Sequence[Op], local: bool) -> tuple[float, float, list[str]]:
     return low, high, []
 
 
+UNMODELLED = frozenset({"sweep", "rate", "semaphore"})
+"""Ops in no resource's history: a sweep (the model gives it no step), and rate-limit
+decisions, judged apart by :func:`rate_anomalies` (their slot claims are plain claims,
+which the log replay judges)."""
+
+
+def rate_anomalies(ops: Sequence[Op]) -> list[str]:
+    """Rate limits that admitted more than their rate in some window, as report lines.
+
+    Each key's acknowledged admissions are judged on the store's times they
+    carry, over windows as long as the shortest admission's hold (the rate's
+    window; etcd's whole-second leases make theirs longer): no such window may
+    hold more than the rate's limit.
+    """
+    admitted: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    shortest: dict[tuple[str, str], int] = {}
+    for op in ops:
+        if op.fn != "rate" or op.status != OK or not op.value.get("allowed"):
+            continue
+        key = (op.resource, str(op.args["rate"]))
+        created, ends = op.value["created_at"], op.value.get("expires_at")
+        admitted.setdefault(key, []).append((int(created), int(op.args["cost"])))
+        if ends is not None:
+            shortest[key] = min(shortest.get(key, ends - created), ends - created)
+    found = []
+    for (name, text), admissions in sorted(admitted.items()):
+        rate = Rate.parse(text)
+        window = max(rate.window_us, shortest.get((name, text), rate.window_us))
+        for start, units in rate_over_limit(admissions, rate.limit, window)[:3]:
+            found.append(
+                f"RATE: key {name} admitted {units} units in the {window / 1000:g} ms from "
+                f"store time {start} µs; its rate {text} allows {rate.limit}"
+            )
+    return found
+
+
 def partition(ops: Sequence[Op]) -> dict[str, list[Op]]:
     """The ops of each resource, in invocation order.
 
@@ -333,7 +372,7 @@ def partition(ops: Sequence[Op]) -> dict[str, list[Op]]:
     parts: dict[str, list[Op]] = {}
     spread: list[Op] = []
     for op in ops:
-        if op.fn in ("sweep", "semaphore"):  # a semaphore's holds are judged apart
+        if op.fn in UNMODELLED:
             continue
         if op.fn == "claims_of":
             spread.append(op)
@@ -437,6 +476,7 @@ def check_history(
     )
     faults: dict[str, int] = {}
     other = list(clock_anomalies) + semaphore_anomalies(ops)
+    other.extend(rate_anomalies(ops))
     for event in history.nemesis:
         faults[event["f"]] = faults.get(event["f"], 0) + 1
         if event["f"] == "integrity_check" and event.get("result") != "ok":

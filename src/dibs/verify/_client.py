@@ -16,7 +16,7 @@ from typing import Any
 
 from dibs.exceptions import StoreUnavailable
 from dibs.stores.base import Store
-from dibs.verify._planted import open_planted
+from dibs.verify._planted import open_planted, rate_limit_class
 from dibs.verify._workload import (
     Client,
     Sweeper,
@@ -89,6 +89,7 @@ def client_process(
             store,
             fd,
             skew=skew if "skew" in workload.faults else 0.0,
+            rate_limit=rate_limit_class(workload.plant),
         ).run(count, lambda: os.path.exists(stop))
     finally:
         os.close(fd)

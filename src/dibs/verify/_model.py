@@ -41,7 +41,16 @@ from typing import Any, NamedTuple
 
 from dibs.verify._history import FAIL, OK, UNKNOWN, Op
 
-__all__ = ["READS", "READS_ALL", "TOLERANCE", "State", "keys_of", "successors", "target_keys"]
+__all__ = [
+    "READS",
+    "READS_ALL",
+    "TOLERANCE",
+    "State",
+    "keys_of",
+    "rate_over_limit",
+    "successors",
+    "target_keys",
+]
 
 READS = frozenset({"holder_of", "get", "claims_of"})
 """Operations that take no lock and write nothing."""
@@ -689,3 +698,31 @@ def _claims_of(state: State, op: Op, now: float) -> Iterator[State]:
         if fits and not expected:
             yield state.copy()
             return
+
+
+# --- rate limits ----------------------------------------------------------------------------------
+
+
+def rate_over_limit(
+    admissions: list[tuple[int, int]], limit: int, window_us: int
+) -> list[tuple[int, int]]:
+    """The windows ``[t, t + window_us)`` that hold more than ``limit`` admitted units.
+
+    ``admissions`` are ``(store time in µs, cost)`` pairs of acknowledged
+    admissions; returns ``(t, units)`` for each offending window. Windows that
+    start at an admission are the only ones to look at: a window holding the
+    most units can slide right until it starts at one. An admission whose
+    outcome is unknown is left out, so a window found over the limit is over it
+    on acknowledged admissions alone.
+    """
+    rows = sorted(admissions)
+    over: list[tuple[int, int]] = []
+    total, j = 0, 0
+    for i, (start, _) in enumerate(rows):
+        while j < len(rows) and rows[j][0] < start + window_us:
+            total += rows[j][1]
+            j += 1
+        if total > limit:
+            over.append((start, total))
+        total -= rows[i][1]
+    return over

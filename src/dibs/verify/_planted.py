@@ -12,6 +12,11 @@ anomalies every time; a checker that passes a plant is broken.
 * ``client-clock`` — expiry judged on each client's clock, skewed by ± the
   skew, instead of on the store's one clock (principle 4).
 
+``rate-over-limit`` breaks no store: the clients' :class:`~dibs.RateLimit`
+keeps one slot more than its rate allows (an off-by-one in the limit), so
+some window admits ``limit + 1`` units; the rate check
+(:func:`dibs.verify._check.rate_anomalies`) must flag it on every store.
+
 The plants of :data:`~dibs.verify._planted_replay.REPLAY_PLANTS` (a grant on
 other targets, a stale fence accepted, an extend after expiry, a request
 record replayed wrongly) are caught by the log replay alone, so also where the
@@ -34,6 +39,7 @@ import dibs
 from dibs._model import Claim, ClaimResult, ClaimState, Unit, claim_from_micros
 from dibs._request import ClaimRequest
 from dibs.exceptions import InvalidInput
+from dibs.ratelimit import Rate, RateLimit
 from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
@@ -44,11 +50,13 @@ from dibs.verify._workload import RACE_WINDOW
 __all__ = [
     "ALL_PLANTS",
     "PLANTS",
+    "RATE_PLANTS",
     "REPLAY_PLANTS",
     "SEMAPHORE_PLANTS",
     "SkewedClock",
     "open_planted",
     "plant_class",
+    "rate_limit_class",
 ]
 
 PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
@@ -56,7 +64,9 @@ PLANTS = ("check-then-act", "confirm-unfenced", "client-clock")
 SEMAPHORE_PLANTS = ("semaphore-n-plus-one",)
 """Plants in the patterns above the store: the store is the real one, the workload's
 semaphore admits one holder too many (its ``semaphore`` ops are turned on)."""
-ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS
+RATE_PLANTS = ("rate-over-limit",)
+"""Plants in the clients' rate limits, on any store: the rate check must catch them."""
+ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS
 """Every built-in plant a ``--plant`` name may give."""
 
 
@@ -139,6 +149,24 @@ class _UnfencedSQLite(SQLiteStore):
         return self._retrying(attempt)
 
 
+class _OverLimit(RateLimit):
+    """A rate limit with one slot too many: it admits ``limit + 1`` units per window."""
+
+    def __init__(self, store: Store, key: str, rate: str | Rate = "10/s") -> None:
+        super().__init__(store, key, rate)
+        prefix = self._units[0].slot.rpartition("/")[0]
+        extra = Unit(self.key, f"{prefix}/{self.rate.limit}")
+        # BUG: an off-by-one in the limit (range(limit + 1)).
+        self._index[extra] = len(self._units)
+        self._units = (*self._units, extra)
+        self._free_at = [*self._free_at, 0]
+
+
+def rate_limit_class(plant: str | None) -> type[RateLimit]:
+    """The :class:`~dibs.RateLimit` the clients use: the real one, or the plant's."""
+    return _OverLimit if plant == "rate-over-limit" else RateLimit
+
+
 class SkewedClock:
     """The machine clock plus a per-thread offset: a client's clock, for ``client-clock``."""
 
@@ -210,7 +238,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     :class:`~dibs.InvalidInput` for an unknown plant or a store it has no
     broken twin for.
     """
-    if plant is None or plant in SEMAPHORE_PLANTS:
+    if plant is None or plant in SEMAPHORE_PLANTS or plant in RATE_PLANTS:
         return dibs.open(url, **options)
     if ":" in plant:
         custom: Callable[..., Store] = plant_class(plant).from_url

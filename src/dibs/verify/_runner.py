@@ -55,7 +55,13 @@ from dibs.stores import store_class
 from dibs.stores.base import Store
 from dibs.verify._history import iter_events, write_events
 from dibs.verify._log import dump_log
-from dibs.verify._planted import ALL_PLANTS, SkewedClock, open_planted, plant_class
+from dibs.verify._planted import (
+    ALL_PLANTS,
+    SkewedClock,
+    open_planted,
+    plant_class,
+    rate_limit_class,
+)
 from dibs.verify._workload import (
     DRIVER_LOGGER,
     POOL_PREFIX,
@@ -367,6 +373,7 @@ def _run_threads(
                     skew=skew,
                     crash=crashes[index],
                     pause=pauses[index],
+                    rate_limit=rate_limit_class(workload.plant),
                 )
                 while done[index] < workload.ops:
                     alive = c.step()

@@ -38,6 +38,7 @@ from dibs.exceptions import (
     SpanKindMismatch,
 )
 from dibs.lease import LEASE_TTL_MIN
+from dibs.ratelimit import Decision, RateLimit
 from dibs.semaphore import Semaphore
 from dibs.stores import redact
 from dibs.stores.base import Store
@@ -65,17 +66,21 @@ DEFAULT_MIX: tuple[tuple[str, float], ...] = (
     ("get", 5.0),
     ("claims_of", 3.0),
     ("semaphore", 0.0),
+    ("rate", 5.0),
 )
 """Relative weights of a client's ops: fresh claims, retries of an earlier request
 ID (a fifth of them with other input), confirm/extend/release of a claim it
-holds, the three reads, and holds of a :class:`dibs.Semaphore` permit (off by
+holds, the three reads, holds of a :class:`dibs.Semaphore` permit (off by
 default; ``--mix semaphore=5`` turns them on, and the ``semaphore-n-plus-one``
-plant does)."""
+plant does), and rate-limit decisions (``RateLimit.acquire``)."""
 
 SEMAPHORE_PERMITS = 2
 """Permits of the workload's one semaphore, ``<run>-sem``."""
 
 OP_KINDS = tuple(kind for kind, _ in DEFAULT_MIX)
+
+RATE_KEYS = 2
+"""How many rate-limit keys a run's ``rate`` ops share."""
 
 RACE_WINDOW = 0.0005
 """Seconds a planted check-then-act waits between its check and its act: real code
@@ -133,6 +138,9 @@ class Workload:
     """Seconds between the sweeper's ``sweep()`` calls; None: no sweeper."""
     admin_url: str | None = None
     """PostgreSQL: a role allowed to ``pg_terminate_backend`` the clients' connections."""
+    rate: str = "2/250ms"
+    """The rate of the rate-limit keys the ``rate`` ops share (:data:`RATE_KEYS` of them):
+    small, so that the clients keep every key full and an over-admission shows."""
     run: str = field(default_factory=lambda: secrets.token_hex(3))
     """Prefix of this run's resource names, so a store that already holds
     claims (an earlier run's, or real ones) cannot look like an anomaly."""
@@ -156,6 +164,7 @@ class Workload:
             "mix": [list(m) for m in self.mix],
             "ttl_spread": list(self.ttl_spread),
             "sweep_interval": self.sweep_interval,
+            "rate": self.rate,
             "run": self.run,
         }  # admin_url stays out of the history: it may carry a password
 
@@ -195,6 +204,9 @@ class Client:
     seq: int = 0
     seen: list[tuple[str, str, list[list[Any]]]] = field(default_factory=list)
     """Claims this client has known (ID, resource, targets), for ``get``."""
+    rate_limit: Callable[[Store, str, str], RateLimit] = RateLimit
+    """Makes the client's rate limits (the ``rate-over-limit`` plant passes a broken one)."""
+    limits: dict[str, RateLimit] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         w = self.workload
@@ -245,6 +257,8 @@ class Client:
             holder = f"{self.name}-sem"
             permit_args = {"res": res, "holder": holder, "permits": SEMAPHORE_PERMITS}
             return "semaphore", permit_args, self._permit
+        if kind == "rate":
+            return self._rate()
         if kind == "claims_of":
             holder = f"c{rng.randrange(self.workload.clients)}"
             return "claims_of", {"res": "*", "holder": holder}, lambda: store.claims_of(holder)
@@ -307,6 +321,19 @@ class Client:
         except HoldLost:
             return {"granted": True, "lost": True}
         return {"granted": True, "lost": False, "entered": entered, "left": left, "slot": slot}
+
+    # --- rate limits: their decisions are checked apart (dibs.verify._model.rate_over_limit) ---
+
+    def _rate(self) -> tuple[str, dict[str, Any], Callable[[], Any]]:
+        """Ask one of the shared rate-limit keys for one or two units."""
+        w, rng = self.workload, self.rng
+        key = f"{w.run}-r{rng.randrange(RATE_KEYS)}"
+        limit = self.limits.get(key)
+        if limit is None:
+            limit = self.limits[key] = self.rate_limit(self.store, key, w.rate)
+        cost = 1 if rng.random() < 0.7 else 2
+        args = {"res": key, "rate": w.rate, "cost": cost}
+        return "rate", args, lambda: limit.acquire(cost)
 
     def _transition(self, fn: str, held: _Held) -> tuple[str, dict[str, Any], Callable[[], Any]]:
         fence = held.fence + 1 if self.rng.random() < 0.03 else held.fence  # misuse: a wrong fence
@@ -416,6 +443,15 @@ class Client:
             return {"found": True, **_claim_json(result)}
         if fn == "claims_of":
             return {"claims": [_full_claim_json(c) for c in result]}
+        if fn == "rate":
+            assert isinstance(result, Decision)
+            decided: dict[str, Any] = {"allowed": result.allowed, "retry_after": result.retry_after}
+            if result.claim is not None:
+                # The admission's times on the store's clock, and no claim ID: the log
+                # replay judges the slot claims as claims no call explains.
+                decided["created_at"] = micros(result.claim.created_at)
+                decided["expires_at"] = _us_or_none(result.claim)
+            return decided
         return {"holder": result}
 
 

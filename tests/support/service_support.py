@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +23,14 @@ import httpx
 import uvicorn
 
 import dibs
+from conformance import Conformance
 from dibs.aio import AsyncStore
 from dibs.service import KeyRing, Service, ServiceConfig, create_app
 from dibs.service._cli import HTTP_PARSER
 from dibs.service._stores import SharedFace
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
+from eventually import aeventually, eventually
 
 
 def free_port() -> int:
@@ -77,8 +78,7 @@ class GatedStore(SharedFace):
 
     async def _wait(self) -> None:
         try:
-            while not self.gate.is_set():
-                await asyncio.sleep(0.005)
+            await aeventually(self.gate.is_set, "the test opens the gate")
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -122,10 +122,11 @@ def serve_in_thread(
     if store is None and isinstance(async_store, SharedFace):
         store = async_store.sync
     app = create_app(config, store=store, async_store=async_store, keys=ring)
+    checked = Conformance(app)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            checked,
             host="127.0.0.1",
             port=port,
             log_config=None,
@@ -136,15 +137,17 @@ def serve_in_thread(
     )
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
     thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the service thread died while starting")
-        time.sleep(0.01)
+    eventually(lambda: server.started or not thread.is_alive(), "the service starts")
+    if not thread.is_alive():
+        raise RuntimeError("the service thread died while starting")
     try:
         yield Running(f"http://127.0.0.1:{port}", ring, app.state.service)
     finally:
         server.should_exit = True
         thread.join(30)
+    # Every answer the test got, against the document (tests/support/conformance.py).
+    problems = checked.problems(app.state.service.document())
+    assert not problems, "answers that disagree with /openapi.json:\n" + "\n".join(problems)
 
 
 @contextlib.contextmanager
@@ -166,13 +169,15 @@ def serve_in_process(
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
+
+        def ready() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"dibs serve exited: {Path(log.name).read_text()}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.05)
+                return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+            return False
+
+        eventually(ready, "dibs serve is ready")
         yield Running(url, KeyRing(keys_file), log=Path(log.name))
     finally:
         proc.terminate()
