@@ -24,8 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 HERE = Path(__file__).resolve().parent
 

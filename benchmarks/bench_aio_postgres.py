@@ -41,10 +41,9 @@ import dibs
 import dibs.aio
 
 # The throwaway server lives with the tests; run_round and p99 with the sync benchmark.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import p99, run_round
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 
 async def async_round(

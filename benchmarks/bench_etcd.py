@@ -24,18 +24,14 @@ import argparse
 import base64
 import secrets
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 
 import dibs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from etcdserver import cluster
+from dibs.verify.harness import EtcdCluster
 
 Op = Callable[[int, int], None]
 
@@ -90,7 +86,7 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=800)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    with cluster(args.members) as running, httpx.Client() as http:
+    with EtcdCluster(args.members) as running, httpx.Client() as http:
         endpoint = f"http://{running.endpoints[0]}"
         store = dibs.open(running.url("bench"))
         print(f"etcd, {args.members} member(s); {args.claims} holds per round")

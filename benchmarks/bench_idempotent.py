@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             url = args.postgres
             if url == "private":
                 # The throwaway server lives with the tests (it is not part of the package).
-                sys.path.insert(
-                    0, str(Path(__file__).resolve().parent.parent / "tests" / "support")
-                )
-                from pgserver import PostgresServer
+                from dibs.verify.harness import PostgresServer
 
                 url = cleanup.enter_context(PostgresServer()).create_database("dibs_bench")
             store = cleanup.enter_context(dibs.open(url))

@@ -37,7 +37,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -48,9 +47,7 @@ from typing import Any
 import psycopg
 
 import dibs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 _spawn = multiprocessing.get_context("spawn")
 

@@ -4,7 +4,7 @@ Every workload runs dibs and its peer in the same round, alternating which goes
 first, for ``--rounds`` rounds; the summary gives each side's median and range
 and the ratio of the medians, written so that **above 1 means dibs is ahead**.
 
-PostgreSQL (a private server started like tests/support/pgserver.py does, one database
+PostgreSQL (a private server from dibs.verify.harness, one database
 for both systems):
 
 * **throughput**: ``--jobs`` no-op jobs are enqueued, then 1 or 3 worker
@@ -55,8 +55,7 @@ from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer  # the tests' throwaway server
+from dibs.verify.harness import PostgresServer  # the tests' throwaway server
 
 CONCURRENCY = 4
 

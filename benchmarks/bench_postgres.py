@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +42,7 @@ from psycopg_pool import ConnectionPool
 import dibs
 
 # The throwaway server lives with the tests (it is not part of the package).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 Op = Callable[[int, int], None]
 

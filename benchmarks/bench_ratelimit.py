@@ -36,10 +36,8 @@ import json
 import multiprocessing
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -48,20 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import dibs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer, free_ports
 
 _spawn = multiprocessing.get_context("spawn")
 
 RATES = {"admit": "10000/s", "refuse": "10/minute"}
 LIMITS_RATES = {"admit": "10000/second", "refuse": "10/minute"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -71,7 +61,7 @@ def redis_server() -> Iterator[str]:
     if binary is None:
         raise SystemExit("redis-server not found: apt-get install -y redis-server")
     workdir = tempfile.mkdtemp(prefix="dibs-bench-redis-")
-    port = _free_port()
+    port = free_ports(1)[0]
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
          "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", ""],

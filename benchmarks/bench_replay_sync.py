@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import dibs
 from dibs.stores.postgres._sql import REPLICATED
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 
 def main() -> None:

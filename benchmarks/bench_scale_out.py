@@ -39,8 +39,6 @@ from typing import Any
 
 import dibs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-
 Starter = Callable[[], AbstractContextManager[str]]
 
 
@@ -52,7 +50,7 @@ def _sqlite() -> Iterator[str]:
 
 @contextmanager
 def _postgresql() -> Iterator[str]:
-    from pgserver import PostgresServer
+    from dibs.verify.harness import PostgresServer
 
     with PostgresServer(durable=True, settings={"max_connections": "100"}) as server:
         yield server.create_database("dibs_scale")
@@ -60,7 +58,7 @@ def _postgresql() -> Iterator[str]:
 
 @contextmanager
 def _postgresql_sync() -> Iterator[str]:
-    from pgrepl import ReplicatedCluster
+    from dibs.verify.harness import ReplicatedCluster
 
     with ReplicatedCluster(2, synchronous="ANY 1 (s1, s2)", durable=True) as cluster:
         yield cluster.url(cluster.create_database("dibs_scale"))
@@ -69,12 +67,10 @@ def _postgresql_sync() -> Iterator[str]:
 def _etcd(members: int) -> Starter:
     @contextmanager
     def start() -> Iterator[str]:
-        from etcdserver import EtcdCluster
+        from dibs.verify.harness import EtcdCluster
 
-        with EtcdCluster(members) as cluster:
-            # On disk, as PostgreSQL's and SQLite's data are, not in /dev/shm.
-            cluster.root = Path(tempfile.mkdtemp(prefix="dibs-scale-etcd-", dir="/var/tmp"))
-            cluster.start()
+        # On disk, as PostgreSQL's and SQLite's data are, not in /dev/shm.
+        with EtcdCluster(members, election_timeout=500, base_dir="/var/tmp") as cluster:
             yield cluster.url()
 
     return start

@@ -28,7 +28,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -36,17 +35,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import dibs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer, free_ports
 
 ZOOKEEPER_JARS = Path("/usr/share/java")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -68,7 +59,7 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: apt-get install -y redis-server")
-    port = _free_port()
+    port = free_ports(1)[0]
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
@@ -88,7 +79,7 @@ def zookeeper_server() -> Iterator[str]:
     if not (ZOOKEEPER_JARS / "zookeeper.jar").exists() or shutil.which("java") is None:
         raise RuntimeError("ZooKeeper not installed (apt-get install -y zookeeperd)")
     workdir = tempfile.mkdtemp(prefix="dibs-bench-zk-")
-    port = _free_port()
+    port = free_ports(1)[0]
     config = Path(workdir, "zoo.cfg")
     config.write_text(
         f"tickTime=2000\ndataDir={workdir}/data\nclientPort={port}\n"

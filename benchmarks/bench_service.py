@@ -417,8 +417,7 @@ def main() -> None:
         pg = args.url
         if args.store == "postgresql" and pg is None:
             # The throwaway server lives with the tests (it is not part of the package).
-            sys.path.insert(0, str(ROOT / "tests" / "support"))
-            from pgserver import PostgresServer
+            from dibs.verify.harness import PostgresServer
 
             server = stack.enter_context(PostgresServer(settings={"max_connections": "200"}))
             pg = server.create_database("dibs_bench")

@@ -131,8 +131,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         pg = None
         if args.store == "postgresql":
-            sys.path.insert(0, str(ROOT / "tests" / "support"))
-            from pgserver import PostgresServer
+            from dibs.verify.harness import PostgresServer
 
             server = stack.enter_context(PostgresServer(settings={"max_connections": "200"}))
             pg = server.create_database("dibs_bench")

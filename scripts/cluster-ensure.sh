@@ -5,7 +5,7 @@
 # comes from scripts/pg-ensure.sh.
 #
 # Idempotent; does nothing when both are already there. The clusters themselves
-# are started by dibs (src/dibs/verify/_cluster*.py) in a temporary directory on
+# are started by dibs (src/dibs/verify/harness/) in a temporary directory on
 # 127.0.0.1 and removed afterwards, so no service is left running; the packages'
 # own system services are stopped and disabled if the install started them.
 #

@@ -2,7 +2,7 @@
 # Make this machine able to run dibs's etcd tests: the etcd server binary.
 #
 # Idempotent; does nothing when `etcd` is already on PATH (or $DIBS_ETCD names
-# it). The tests themselves (tests/support/etcdserver.py) start private members on
+# it). The tests themselves (dibs.verify.harness) start private members on
 # 127.0.0.1 in a temporary directory and remove them afterwards, so no service
 # is left running. Debian's etcd-server package starts a system service on
 # install; it is stopped and disabled here so that it holds no port.

@@ -3,7 +3,8 @@
 # (with btree_gist) and, when run as root, an unprivileged OS user to run them.
 #
 # Idempotent; does nothing when everything is already there. The test suite
-# itself (tests/support/pgserver.py) starts a private server in a temporary
+# itself (dibs.verify.harness, which runs this script when the tests set
+# DIBS_HARNESS_ENSURE) starts a private server in a temporary
 # directory on 127.0.0.1 and removes it afterwards, so no service is left
 # running. Set DIBS_TEST_PG_URL to use an existing server instead.
 #

@@ -22,10 +22,11 @@ import dibs
 from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.stores import store_class
-from etcdserver import (  # the session's etcd member (tests/support/etcdserver.py)
+from etcd_fixtures import (  # the session's etcd member (tests/support/etcd_fixtures.py)
     etcd_url,
     fresh_prefix,
 )
+from layout import SCRIPTS
 from pg_fixtures import (  # PostgreSQL session fixtures (tests/support/pg_fixtures.py)
     drop_schema,
     pg_admin_url,
@@ -34,6 +35,10 @@ from pg_fixtures import (  # PostgreSQL session fixtures (tests/support/pg_fixtu
     private_pg_server,
     schema_url,
 )
+
+# dibs.verify.harness installs nothing by itself; here it may run scripts/pg-ensure.sh,
+# etcd-ensure.sh or cluster-ensure.sh when the machine lacks a server (apt-get, as root).
+os.environ.setdefault("DIBS_HARNESS_ENSURE", str(SCRIPTS))
 
 __all__ = ["etcd_url", "pg_admin_url", "pg_schema_url", "pg_url", "private_pg_server"]
 

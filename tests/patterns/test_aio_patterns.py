@@ -31,7 +31,7 @@ from conftest import SHARED_STORE_KINDS, drop_etcd_prefix
 from dibs import FakeClock, InvalidInput, Store, Unit, booking
 from dibs.aio import AsyncStore
 from dibs.testing import strategies as ds
-from etcdserver import fresh_prefix
+from etcd_fixtures import fresh_prefix
 from layout import ROOT
 from pg_fixtures import drop_schema, schema_url
 

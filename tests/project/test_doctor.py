@@ -1,37 +1,38 @@
 """``dibs doctor URL``: each store's durability settings, judged against real servers.
 
-PostgreSQL: a durable primary with two streaming standbys (tests/support/pgrepl.py),
+PostgreSQL: a durable primary with two streaming standbys (dibs.verify.harness),
 started once for the module, whose settings each test changes and puts back.
-etcd: real members started here (``/usr/bin/etcd``), one and three.
+etcd: real members (dibs.verify.harness), one and three.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import shutil
-import socket
 import sqlite3
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import httpx
 import psycopg
 import pytest
 
 import dibs
 from dibs.cli import main
 from dibs.doctor import Finding, Severity, etcd_findings, examine, render_text
+from dibs.verify.harness import (
+    REPLICATION_SETTINGS,
+    EtcdCluster,
+    PostgresServer,
+    ReplicatedCluster,
+    free_ports,
+)
+from etcd_fixtures import cluster
 from eventually import eventually
-from layout import PLUGIN_DIR, SCRIPTS
-from pgrepl import _REPLICATION, ReplicatedCluster
-from pgserver import PostgresServer
+from layout import PLUGIN_DIR
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -146,7 +147,7 @@ def test_a_spare_that_is_not_streaming_is_no_spare(
 def test_a_logical_walsender_is_no_standby(capsys: pytest.CaptureFixture[str]) -> None:
     """A CDC reader (pg_recvlogical here) streams from the server, but no failover lands
     on it: no synchronous_standby_names is no loss then."""
-    server = PostgresServer(settings={**_REPLICATION, "wal_level": "logical"}, durable=True)
+    server = PostgresServer(settings={**REPLICATION_SETTINGS, "wal_level": "logical"}, durable=True)
     with server:
         url = server.create_database("cdc")  # the app role's URL
         with psycopg.connect(server.url("cdc"), autocommit=True) as conn:
@@ -302,117 +303,33 @@ def test_an_unknown_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 # --- etcd -------------------------------------------------------------------------------------
 
 
-ETCD_ENSURE = SCRIPTS / "etcd-ensure.sh"
-
-
-def _etcd_binary() -> str:
-    """The etcd server, installed by scripts/etcd-ensure.sh when it is missing."""
-    found = shutil.which("etcd")
-    if found is None and ETCD_ENSURE.is_file():
-        subprocess.run([str(ETCD_ENSURE)], check=True, capture_output=True)
-        found = shutil.which("etcd")
-    if found is None:
-        raise RuntimeError(f"no etcd server: install Debian's etcd-server ({ETCD_ENSURE})")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Etcd:
-    """``n`` etcd members on loopback, in a temporary directory; removed on close."""
-
-    def __init__(self, n: int) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="dibs-doctor-etcd-"))
-        self.client = [_free_port() for _ in range(n)]
-        peer = [_free_port() for _ in range(n)]
-        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peer))
-        self.procs: list[subprocess.Popen[bytes]] = []
-        for i in range(n):
-            client = f"http://127.0.0.1:{self.client[i]}"
-            peer_url = f"http://127.0.0.1:{peer[i]}"
-            flags = {
-                "name": f"m{i}",
-                "data-dir": str(self.root / f"m{i}"),
-                "listen-client-urls": client,
-                "advertise-client-urls": client,
-                "listen-peer-urls": peer_url,
-                "initial-advertise-peer-urls": peer_url,
-                "initial-cluster": initial,
-                "initial-cluster-state": "new",
-                "initial-cluster-token": self.root.name,
-                "log-level": "error",
-            }
-            self.procs.append(
-                subprocess.Popen(
-                    [_etcd_binary()] + [f"--{k}={v}" for k, v in flags.items()],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        for port in self.client:
-            self._wait(port)
-
-    @staticmethod
-    def _wait(port: int) -> None:
-        def healthy() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
-                return answer.get("health") in ("true", True)
-            return False
-
-        eventually(healthy, f"etcd on port {port} is healthy")
-
-    @property
-    def url(self) -> str:
-        return "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client)
-
-    def kill(self, i: int) -> None:
-        self.procs[i].kill()
-        self.procs[i].wait()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
-def etcd3() -> Iterator[Etcd]:
-    cluster = Etcd(3)
-    yield cluster
-    cluster.close()
+def etcd3() -> Iterator[EtcdCluster]:
+    with cluster(3) as three:
+        yield three
 
 
 def test_a_healthy_three_member_etcd_is_clean(
-    etcd3: Etcd, capsys: pytest.CaptureFixture[str]
+    etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, report = _doctor(capsys, etcd3.url)
+    code, report = _doctor(capsys, etcd3.url())
     assert code == 0, report
     assert [(f["setting"], f["severity"]) for f in report["findings"]] == [("members", "ok")]
     assert "survives 1 failed member" in report["findings"][0]["detail"]
 
 
 def test_a_single_member_etcd_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    one = Etcd(1)
-    try:
-        code, report = _doctor(capsys, one.url)
-    finally:
-        one.close()
+    with cluster(1) as one:
+        code, report = _doctor(capsys, one.url())
     assert code == 0
     assert _by_setting(report)["members"]["severity"] == "warning"
 
 
 def test_an_unreachable_member_gives_the_quorum_margin(
-    etcd3: Etcd, capsys: pytest.CaptureFixture[str]
+    etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     etcd3.kill(2)  # the last test on this cluster
-    url = f"etcd://127.0.0.1:{etcd3.client[2]},127.0.0.1:{etcd3.client[0]}"  # a dead one first
+    url = f"etcd://{etcd3.endpoints[2]},{etcd3.endpoints[0]}"  # a dead one first
     code, report = _doctor(capsys, url, "--timeout", "2")
     assert code == 0
     found = _by_setting(report)["reachable members"]
@@ -447,14 +364,14 @@ def test_an_etcd_learner_is_no_voter() -> None:
 
 def test_no_etcd_endpoint_answering_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
     # 2, not 1: exit 1 says a setting can lose claims, and nothing was read.
-    assert main(["doctor", f"etcd://127.0.0.1:{_free_port()}", "--timeout", "1"]) == 2
+    assert main(["doctor", f"etcd://127.0.0.1:{free_ports(1)[0]}", "--timeout", "1"]) == 2
     assert "StoreUnavailable" in capsys.readouterr().err
 
 
 def test_an_unreachable_postgresql_is_not_reported_as_losing_data(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url = f"postgresql://dibs@127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}/x"
+    url = f"postgresql://dibs@127.0.0.1:{free_ports(1)[0]},127.0.0.1:{free_ports(1)[0]}/x"
     assert main(["doctor", url, "--timeout", "1"]) == 2
     assert "StoreUnavailable" in capsys.readouterr().err
 

@@ -47,7 +47,8 @@ def test_pickles_name_only_the_public_path() -> None:
 
 
 def test_the_package_ships_no_postgresql_installer() -> None:
-    # The throwaway server and its apt-get path live in tests/ and scripts/pg-ensure.sh.
+    # dibs.verify.harness starts throwaway servers but installs nothing: apt-get lives in
+    # scripts/*-ensure.sh, run only when DIBS_HARNESS_ENSURE names them (the tests do).
     import importlib.util
 
     assert importlib.util.find_spec("dibs.testing.pgserver") is None

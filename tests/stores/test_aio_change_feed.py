@@ -29,7 +29,7 @@ from conftest import SHARED_STORE_KINDS, STORE_KINDS, fresh_url
 from dibs import Unit
 from dibs.aio import AsyncStore
 from dibs.stores.base import Store
-from pgserver import free_port
+from dibs.verify.harness import free_ports
 
 FACES = ["sync", "aio"]
 
@@ -172,7 +172,7 @@ def test_a_feed_reads_a_broken_connection_as_maybe_changed_and_recovers(
 
 @pytest.mark.parametrize("scheme", ["postgresql", "etcd"])
 def test_an_unreachable_async_store_reads_as_maybe_changed(scheme: str) -> None:
-    url = f"{scheme}://127.0.0.1:{free_port()}/dibs"
+    url = f"{scheme}://127.0.0.1:{free_ports(1)[0]}/dibs"
 
     async def main() -> None:
         store = dibs.aio.open(url)

@@ -37,8 +37,8 @@ from dibs import (
     Unit,
 )
 from dibs.stores.postgres._aio import AsyncPostgresStore
+from dibs.verify.harness import PostgresServer, free_ports
 from eventually import aeventually
-from pgserver import PostgresServer, free_port
 
 _T = TypeVar("_T")
 
@@ -86,7 +86,7 @@ def _database(url: str) -> str:
 
 def test_open_gives_the_native_store_and_does_no_io_until_awaited() -> None:
     # Nothing listens on this port: only an await would find out.
-    store = dibs.aio.open(f"postgresql://nobody:x@127.0.0.1:{free_port()}/db?{HOUR}")
+    store = dibs.aio.open(f"postgresql://nobody:x@127.0.0.1:{free_ports(1)[0]}/db?{HOUR}")
     assert type(store) is AsyncPostgresStore
     assert dibs.stores.store_class("postgresql://h/db").async_store == (
         "dibs.stores.postgres._aio:AsyncPostgresStore"
@@ -134,7 +134,7 @@ def test_a_missing_database_is_misconfigured_and_a_closed_port_unavailable(pg_ur
     missing = _with(pg_url, path="/no_such_database_4b1")
     with pytest.raises(StoreMisconfigured, match='"no_such_database_4b1" does not exist'):
         run(dibs.aio.open(f"{missing}{_sep(missing)}{HOUR}").open())
-    closed = _with(pg_url, port=str(free_port()))
+    closed = _with(pg_url, port=str(free_ports(1)[0]))
     with pytest.raises(StoreUnavailable) as raised:
         run(dibs.aio.open(f"{closed}{_sep(closed)}{HOUR}").claim(Unit("a", "1"), holder="h"))
     assert "refused" in raised.value.cause.lower()  # type: ignore[attr-defined]

@@ -40,7 +40,7 @@ from dibs import (
 )
 from dibs.stores.etcd import AsyncEtcdStore, EtcdStore
 from dibs.stores.etcd._keys import parse_url
-from etcdserver import fresh_prefix
+from etcd_fixtures import fresh_prefix
 from eventually import eventually
 
 SEAT = Unit("seat-14A", "show-42")

@@ -15,7 +15,7 @@ from aio_face import open_face
 from conftest import drop_etcd_prefix
 from dibs import FakeClock, Store
 from dibs.testing import StoreStateMachine
-from etcdserver import fresh_prefix, session_cluster
+from etcd_fixtures import fresh_prefix, session_cluster
 
 # Each machine runs a fixed number of examples: seconds on an idle machine, minutes on
 # a shared one under a parallel suite. The guard is against a hang, not a slow machine.

@@ -27,8 +27,8 @@ from dibs.cli import _parser, main
 from dibs.service._guard import JsonFormatter
 from dibs.stores import redact
 from dibs.stores.postgres._connect import connect_error
+from dibs.verify.harness import PostgresServer, free_ports
 from pg_fixtures import schema_url
-from pgserver import PostgresServer, free_port
 
 HOUR = "pool_timeout=3600"
 
@@ -99,7 +99,7 @@ def test_an_option_libpq_rejects_is_misconfigured(pg_url: str) -> None:
 def test_a_closed_port_is_unavailable_at_once_with_the_cause(
     pg_url: str, quiet_psycopg: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    url = _with(pg_url, port=str(free_port()))
+    url = _with(pg_url, port=str(free_ports(1)[0]))
     with pytest.raises(StoreUnavailable) as raised:
         dibs.open(f"{url}{_sep(url)}{HOUR}")
     assert "refused" in str(raised.value).lower()

@@ -18,10 +18,10 @@ import pytest
 import dibs
 from dibs import InvalidInput, SchemaError, Span, StoreUnavailable, Unit
 from dibs.stores.postgres import SCHEMA_VERSION, PostgresStore
+from dibs.verify.harness import PostgresServer, free_ports
 from eventually import eventually
 from layout import SCRIPTS
 from pg_fixtures import drop_schema, schema_url
-from pgserver import PostgresServer, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,7 +136,7 @@ def test_btree_gist_is_created_by_a_database_owner(private_pg_server: PostgresSe
 
 def test_an_unreachable_server_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
-        dibs.open(f"postgresql://nobody:x@127.0.0.1:{free_port()}/db?pool_timeout=0.5")
+        dibs.open(f"postgresql://nobody:x@127.0.0.1:{free_ports(1)[0]}/db?pool_timeout=0.5")
 
 
 def test_a_stopped_server_is_store_unavailable_until_it_returns(

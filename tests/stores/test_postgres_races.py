@@ -23,9 +23,9 @@ import pytest
 
 import dibs
 from dibs import ClaimState, HoldLost, HoldLostReason, Span, StoreUnavailable, Unit
+from dibs.verify.harness import PostgresServer
 from eventually import eventually
 from pg_fixtures import drop_schema, schema_url
-from pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(300)
 

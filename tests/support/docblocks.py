@@ -15,7 +15,7 @@ HTML comments on the lines just before a fence say what a block needs:
     tests use: ``tests/support/pg_fixtures.py``, or ``$DIBS_TEST_PG_URL``).
 ``<!-- needs: etcd -->``
     The block reads ``$DIBS_URL``, which the runner points at a fresh prefix
-    on the test etcd member (``tests/support/etcdserver.py``).
+    on the test etcd member (``tests/support/etcd_fixtures.py``).
 ``<!-- needs: dibs-serve -->``
     A shell block that calls the HTTP service: the runner starts ``dibs serve``
     (on SQLite in the block's directory, with ``--showing show-1:8x12 --lot

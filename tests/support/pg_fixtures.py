@@ -1,9 +1,9 @@
 """PostgreSQL for the test session: a private server, or ``$DIBS_TEST_PG_URL``.
 
 Without ``DIBS_TEST_PG_URL`` the first test that needs PostgreSQL starts a
-throwaway server (:class:`pgserver.PostgresServer`, installing
-Debian's package first if the machine has none) and the session stops and
-deletes it at the end. Either way the session works in a fresh database, and
+throwaway server (:class:`dibs.verify.harness.PostgresServer`; tests/conftest.py
+lets the harness run ``scripts/pg-ensure.sh`` when the machine has none) and the
+session stops and deletes it at the end. Either way the session works in a fresh database, and
 every store gets a fresh schema in it. Nothing here ever skips.
 """
 
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 
 __all__ = [
     "drop_schema",

@@ -17,7 +17,8 @@ import pytest
 
 import dibs
 from dibs import StoreUnavailable, Unit
-from etcdserver import EtcdCluster, cluster
+from dibs.verify.harness import EtcdCluster
+from etcd_fixtures import cluster
 from eventually import eventually
 
 THREADS = 4
@@ -72,17 +73,15 @@ def test_one_winner_per_unit_and_nothing_acknowledged_lost_across_faults(
         for wait_for, fault in [(30, "kill"), (70, "restart"), (110, "pause"), (150, "resume")]:
             eventually(lambda n=wait_for: progress() >= n or done.is_set(), f"{wait_for} grants")
             if fault == "kill":
-                killed = three.leader()
-                assert killed is not None
-                killed.kill()
+                killed = three.wait_leader()
+                three.kill(killed)
             elif fault == "restart":
-                three.restart(killed)
+                three.restart(killed, graceful=False)
             elif fault == "pause":
-                paused = three.leader()
-                assert paused is not None
-                paused.pause()
+                paused = three.wait_leader()
+                three.pause(paused)
             else:
-                paused.resume()
+                three.resume(paused)
             injected.append(fault)
 
     threads = [threading.Thread(target=racer, args=(n,)) for n in range(THREADS)]

@@ -1,6 +1,6 @@
 """PostgreSQL high availability: multi-host URLs, failover, and cancelled synchronous waits.
 
-Real servers on loopback (tests/support/pgrepl.py): a primary with a streaming
+Real servers on loopback (dibs.verify.harness.ReplicatedCluster): a primary with a streaming
 standby, started once for the module; a primary whose synchronous standby
 never comes (``synchronous_standby_names = 'ghost'``), so that every commit
 waits until it is cancelled; and, for the failover, a pair of its own that
@@ -25,8 +25,8 @@ import dibs.aio
 from dibs import FakeClock, Span, StoreUnavailable, Unit
 from dibs.stores.jobs import Job
 from dibs.stores.postgres._connect import describe
+from dibs.verify.harness import ReplicatedCluster
 from eventually import eventually
-from pgrepl import ReplicatedCluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,7 +1,7 @@
 """Throwaway servers die with the process that made them: no member, no directory left.
 
-A child process starts a server with tests/support/etcdserver.py or tests/support/pgserver.py,
-or a ``dibs verify --cluster`` harness (dibs.verify._cluster), and is then
+A child process starts a server of dibs.verify.harness (an etcd member as the tests'
+fixtures start it, a PostgreSQL server, a ``dibs verify --cluster`` etcd), and is then
 ended by SIGTERM, SIGINT or SIGKILL, as CI, a Ctrl-C or the OOM killer would.
 """
 
@@ -22,18 +22,18 @@ from layout import SUPPORT
 pytestmark = pytest.mark.timeout(300)
 
 ETCD = """
-from etcdserver import cluster
+from etcd_fixtures import cluster
 c = cluster(1)
 print(c.root, c.members[0].process.pid, flush=True)
 """
 PG = """
-from pgserver import PostgresServer
+from dibs.verify.harness import PostgresServer
 s = PostgresServer()
 s.start()
 print(s.root, s.pid(), flush=True)
 """
 VERIFY_ETCD = """
-from dibs.verify._cluster import EtcdCluster
+from dibs.verify.harness import EtcdCluster
 c = EtcdCluster(1)
 c.start()
 print(c.root, c.members[0].pid, flush=True)
@@ -112,7 +112,7 @@ def test_a_pytest_run_killed_by_sigterm_leaves_no_etcd(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import time
-            from etcdserver import etcd_url, session_cluster
+            from etcd_fixtures import etcd_url, session_cluster
 
             def test_hang(etcd_url):
                 c = session_cluster()

@@ -21,9 +21,9 @@ from dibs.verify._history import LogRow, assemble
 from dibs.verify._linear import INCONCLUSIVE, PartitionResult, check_partition
 from dibs.verify._log import replay_log
 from dibs.verify._runner import _errors_settle, _settle
+from dibs.verify.harness import PostgresServer
 from eventually import eventually
 from pg_fixtures import schema_url
-from pgserver import PostgresServer
 
 T0 = 1_800_000_000.0  # wall seconds; store times in results are µs
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from dibs.verify import Report, Workload, check_history, read_history, run_workload
+from dibs.verify.harness import PostgresServer
 from pg_fixtures import schema_url
-from pgserver import PostgresServer
 
 pytestmark = [pytest.mark.timeout(600)]
 

@@ -22,10 +22,10 @@ from test_verify import Recorder, claim_args, on_claim, row, us
 
 from dibs.cli import main
 from dibs.verify import Workload, check_history, read_history
-from dibs.verify._cluster_pg import PostgresHA
 from dibs.verify._cluster_run import ClusterRun, outage, parse_cluster, run_on_cluster
 from dibs.verify._history import assemble
 from dibs.verify._log import acknowledged_fences, replay_log
+from dibs.verify.harness import PostgresHA
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 
@@ -299,6 +299,8 @@ def test_dibs_doctor_flags_the_async_harness_and_passes_the_sync_one(
 def test_a_missing_package_is_a_setup_error_naming_it_not_a_verdict(
     cluster: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # In a user's hands (no DIBS_HARNESS_ENSURE) nothing is installed: the error says how.
+    monkeypatch.delenv("DIBS_HARNESS_ENSURE", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["verify", "--cluster", cluster, "--quiet"]) == 2
     err = capsys.readouterr().err

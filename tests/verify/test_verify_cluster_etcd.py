@@ -14,7 +14,7 @@ import pytest
 
 from dibs.cli import main
 from dibs.verify import read_history
-from dibs.verify._cluster import EtcdCluster
+from dibs.verify.harness import EtcdCluster
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dibs.verify import PLANTS, Workload, check_history, read_history, run_workload
+from dibs.verify.harness import PostgresServer
 from pg_fixtures import schema_url
-from pgserver import PostgresServer
 
 RUN_EARLY = True  # long: started first under pytest -n (conftest), not last
 

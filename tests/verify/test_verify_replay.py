@@ -23,7 +23,7 @@ from conftest import STORE_KINDS, drop_etcd_prefix
 from dibs.verify import REPLAY_PLANTS, Workload, check_history, read_history, run_workload
 from dibs.verify._history import History, assemble
 from dibs.verify._log import replay_log
-from etcdserver import fresh_prefix
+from etcd_fixtures import fresh_prefix
 from pg_fixtures import drop_schema, schema_url
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,8 +10,8 @@ import pytest
 from dibs.cli import main
 from dibs.exceptions import InvalidInput
 from dibs.verify._tasks import verify_tasks
+from dibs.verify.harness import PostgresServer
 from pg_fixtures import schema_url
-from pgserver import PostgresServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

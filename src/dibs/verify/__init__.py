@@ -13,6 +13,8 @@ replay of the store's own claim log in fence order (:mod:`dibs.verify._log`).
 ``dibs verify`` runs both from the command line, and
 :func:`write_report` draws a checked history as one offline HTML page;
 docs/reliability.md says what they prove and what they cannot.
+:mod:`dibs.verify.harness` starts the throwaway PostgreSQL, Patroni and etcd
+servers that ``dibs verify --cluster`` (and dibs's own tests) run on.
 """
 
 from dibs.verify._check import Report, check_history

@@ -28,8 +28,6 @@ from dibs._cli_options import (
 from dibs.exceptions import InvalidInput
 from dibs.stores import redact
 from dibs.verify._check import Report, check_history
-from dibs.verify._cluster import ClusterSetupError
-from dibs.verify._cluster_pg import REPLICATION
 from dibs.verify._cluster_run import (
     CLUSTER_FAULTS,
     ClusterRun,
@@ -43,6 +41,7 @@ from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
 from dibs.verify._workload import Workload, parse_mix
+from dibs.verify.harness import REPLICATION, ServerSetupError
 
 __all__ = ["add_verify_command"]
 
@@ -391,7 +390,7 @@ def _run_cluster(
         path = Path(args.history) if args.history else Path(scratch) / "history.jsonl"
         try:
             run_on_cluster(cluster, workload, path, progress=progress, started=started)
-        except ClusterSetupError as exc:
+        except ServerSetupError as exc:
             # A missing package or a cluster that would not start: no verdict (exit 2).
             print(f"dibs: error: {exc}", file=sys.stderr)
             return EXIT_SETUP

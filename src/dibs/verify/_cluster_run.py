@@ -2,14 +2,14 @@
 
 Clusters (:func:`parse_cluster`):
 
-* ``etcd:N`` — N etcd members (:class:`~dibs.verify._cluster.EtcdCluster`);
+* ``etcd:N`` — N etcd members (:class:`~dibs.verify.harness.EtcdCluster`);
   the store is ``etcd://h:p,h:p,...``. Faults, each round in the order given:
   ``kill-leader`` (``kill -9`` the leader, wait for a new one, start the dead
   member again on its data), ``pause-member`` (SIGSTOP the leader past an
   election, then SIGCONT) and ``restart-member`` (restart a follower with
   SIGTERM).
 * ``postgresql-ha`` — PostgreSQL under Patroni
-  (:class:`~dibs.verify._cluster_pg.PostgresHA`); the store is the libpq
+  (:class:`~dibs.verify.harness.PostgresHA`); the store is the libpq
   multi-host URL with ``target_session_attrs=read-write``. Fault:
   ``failover`` (the primary's member dies with ``kill -9``, with its standbys
   held ``lag`` seconds behind; Patroni promotes one).
@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from dibs.exceptions import InvalidInput
-from dibs.verify._cluster import EtcdCluster
-from dibs.verify._cluster_pg import REPLICATION, PostgresHA
 from dibs.verify._history import OK, History
 from dibs.verify._runner import Plan, Progress, Record, run_workload
 from dibs.verify._workload import Workload
+from dibs.verify.harness import REPLICATION, EtcdCluster, PostgresHA
 
 __all__ = [
     "CLUSTER_FAULTS",
@@ -148,7 +147,7 @@ def run_on_cluster(
     """Start the cluster, run ``workload`` on it (its ``store`` replaced) under the plan, remove it.
 
     ``started(url)`` is called once the cluster is up, with its (redactable) store URL.
-    Raises :class:`~dibs.verify._cluster.ClusterSetupError` when the cluster
+    Raises :class:`~dibs.verify.harness.ServerSetupError` when the cluster
     cannot be started.
     """
     header: dict[str, Any] = {

@@ -1,44 +1,46 @@
-"""A throwaway PostgreSQL primary with streaming standbys, for tests: temporary, loopback-only.
+"""A throwaway PostgreSQL primary with streaming standbys: temporary, loopback-only.
 
-:class:`ReplicatedCluster` starts a primary (:class:`pgserver.PostgresServer`)
-and ``standbys`` streaming replicas made with ``pg_basebackup``, each in its
-own temporary directory on its own free port, and removes them all on
+:class:`ReplicatedCluster` starts a primary (:class:`PostgresServer`) and
+``standbys`` streaming replicas made with ``pg_basebackup``, each in its own
+temporary directory on its own free port, and removes them all on
 :meth:`~ReplicatedCluster.close`. A standby is named ``s1``, ``s2``, … (its
 ``application_name``, as ``synchronous_standby_names`` names it).
 
-Faults: :meth:`ReplicatedCluster.kill` is ``kill -9`` of a server's whole
-process group (the postmaster and every backend, as when its machine dies);
+Faults: :meth:`ReplicatedCluster.kill` is ``kill -9`` of a server's
+postmaster and every backend (as when its machine dies);
 :meth:`ReplicatedCluster.promote` makes a standby the primary. Settings that
 ``synchronous_standby_names`` and friends need are changed with
 :meth:`ReplicatedCluster.configure` (``ALTER SYSTEM`` and a reload).
-
-Test-only: not part of the dibs package. Run ``python tests/support/pgrepl.py`` to
-start a primary with one standby by hand.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import sys
-import time
 from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
-import psycopg
+from dibs.verify.harness._postgres import ADMIN_ROLE, APP_ROLE, PostgresServer, connect
+from dibs.verify.harness._process import (
+    ServerSetupError,
+    chown,
+    process_tree,
+    run_as,
+    signal_all,
+    wait_for,
+)
 
-from pgserver import ADMIN_ROLE, PostgresServer, ServerSetupError
+__all__ = ["REPLICATION_SETTINGS", "ReplicatedCluster", "Standby"]
 
-__all__ = ["ReplicatedCluster", "Standby"]
-
-_REPLICATION = {
+REPLICATION_SETTINGS = {
     "wal_level": "replica",
     "max_wal_senders": "10",
     "hot_standby": "on",
     "wal_keep_size": "'64MB'",
 }
+"""What a primary needs in ``postgresql.conf`` to serve streaming standbys."""
+
+_PATIENCE = 60.0
 
 
 class Standby(PostgresServer):
@@ -47,7 +49,7 @@ class Standby(PostgresServer):
     def __init__(self, primary: PostgresServer, name: str) -> None:
         self.primary = primary
         self.name = name
-        super().__init__(settings=dict(_REPLICATION))
+        super().__init__(settings=dict(REPLICATION_SETTINGS))
         # The roles and their passwords are the primary's: the data directory is a copy.
         self.password = primary.password
         self.app_password = primary.app_password
@@ -57,27 +59,16 @@ class Standby(PostgresServer):
             f"postgresql://{ADMIN_ROLE}:{quote(self.primary.password)}@127.0.0.1:"
             f"{self.primary.port}/postgres"
         )
-        done = self._as_server_user(
-            [
-                str(self.bindir / "pg_basebackup"),
-                "-d",
-                conninfo,
-                "-D",
-                str(self.datadir),
-                "-X",
-                "stream",
-                "--checkpoint",
-                "fast",
-                "--no-sync",
-            ]
-        )
+        backup = [str(self.bindir / "pg_basebackup"), "-d", conninfo, "-D", str(self.datadir)]
+        backup += ["-X", "stream", "--checkpoint", "fast", "--no-sync"]
+        done = run_as(self.os_user, backup, self.root)
         if done.returncode != 0:
             raise ServerSetupError(f"pg_basebackup failed:\n{done.stdout}\n{done.stderr}")
         (self.datadir / "standby.signal").touch()
-        self._chown(self.datadir / "standby.signal")
+        chown(self.datadir / "standby.signal", self.os_user)
         self._conninfo = f"{conninfo}?application_name={self.name}"
         with (self.datadir / "postgresql.conf").open("a") as f:
-            f.write(f"\n# dibs tests/support/pgrepl.py: standby {self.name}\n")
+            f.write(f"\n# dibs.verify.harness: standby {self.name}\n")
             f.write(f"unix_socket_directories = '{self.root}'\n")
 
     def _write_port(self) -> None:
@@ -85,7 +76,7 @@ class Standby(PostgresServer):
         # settings (synchronous_standby_names) do not come along.
         auto = self.datadir / "postgresql.auto.conf"
         auto.write_text(f"port = {self.port}\nprimary_conninfo = '{self._conninfo}'\n")
-        self._chown(auto)
+        chown(auto, self.os_user)
 
 
 class ReplicatedCluster:
@@ -94,14 +85,21 @@ class ReplicatedCluster:
     ``synchronous`` sets ``synchronous_standby_names`` on the primary (for
     example ``"ANY 1 (s1, s2)"``, or ``"ghost"`` for a standby that never
     comes, so that every commit waits). ``durable`` turns ``fsync`` and
-    ``full_page_writes`` on (see :class:`pgserver.PostgresServer`). Raises :class:`ServerSetupError`
-    when a server cannot be set up.
+    ``full_page_writes`` on (see :class:`PostgresServer`); ``settings`` are
+    the primary's beyond :data:`REPLICATION_SETTINGS`. Raises
+    :class:`ServerSetupError` when a server cannot be set up.
     """
 
     def __init__(
-        self, standbys: int = 1, *, synchronous: str | None = None, durable: bool = False
+        self,
+        standbys: int = 1,
+        *,
+        synchronous: str | None = None,
+        durable: bool = False,
+        settings: dict[str, str] | None = None,
     ) -> None:
-        self.primary = PostgresServer(settings=dict(_REPLICATION), durable=durable)
+        conf = {**REPLICATION_SETTINGS, **(settings or {})}
+        self.primary = PostgresServer(settings=conf, durable=durable)
         self.standbys: list[Standby] = []
         try:
             self.primary.start()
@@ -119,6 +117,7 @@ class ReplicatedCluster:
 
     @property
     def servers(self) -> list[PostgresServer]:
+        """The primary, then the standbys."""
         return [self.primary, *self.standbys]
 
     def url(self, dbname: str = "postgres", *, admin: bool = False, order: str = "") -> str:
@@ -131,9 +130,7 @@ class ReplicatedCluster:
         picked = [servers[int(i)] for i in order] if order else servers
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in picked)
         role, password = (
-            (ADMIN_ROLE, self.primary.password)
-            if admin
-            else ("dibs_app", self.primary.app_password)
+            (ADMIN_ROLE, self.primary.password) if admin else (APP_ROLE, self.primary.app_password)
         )
         return (
             f"postgresql://{role}:{quote(password)}@{hosts}/{quote(dbname)}"
@@ -148,53 +145,50 @@ class ReplicatedCluster:
     def configure(self, server: PostgresServer, **settings: str) -> None:
         """``ALTER SYSTEM SET`` each setting on ``server``, reload, and wait until new sessions
         see every value (the postmaster reloads a moment after the signal)."""
-        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        with connect(server.admin_url) as conn:
             for key, value in settings.items():
                 conn.execute(f"ALTER SYSTEM SET {key} = '{value}'")
             conn.execute("SELECT pg_reload_conf()")
-        for _ in range(1200):
-            with psycopg.connect(server.admin_url, autocommit=True) as conn:
-                seen = dict(
-                    conn.execute(
-                        "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
-                        (list(settings),),
-                    ).fetchall()
-                )
-            if all(seen.get(k) == v for k, v in settings.items()):
-                return
-            time.sleep(0.05)
-        raise ServerSetupError(f"settings {settings} never took effect on {server.port}")
+
+        def applied() -> bool:
+            with connect(server.admin_url) as conn:
+                rows = conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(settings),)
+                ).fetchall()
+            seen = {str(name): value for name, value in rows}
+            return all(seen.get(k) == v for k, v in settings.items())
+
+        wait_for(f"settings {settings} on port {server.port}", applied, _PATIENCE, 0.05)
 
     def wait_streaming(self, standby: Standby) -> None:
         """Wait until the primary lists ``standby`` as streaming."""
-        with psycopg.connect(self.primary.admin_url, autocommit=True) as conn:
-            for _ in range(1200):
+        with connect(self.primary.admin_url) as conn:
+
+            def streaming() -> bool:
                 row = conn.execute(
                     "SELECT 1 FROM pg_stat_replication WHERE application_name = %s "
                     "AND state = 'streaming'",
                     (standby.name,),
                 ).fetchone()
-                if row:
-                    return
-                time.sleep(0.05)
-        raise ServerSetupError(f"standby {standby.name} never streamed:\n{standby.log_tail()}")
+                return row is not None
+
+            try:
+                wait_for(f"standby {standby.name} streaming", streaming, _PATIENCE, 0.05)
+            except ServerSetupError as exc:
+                raise ServerSetupError(f"{exc}:\n{standby.log_tail()}") from None
 
     def kill(self, server: PostgresServer) -> None:
         """``kill -9`` of the server's postmaster and every backend, as when its machine dies."""
         pid = server.pid()
         if pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        for _ in range(1200):
-            if server.pid() is None:
-                break
-            time.sleep(0.05)
+        signal_all(process_tree(pid), signal.SIGKILL)
+        wait_for(f"the server on port {server.port} gone", lambda: server.pid() is None, _PATIENCE)
         server._running = False
 
     def promote(self, standby: Standby, **settings: str) -> None:
         """Promote ``standby`` and wait until it accepts writes; then apply ``settings``."""
-        done = standby._pg_ctl("promote", "-w", "-t", "120")
+        done = standby.pg_ctl("promote", "-w", "-t", "120")
         if done.returncode != 0:
             raise ServerSetupError(f"pg_ctl promote failed:\n{done.stdout}{done.stderr}")
         if settings:
@@ -215,18 +209,3 @@ class ReplicatedCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def main() -> None:
-    """Start a primary with one synchronous standby, print the URL, stop on Ctrl-C."""
-    with ReplicatedCluster(1, synchronous="s1") as cluster:
-        name = cluster.create_database("dibs")
-        print(f"DIBS_TEST_PG_URL={cluster.url(name)}", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
-
-
-if __name__ == "__main__":
-    main()

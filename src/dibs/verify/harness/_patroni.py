@@ -2,7 +2,7 @@
 
 Three members on 127.0.0.1, each a Patroni 3 agent (Debian's ``patroni``)
 running its own PostgreSQL from Debian's binaries, with a private 3-member
-etcd (:class:`~dibs.verify._cluster.EtcdCluster`) as Patroni's store (its
+etcd (:class:`~dibs.verify.harness.EtcdCluster`) as Patroni's store (its
 ``etcd3`` DCS). Clients reach whichever member is primary with one libpq
 multi-host URL and ``target_session_attrs=read-write``; libpq tries the hosts
 in turn.
@@ -39,30 +39,32 @@ import os
 import secrets
 import shutil
 import signal
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
-from dibs._extras import needs
-from dibs.verify._cluster import (
-    ClusterSetupError,
-    EtcdCluster,
-    Member,
+from dibs.verify.harness._etcd import EtcdCluster
+from dibs.verify.harness._postgres import connect, find_pg_bindir
+from dibs.verify.harness._process import (
+    Process,
+    ServerSetupError,
+    chown,
+    find_program,
     free_ports,
+    make_root,
     process_tree,
-    require,
+    server_env,
     server_os_user,
     signal_all,
     wait_for,
 )
-from dibs.verify._reaper import reap_when_gone
+from dibs.verify.harness._reaper import reap_when_gone
 
-__all__ = ["REPLICATION", "PostgresHA", "find_pg_bindir"]
+__all__ = ["REPLICATION", "PostgresHA"]
 
 REPLICATION = ("sync", "async")
 
@@ -72,24 +74,6 @@ DBNAME = "dibs"
 _TTL, _LOOP_WAIT, _RETRY_TIMEOUT = 6, 1, 2
 """Patroni's leader key lives ``_TTL`` s unrenewed; agents loop every ``_LOOP_WAIT`` s.
 Patroni's rule: ``loop_wait + 2 * retry_timeout <= ttl``."""
-
-
-def find_pg_bindir() -> Path:
-    """$DIBS_PG_BINDIR, or the newest Debian ``/usr/lib/postgresql/N/bin``."""
-    env = os.environ.get("DIBS_PG_BINDIR")
-    candidates = [Path(env)] if env else []
-    candidates += sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"),
-        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
-        reverse=True,
-    )
-    for bindir in candidates:
-        if all((bindir / t).is_file() for t in ("initdb", "pg_ctl", "postgres", "pg_basebackup")):
-            return bindir
-    raise ClusterSetupError(
-        "PostgreSQL server binaries not found: install Debian's postgresql package "
-        "(scripts/pg-ensure.sh does, as root) or set DIBS_PG_BINDIR"
-    )
 
 
 class PostgresHA:
@@ -105,10 +89,10 @@ class PostgresHA:
             raise ValueError(f"replication must be one of {REPLICATION}, got {replication!r}")
         self.replication = replication
         self.durable = durable
-        self.patroni = require("patroni", "patroni")
+        self.patroni = find_program("patroni", "patroni", "cluster-ensure.sh")
         self.bindir = find_pg_bindir()
         self.user = server_os_user()
-        self.root = Path(tempfile.mkdtemp(prefix="dibs-pgha-", dir="/tmp"))
+        self.root = make_root("dibs-pgha-", self.user, "/tmp")
         # Killed without close() (SIGTERM, SIGKILL), the run leaves no server and no directory.
         self._reaper = reap_when_gone(self.root)
         self.admin_password = secrets.token_hex(12)
@@ -117,23 +101,14 @@ class PostgresHA:
         self.etcd = EtcdCluster(3, root=self.root, name="dcs")
         ports = free_ports(2 * members)
         self.pg_ports, self.rest_ports = ports[:members], ports[members:]
-        self.members: list[Member] = []
-        self._chown(self.root)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PYTHON"))}
-        env["LC_ALL"] = "C"
-        if self.user is not None:
-            env["HOME"] = str(self.root)
+        env = server_env(self.root, self.user, ("PG", "PYTHON"))
+        self.members: list[Process] = []
         for i in range(members):
-            name = f"pg{i}"
-            config = self.root / f"{name}.yml"
-            config.write_text(json.dumps(self._config(i), indent=1))  # JSON is YAML
-            self._chown(config)
-            member = Member(name, [self.patroni, str(config)], self.root, env)
-            member.user = self.user
+            config = self.root / f"pg{i}.yml"
+            member = Process(f"pg{i}", [self.patroni, str(config)], self.root, env, self.user)
+            member.log.touch()
+            chown(member.log, self.user)
             self.members.append(member)
-        for m in self.members:
-            m.log.touch()
-            self._chown(m.log)
 
     # --- configuration --------------------------------------------------------------------------
 
@@ -208,30 +183,31 @@ class PostgresHA:
         # enough here, and far lighter on a shared CI machine.
         return {"fsync": "off", "full_page_writes": "off"}
 
-    def _chown(self, path: Path) -> None:
-        if self.user is not None:
-            os.chown(path, self.user.pw_uid, self.user.pw_gid)
-
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self, patience: float = 120.0) -> None:
         """Start etcd, the first member (it bootstraps), then the standbys; wait until healthy."""
         try:
             self.etcd.start()
+            for i, m in enumerate(self.members):
+                # Written once etcd is up: a start on fresh ports changes its endpoints.
+                config = self.root / f"{m.name}.yml"
+                config.write_text(json.dumps(self._config(i), indent=1))  # JSON is YAML
+                chown(config, self.user)
             self.members[0].start()
-            wait_for("pg0 to lead", lambda: self._role(0) == "primary", patience)
+            wait_for("pg0 to lead", partial(self._is_role, 0, "primary"), patience)
             self._create_database()
             for m in self.members[1:]:
                 m.start()
             for i in range(1, len(self.members)):
-                wait_for(f"pg{i} a standby", lambda i=i: self._role(i) == "replica", patience)
+                wait_for(f"pg{i} a standby", partial(self._is_role, i, "replica"), patience)
             wait_for("the standbys streaming", lambda: self._streaming() >= 2, patience)
             if self.replication == "sync":
                 wait_for("a synchronous standby", self._sync_standby, patience)
         except BaseException:
             tails = "\n".join(f"--- {m.name}\n{m.log_tail()}" for m in self.members)
             self.close()
-            raise ClusterSetupError(f"postgresql-ha did not start:\n{tails}") from None
+            raise ServerSetupError(f"postgresql-ha did not start:\n{tails}") from None
 
     def close(self) -> None:
         """Kill every member and etcd, and delete the directory; safe to call twice."""
@@ -246,10 +222,13 @@ class PostgresHA:
     def _kill_strays(self) -> None:
         """Any postgres left running from this cluster's data directories (an orphaned one)."""
         for i in range(len(self.members)):
-            pidfile = self.root / f"pg{i}.data" / "postmaster.pid"
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pidfile.read_text().split("\n", 1)[0])
-                signal_all(process_tree(pid), signal.SIGKILL)
+            self._kill_strays_of(i)
+
+    def _kill_strays_of(self, i: int) -> None:
+        pidfile = self.root / f"pg{i}.data" / "postmaster.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().split("\n", 1)[0])
+            signal_all(process_tree(pid), signal.SIGKILL)
 
     def __enter__(self) -> Self:
         self.start()
@@ -306,6 +285,9 @@ class PostgresHA:
         role = body.get("role")
         return "primary" if role in ("master", "primary") else str(role)
 
+    def _is_role(self, i: int, role: str) -> bool:
+        return self._role(i) == role
+
     def primary(self) -> int | None:
         """The index of the member that runs as primary now, or None."""
         found = [i for i in range(len(self.members)) if self._role(i) == "primary"]
@@ -331,25 +313,20 @@ class PostgresHA:
         return any(r.get("sync_state") == "sync" for r in body.get("replication", []))
 
     def _create_database(self) -> None:
-        with needs("postgres", "dibs verify on PostgreSQL"):
-            import psycopg  # noqa: PLC0415 (the postgres extra)
-
-        def connect() -> psycopg.Connection[Any]:
-            return psycopg.connect(self.url(admin=True, dbname="postgres"), autocommit=True)
-
-        conn = wait_for("the primary accepting connections", connect, 60.0)
+        conn = wait_for(
+            "the primary accepting connections",
+            lambda: connect(self.url(admin=True, dbname="postgres")),
+            60.0,
+        )
         with conn:
             conn.execute(f"CREATE ROLE {APP} LOGIN PASSWORD '{self.app_password}'")  # hex
             conn.execute(f"CREATE DATABASE {DBNAME} OWNER {APP}")
-        with psycopg.connect(self.url(admin=True), autocommit=True) as conn:
+        with connect(self.url(admin=True)) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
 
     def wal_receivers(self, i: int) -> list[int]:
         """The process IDs of member ``i``'s WAL receiver (a standby has one)."""
-        with needs("postgres", "dibs verify on PostgreSQL"):
-            import psycopg  # noqa: PLC0415 (the postgres extra)
-
-        with psycopg.connect(self.member_url(i), autocommit=True) as conn:
+        with connect(self.member_url(i)) as conn:
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'"
             ).fetchall()
@@ -399,9 +376,3 @@ class PostgresHA:
 
         index: int = wait_for(what, probe, patience, interval=0.05) - 1
         return index
-
-    def _kill_strays_of(self, i: int) -> None:
-        pidfile = self.root / f"pg{i}.data" / "postmaster.pid"
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pidfile.read_text().split("\n", 1)[0])
-            signal_all(process_tree(pid), signal.SIGKILL)
