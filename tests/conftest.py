@@ -19,6 +19,7 @@ import psycopg_pool.base
 import pytest
 
 import dibs
+import dibs.verify
 from aio_face import open_face
 from dibs import FakeClock, Store
 from dibs.stores import store_class
@@ -131,6 +132,16 @@ def is_quick(item: pytest.Item) -> bool:
 # (HypothesisDeprecationWarning, an error here): a flaky failure of any Hypothesis
 # test that runs beside a pool. In tests the pool gets a generator of its own.
 psycopg_pool.base.random = random.Random().random  # type: ignore[attr-defined]
+
+
+# dibs verify's checker bounds its search per resource (10 s) and its shrinking (10 s)
+# by wall time, and answers "unknown" past them. Those are guards for a person at a
+# terminal; on a loaded 2-core machine they are timing thresholds that turn an "ok" or a
+# minimal witness into a flaky failure. The suite's checks get 10 minutes (a test that
+# passes its own smaller budget keeps it); pytest-timeout still stops a runaway.
+_check_defaults = dibs.verify.check_history.__kwdefaults__
+assert _check_defaults is not None
+_check_defaults.update(budget=600.0, shrink_budget=600.0)
 
 
 def module_fixture_group(item: pytest.Item) -> str | None:

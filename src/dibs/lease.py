@@ -17,7 +17,9 @@ differ, and only that: the sync face renews in a thread that a
 face renews in a task that cancels the block's task on a loss; an extend stuck
 past the hold's deadline is cut off by ``asyncio.timeout`` on the async face
 and by a bounded join on the sync one; and only the sync face watches the
-store's change feed while waiting (the async stores have none). The policy:
+store's change feed while waiting (the async face polls: its stores' feeds,
+:meth:`dibs.aio.AsyncStore.change_feed`, came later and are not wired in yet).
+The policy:
 
 * **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
   with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
@@ -595,7 +597,7 @@ class AsyncLease(_LeaseFace):
                     raise StoreUnavailable(
                         f"renewing lease {claim.id!r} got no answer in time"
                     ) from None
-            case _SleepStep(seconds) | _ChangeStep(seconds):  # no change feed on this face
+            case _SleepStep(seconds) | _ChangeStep(seconds):  # this face polls (see above)
                 await asyncio.sleep(seconds)
                 return None
         return await _call_async(self._store, self._terms, step)

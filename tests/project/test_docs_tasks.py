@@ -57,5 +57,7 @@ def test_the_feature_examples_print_what_their_comments_say(tmp_path: Path) -> N
         outputs["features-2"][0].startswith("shipped order") and outputs["features-2"][1] == "None"
     )
     assert outputs["features-4"] == ["1"]
-    assert outputs["features-5"] == ["5", "ValueError: no such account"]
-    assert outputs["features-6"] == ["4950"]
+    assert outputs["features-5"] == ["{'acme': 2, 'zeta': 2}"]
+    assert outputs["features-6"] == ["['done', 'done', 'done', 'done', 'done']", "True"]
+    assert outputs["features-7"] == ["5", "ValueError: no such account"]
+    assert outputs["features-8"] == ["4950"]

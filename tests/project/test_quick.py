@@ -40,7 +40,7 @@ def _quick_modules() -> set[str]:
 def test_quick_subset_is_the_opted_in_modules_without_slow_or_server_tests(
     quick: list[str],
 ) -> None:
-    not_slow = _collect("-m", "not slow and not postgresql and not etcd")
+    not_slow = _collect("-m", "not slow and not postgresql and not etcd and not processes")
     modules = {t.split("::")[0] for t in quick}
     assert modules == _quick_modules()
     assert set(quick) == {t for t in not_slow if t.split("::")[0] in modules}

@@ -487,8 +487,12 @@ def test_a_sample_of_each_kind_reaches_the_check() -> None:
     check = validator(body)
     seen: dict[bool, int] = {True: 0, False: 0}
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(from_schema(body), mutated(from_schema(body))))
+    # Drawn on a fixed seed: a count over random draws is a property of the seed, and a
+    # test that holds for most seeds fails some runs.
+    @settings(
+        max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
+    @given(st.booleans().flatmap(lambda m: mutated(from_schema(body)) if m else from_schema(body)))
     def count(value: Any) -> None:
         seen[check.is_valid(value)] += 1
 

@@ -141,3 +141,40 @@ def test_a_killed_workers_permit_comes_back_when_its_lease_ends(make_store: Any)
         assert worker.wait(second, timeout=GUARD).state == "done"
         assert worker.wait(first, timeout=GUARD).state == "done"  # taken over once it lapsed
     assert sorted(ran) == [1, 2]
+
+
+@WITH_JOBS
+@pytest.mark.parametrize("face", ["thread", "async"])
+def test_a_key_function_that_fails_fails_its_job_and_nothing_else(store: Store, face: str) -> None:
+    # The key function is the task's own code on the job's arguments: a job it cannot
+    # key (it raises, or names a key no store takes) fails as an attempt would, with
+    # the error; the worker goes on taking and running every other job.
+    def key(user: str) -> str:
+        return "x" * 5000 if user == "long" else user
+
+    with TaskProcessor(store=store, workers=2, lease=5, poll=0.01) as processor:
+        if face == "thread":
+
+            @processor.task("keyed", concurrency=1, concurrency_key=key)
+            def keyed(user: str) -> str:
+                return user
+
+        else:
+
+            @processor.task("keyed", concurrency=1, concurrency_key=key)
+            async def keyed_async(user: str) -> str:
+                return user
+
+        wrong = processor.enqueue("keyed", account=1)  # the key function's TypeError
+        long = processor.enqueue("keyed", "long")  # a key past the store's name limit
+        fine = [processor.enqueue("keyed", f"user-{n}") for n in range(4)]
+        for job in fine:
+            assert processor.wait(job, timeout=GUARD).state == "done"
+        failed = processor.wait(wrong, timeout=GUARD)
+        assert failed.state == "failed"
+        assert failed.error is not None and "TypeError" in failed.error
+        too_long = processor.wait(long, timeout=GUARD)
+        assert too_long.state == "failed"
+        assert too_long.error is not None and "InvalidInput" in too_long.error
+        later = processor.enqueue("keyed", "after")
+        assert processor.wait(later, timeout=GUARD).state == "done"

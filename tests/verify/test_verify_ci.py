@@ -58,7 +58,7 @@ def _report(workload: Workload, path: Path, **options: Any) -> Report:
     history = read_history(run_workload(workload, path, **options))
     # A generous search budget: on a loaded machine the 10 s default can run out
     # on one resource of 12,000 ops, which would read "unknown", not "ok".
-    report = check_history(history, budget=30.0, max_witnesses=1, shrink_budget=5.0)
+    report = check_history(history, budget=600.0, max_witnesses=1, shrink_budget=5.0)
     print(json.dumps({"store": workload.store.split("://")[0], **report.to_json()}))
     return report
 

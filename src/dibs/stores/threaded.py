@@ -392,8 +392,18 @@ class _ThreadedFeed:
         return making.result()
 
     async def close(self) -> None:
-        """Close the sync feed (its connection), on the workers while they run."""
-        feed, self._making = self._made(), None
+        """Close the sync feed (its connection), on the workers while they run.
+
+        A feed still being made (a first read in flight) is waited for and closed
+        too: left to finish on its own, its connection would never be closed.
+        """
+        making, self._making = self._making, None
+        if making is not None and not making.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(making)
+        feed = None
+        if making is not None and making.done() and not making.cancelled():
+            feed = None if making.exception() else making.result()
         if feed is None:
             return
         try:

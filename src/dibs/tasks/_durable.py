@@ -49,7 +49,7 @@ from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
-from dibs.tasks._locks import Concurrency, LockKeys
+from dibs.tasks._locks import BadConcurrencyKey, Concurrency, LockKeys
 from dibs.tasks._worker import Outcome, OutcomeKind
 
 __all__ = ["DurableRunner", "RegisteredTask", "encode_payload"]
@@ -150,6 +150,7 @@ class _Running:
     handle: TaskHandle[Any] | None = None
     token: CancelToken | None = None  # an async attempt's; a thread attempt's is its handle's
     lost: bool = False
+    error: Exception | None = None  # the attempt fails with this instead of running the task
 
     def cancel(self) -> None:
         """Ask the attempt to stop (cooperatively in a thread, at its next await on the loop)."""
@@ -393,12 +394,17 @@ class DurableRunner:
         """
         started = 0
         for job in taken:
-            if not self._lock_key(job):
-                continue
+            error: Exception | None = None
+            try:
+                if not self._lock_key(job):
+                    continue
+            except BadConcurrencyKey as bad:
+                error = bad.error  # the attempt runs only to fail with it, holding nothing
             task = self.tasks.get(job.name)
-            if task is not None and task.rate is not None and not self._rate_allows(task, job):
+            rated = error is None and task is not None and task.rate is not None
+            if rated and task is not None and not self._rate_allows(task, job):
                 continue
-            running = _Running(job)
+            running = _Running(job, error=error)
             if task is not None and task.is_async:
                 # Before it is listed: _free tells the lanes apart by the token.
                 running.token = CancelToken(job.id, task.timeout)
@@ -461,7 +467,12 @@ class DurableRunner:
         return False
 
     def _lock_key(self, job: Job) -> bool:
-        """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted."""
+        """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted.
+
+        Raises :class:`BadConcurrencyKey` when the job's concurrency key cannot be
+        made (its attempt then fails with the error: putting it back would take it
+        again at every poll, for ever).
+        """
         task = self.tasks.get(job.name)
         try:
             if self.locks.acquire(job, None if task is None else task.concurrency):
@@ -483,6 +494,8 @@ class DurableRunner:
             args, kwargs = json.loads(job.args)
             reset = current_job.set(job.id)
             try:
+                if running.error is not None:
+                    raise running.error
                 recorded = _recorded(running, current().token, task.fn(*args, **kwargs), None)
             except Exception as exc:
                 recorded = _recorded(running, current().token, None, exc)
@@ -535,8 +548,10 @@ class DurableRunner:
 
         fn: Callable[..., Any] = task.fn
         try:
+            if running.error is not None:
+                raise running.error
             args, kwargs = json.loads(job.args)
-        except ValueError as exc:
+        except Exception as exc:
             # Failed on the lane like any attempt: finishing here could be inside a
             # recording transaction's refill, which would then wait for itself.
             error = exc

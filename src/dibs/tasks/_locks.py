@@ -41,7 +41,7 @@ from dibs.semaphore import Semaphore, SemaphoreLease
 from dibs.stores.base import Store
 from dibs.stores.jobs import Job
 
-__all__ = ["CONCURRENCY_PREFIX", "LOCK_RESOURCE", "Concurrency", "LockKeys"]
+__all__ = ["CONCURRENCY_PREFIX", "LOCK_RESOURCE", "BadConcurrencyKey", "Concurrency", "LockKeys"]
 
 log = logging.getLogger("dibs.tasks")
 
@@ -53,6 +53,16 @@ LOCK_RESOURCE = "dibs.tasks.lock"
 
 CONCURRENCY_PREFIX = "dibs.tasks.concurrency/"
 """A concurrency key ``k`` is the semaphore ``CONCURRENCY_PREFIX + k``."""
+
+
+class BadConcurrencyKey(Exception):
+    """A job's concurrency key could not be made: the task's key function raised, or
+    returned a name no store takes. The attempt fails with :attr:`error` (and is
+    retried as the task's retries allow); it must never stop the worker."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +100,16 @@ class LockKeys:
         self._lock = threading.Lock()  # guards _held
         self._held: dict[Attempt, _Held] = {}
         self._permits: dict[Attempt, SemaphoreLease] = {}  # guarded by _lock
-        self._semaphores: dict[str, Semaphore] = {}  # by key; guarded by _lock
+        # By key and limit: two tasks sharing a key with other limits keep a handle each,
+        # instead of a new one (and a new limit written to the store) per attempt.
+        self._semaphores: dict[tuple[str, int], Semaphore] = {}  # guarded by _lock
 
     def acquire(self, job: Job, limit: Concurrency | None = None) -> bool:
         """Claim ``job``'s lock key and a permit of its ``limit`` for its attempt; False if taken.
 
         True at once for a job with neither. Raises what the store raises
-        (StoreUnavailable), and InvalidInput for a bad concurrency key: then
-        nothing is held.
+        (StoreUnavailable), and :class:`BadConcurrencyKey` when the job's key
+        cannot be made: then nothing is held.
         """
         if not self._lock_key(job):
             return False
@@ -116,11 +128,16 @@ class LockKeys:
         return True
 
     def _permit(self, job: Job, limit: Concurrency) -> SemaphoreLease | None:
-        key = limit.key_of(job)
-        with self._lock:
-            sem = self._semaphores.get(key)
-            if sem is None or sem.permits != limit.permits:
-                sem = self._semaphores[key] = Semaphore(self._store, key, permits=limit.permits)
+        try:
+            # The task's own function, on the job's arguments: anything may come out.
+            key = limit.key_of(job)
+            with self._lock:
+                sem = self._semaphores.get((key, limit.permits))
+                if sem is None:
+                    sem = Semaphore(self._store, key, permits=limit.permits)
+                    self._semaphores[key, limit.permits] = sem
+        except Exception as exc:
+            raise BadConcurrencyKey(exc) from exc
         permit = sem.lease(holder=f"{self._holder}/{secrets.token_hex(4)}", ttl=self._lease)
         try:
             permit.__enter__()

@@ -327,9 +327,10 @@ def _offset(ops: Sequence[Op], local: bool) -> tuple[float, float, list[str]]:
 
 
 UNMODELLED = frozenset({"sweep", "rate", "semaphore"})
-"""Ops in no resource's history: a sweep (the model gives it no step), and rate-limit
+"""Ops in no resource's history: a sweep (the model gives it no step); rate-limit
 decisions, judged apart by :func:`rate_anomalies` (their slot claims are plain claims,
-which the log replay judges)."""
+which the log replay judges); and semaphore holds, judged apart by
+:func:`semaphore_anomalies` (their slot claims are left out of the log replay)."""
 
 
 def rate_anomalies(ops: Sequence[Op]) -> list[str]:
