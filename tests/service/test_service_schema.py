@@ -27,7 +27,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from dibs.exceptions import InvalidInput
@@ -482,22 +482,17 @@ def _as_documented(op: Operation, param: Param | None, value: Any) -> Any:
 
 
 def test_a_sample_of_each_kind_reaches_the_check() -> None:
-    """The strategies are not vacuous: valid samples exist, and mutations make invalid ones."""
+    """The strategies are not vacuous: valid samples exist, and mutations make invalid ones.
+
+    Asked as existence (``find``), not as a count over random draws: a count is a
+    property of the seed, and a threshold that most seeds pass fails some runs.
+    """
     body = _documented(operations(MAX_TARGETS)[0], None)
     check = validator(body)
-    seen: dict[bool, int] = {True: 0, False: 0}
-
-    # Drawn on a fixed seed: a count over random draws is a property of the seed, and a
-    # test that holds for most seeds fails some runs.
-    @settings(
-        max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
-    )
-    @given(st.booleans().flatmap(lambda m: mutated(from_schema(body)) if m else from_schema(body)))
-    def count(value: Any) -> None:
-        seen[check.is_valid(value)] += 1
-
-    count()
-    assert seen[True] > 20 and seen[False] > 20, seen
+    quiet = settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+    assert check.is_valid(find(from_schema(body), check.is_valid, settings=quiet))
+    invalid = find(mutated(from_schema(body)), lambda v: not check.is_valid(v), settings=quiet)
+    assert not check.is_valid(invalid)
 
 
 def test_times_are_rfc_3339() -> None:
