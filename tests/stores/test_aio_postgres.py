@@ -11,6 +11,7 @@ server afterwards; the server going away and coming back; closing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -620,9 +621,13 @@ def test_an_outage_logs_one_warning_and_its_end(
         async with dibs.aio.open(f"{pg_schema_url}&pool_min=2&pool_max=2") as store:
             assert await store.claim(Unit("seat", "0"), holder="a")
             _terminate(pg_admin_url, _database(pg_url))
-            for n in range(2):  # both pooled sessions are gone: each call meets one
-                with pytest.raises(StoreUnavailable):
-                    await store.claim(Unit("seat", str(n + 1)), holder="a")
+            # Both pooled sessions are gone: the next call meets one of them. The call
+            # after it may meet the other, or a session the pool has opened meanwhile in
+            # the background (a race the pool decides): one outage either way.
+            with pytest.raises(StoreUnavailable):
+                await store.claim(Unit("seat", "1"), holder="a")
+            with contextlib.suppress(StoreUnavailable):
+                await store.claim(Unit("seat", "2"), holder="a")
             await _until_it_answers(lambda: store.claim(Unit("seat", "9"), holder="a"))
 
     with caplog.at_level(logging.INFO, logger="dibs.stores.postgres"):
