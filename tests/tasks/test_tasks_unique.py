@@ -113,6 +113,15 @@ def test_a_key_of_chosen_arguments_or_of_a_function(tasks: TaskProcessor) -> Non
     assert tasks.insert("by-user", 1, "x").outcome == "added"
 
 
+def test_insert_tells_a_plain_keys_duplicate_too(tasks: TaskProcessor) -> None:
+    @tasks.task("plain")
+    def plain(n: int) -> None: ...
+
+    first = tasks.insert("plain", 1, key="k")
+    assert first.outcome == "added"
+    assert tasks.insert("plain", 2, key="k") == Inserted(first.job_id, "duplicate")
+
+
 def test_a_per_call_rule_overrides_the_tasks(tasks: TaskProcessor) -> None:
     @tasks.task("plain")
     def plain(n: int) -> None: ...
@@ -345,9 +354,10 @@ _json = st.recursive(
     st.none() | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+    | st.text(st.characters(blacklist_categories=()), max_size=8),  # lone surrogates too
     lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    | st.dictionaries(st.text(st.characters(blacklist_categories=()), max_size=4), children,
+                      max_size=3),
     max_leaves=8,
 )  # fmt: skip
 _states = st.lists(
