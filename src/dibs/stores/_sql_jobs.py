@@ -150,8 +150,9 @@ _SQL = {
     f"AS u WHERE u.unique_key = {{jobs}}.unique_key AND u.id <> {{jobs}}.id AND {_counts('u.')}))",
     # A unique key's holder whose window has passed stops counting: its key is cleared,
     # in the enqueuer's transaction (its rollback restores it).
+    # (Only counting rows matter; saying so lets the partial unique index find them.)
     "unique_expire": "UPDATE {jobs} SET unique_key = NULL "
-    "WHERE unique_key = :unique_key AND unique_until <= {now}",
+    f"WHERE unique_key = :unique_key AND unique_until <= {{now}} AND {_counts()}",
     "unique_replace": "UPDATE {jobs} SET args = :args, run_at = {run_at}, "
     "unique_until = {until} WHERE unique_key = :unique_key AND state = 'pending' "
     f"AND {_counts()} RETURNING {{id_out}}",

@@ -414,6 +414,8 @@ class MemoryJobs:
         self._clock = clock
         self._rows: dict[str, Job] = {}
         self._watermarks: dict[str, float] = {}
+        # By unique key: the IDs of rows that had it (stale ones are skipped when read).
+        self._unique: dict[str, set[str]] = {}
         self._wakers = Wakers()
         self._lock = threading.Lock()  # guards everything above
         self._finished = threading.Condition(self._lock)
@@ -440,6 +442,8 @@ class MemoryJobs:
                     return row.id
         run_at = now if job.run_at is None else job.run_at
         self._rows[job.id] = replace(job, run_at=run_at, enqueued_at=now)
+        if job.unique_key is not None:
+            self._unique.setdefault(job.unique_key, set()).add(job.id)
         return job.id
 
     def add(self, job: Job, connection: object | None = None) -> str:
@@ -470,8 +474,12 @@ class MemoryJobs:
             debounce = mode == "debounce" and window is not None
             until = None if window is None or debounce else now + window
             run_at = now + window if debounce and window is not None else job.run_at
-            for row in list(self._rows.values()):
-                if row.unique_key != job.unique_key:
+            assert job.unique_key is not None
+            holders = self._unique.setdefault(job.unique_key, set())
+            for row_id in sorted(holders):
+                row = self._rows.get(row_id)
+                if row is None or row.unique_key != job.unique_key:
+                    holders.discard(row_id)  # purged, deleted or expired
                     continue
                 if row.unique_until is not None and row.unique_until <= now:
                     self._rows[row.id] = replace(row, unique_key=None)  # its window has passed

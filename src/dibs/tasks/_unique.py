@@ -7,6 +7,7 @@ transaction of the insert. This module only makes the key and checks the options
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -152,9 +153,15 @@ class Inserted:
         return self.outcome == "duplicate"
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature``, once per task function (it costs more than the rest of a key)."""
+    return inspect.signature(fn)
+
+
 def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter] | None:
     try:
-        return dict(inspect.signature(fn).parameters)
+        return dict(_signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature
         return None
 
@@ -222,7 +229,7 @@ def _bound(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     """The call's arguments by parameter name, defaults filled in: ``f(1)`` and ``f(x=1)``
     make one key. A function without a signature: ``{"args": …, "kwargs": …}``."""
     try:
-        signature = inspect.signature(fn)
+        signature = _signature(fn)
     except (TypeError, ValueError):
         return {"args": list(args), "kwargs": kwargs}
     try:
