@@ -26,7 +26,7 @@ from dibs import Store
 from dibs.tasks import TaskProcessor
 from eventually import eventually
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 GUARD = 120.0
 KEYS = 40
