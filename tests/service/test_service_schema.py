@@ -392,7 +392,8 @@ def instances(schema: dict[str, Any]) -> list[Any]:
         if schema.get("format") == "date-time":
             return ["2026-12-03T14:00:00Z", "2026-12-03t14:00:00.5+02:00"]
         fits = validator(schema).is_valid
-        found = [c for c in ("a", "seat-14A", '"k-1"', 'a\\"b', "A" * 16, "é") if fits(c)]
+        tries = (*schema.get("examples", ()), "a", "seat-14A", '"k-1"', 'a\\"b', "A" * 16, "é")
+        found = [c for c in tries if fits(c)]
         assert found, schema
         return found
     if kind in ("null", "boolean"):
