@@ -336,6 +336,11 @@ def test_every_parsed_input_of_every_documented_route_is_a_case() -> None:
         "POST /v1/lots/{lot}/vehicles body",
         "GET /v1/lots/{lot}/vehicles/{vehicle} path vehicle",
         "POST /v1/match body",
+        "POST /v1/semaphores/{key}/permits body",
+        "POST /v1/semaphores/{key}/permits path key",
+        "POST /v1/semaphores/{key}/permits header Idempotency-Key",
+        "PUT /v1/semaphores/{key} body",
+        "POST /v1/rate-limits/{key}/acquire body",
     } <= ids
 
 

@@ -73,7 +73,7 @@ PROBLEMS: dict[str, tuple[str, str]] = {
     "forbidden": ("Forbidden", "You can list only your own claims (`holder=me`)."),
     "not_found": (
         "Not found",
-        "No such route, showing or lot, or no such claim or vehicle of yours (another "
+        "No such route, showing, lot or semaphore, or no such claim or vehicle of yours (another "
         "holder's answers the same).",
     ),
     "method_not_allowed": ("Method not allowed", "`Allow` lists the path's methods."),
