@@ -384,10 +384,17 @@ PERMIT_REQUEST = Obj(
     },
     name="PermitRequest",
 )
+MAX_PERMITS = 256
+"""The most permits a semaphore takes over HTTP (the library takes up to PERMITS_MAX).
+
+Reading a semaphore, and acquiring under a lowered limit, reads each slot up to
+the highest limit it ever had: bounded here, so that no key can make every
+other key's requests read ten thousand slots."""
+assert MAX_PERMITS <= PERMITS_MAX
 PERMITS_REQUEST = Obj(
     {
         "permits": Integer(
-            0, PERMITS_MAX, message="{where} must be an integer from {minimum} to {maximum}"
+            0, MAX_PERMITS, message="{where} must be an integer from {minimum} to {maximum}"
         )
     },
     name="PermitsRequest",
