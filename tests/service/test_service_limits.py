@@ -14,11 +14,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
 
-from dibs.service import ServiceConfig
+from dibs.service import KeyRing, ServiceConfig
 from service_support import Running, serve_in_thread
 
 pytestmark = pytest.mark.timeout(180)
@@ -268,3 +269,25 @@ def test_racing_clients_never_exceed_the_rate_in_any_window(svc: Running) -> Non
         # Every window that could hold the most starts at an admission.
         inside = sum(cost for at, cost in rows[i:] if at < begin + window_us)
         assert inside <= limit, f"{inside} units admitted in [{begin}, {begin + window_us}) µs"
+
+
+def test_two_instances_share_a_semaphore_and_its_permits_ids(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dibs.db'}"
+    keys = KeyRing(None)
+    config = ServiceConfig(store_url=url, keys_file=None)
+    with (
+        serve_in_thread(config, keys=keys) as one,
+        serve_in_thread(config, keys=keys) as two,
+        one.client("ivy") as a,
+        two.client("ivy") as b,
+    ):
+        assert a.put("/v1/semaphores/shared", json={"permits": 1}).status_code == 200
+        permit = a.post("/v1/semaphores/shared/permits", json=PERMIT).json()["claim"]
+        assert b.post("/v1/semaphores/shared/permits", json=PERMIT).status_code == 409
+        # The other instance reads the same opaque claim ID: extend and release there.
+        body = {"fence": permit["fence"], "ttl": 90}
+        assert b.post(f"/v1/claims/{permit['id']}/extend", json=body).status_code == 200
+        assert b.get("/v1/semaphores/shared").json()["held"] == 1
+        gone = b.delete(f"/v1/claims/{permit['id']}?fence={permit['fence']}")
+        assert gone.json()["released"] is True
+        assert a.post("/v1/semaphores/shared/permits", json=PERMIT).status_code == 201
