@@ -467,3 +467,32 @@ def test_a_rolled_back_postgres_enqueue_frees_its_key_and_the_next_one_runs_once
         processor.shutdown(timeout=GUARD)
         store.close()
         drop_schema(pg_url.split("?", 1)[0], schema)
+
+
+# --- async def tasks ------------------------------------------------------------------------
+
+
+def test_an_async_task_is_unique_too_and_runs_once(tmp_path: Any) -> None:
+    """``dibs.aio`` has no task processor: the async face of tasks is ``async def`` tasks,
+    run on the processor's loop; their jobs are unique by the same rule."""
+    store = dibs.open(f"sqlite:///{tmp_path / 'a.db'}")
+    seen: list[int] = []
+    processor = TaskProcessor(store=store, poll=0.02, sweep_every=None)
+    try:
+
+        @processor.task("async-mail", unique=Unique(key=("order",), states=(
+            "pending", "running", "done")))  # fmt: skip
+        async def mail(order: int, note: str = "") -> int:
+            seen.append(order)
+            return order
+
+        first = processor.insert("async-mail", 3)
+        assert processor.result(first.job_id, timeout=GUARD) == 3
+        # Done counts (no window): every later call is the same job, which ran once.
+        assert processor.insert("async-mail", order=3, note="x") == Inserted(
+            first.job_id, "duplicate"
+        )
+        assert seen == [3]
+    finally:
+        processor.shutdown(timeout=GUARD)
+        store.close()
