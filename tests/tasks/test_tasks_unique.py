@@ -375,8 +375,8 @@ _windows = (
 )
 @given(value=_json, other=_json, text=names(), window=_windows, states=_states)
 def test_any_arguments_make_a_stable_key(
-    tasks: TaskProcessor, value: Any, other: Any, text: str, window: float | None,
-    states: list[str],
+    tasks: TaskProcessor, clock: FakeClock, value: Any, other: Any, text: str,
+    window: float | None, states: list[str],
 ) -> None:  # fmt: skip
     rule = Unique(window=window, states=states)
     assert set(rule.states) == set(states) and len(rule.states) == len(set(states))
@@ -391,6 +391,9 @@ def test_any_arguments_make_a_stable_key(
     changed = tasks.insert(name, [value], text, other)
     assert changed.outcome == "added"
     assert len(_rows(tasks.store, name)) == 2  # type: ignore[arg-type]
+    if window is not None:
+        clock.advance(window * (1 + 1e-9) + 1e-6)  # just past it, whatever the rounding
+        assert tasks.insert(name, value, text, other).outcome == "added"
 
 
 _COUNTER = itertools.count()
