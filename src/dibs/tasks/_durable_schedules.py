@@ -87,7 +87,7 @@ class DurableSchedule:
         starts = picks[:free]
         more = self.misfire.coalesce is Coalesce.ALL and len(picks) > len(starts)
         new_mark = starts[-1] if more else last
-        return new_mark, [self.make_job(occurrence_id(self.id, at), at) for at in starts]
+        return new_mark, self._jobs(starts)
 
     def _decide(self, now: float, mark: float, last: float, live: int) -> tuple[float, list[Job]]:
         """The third-wave rules: skip while a run is live, else the most recent ``max_catch_up``."""
@@ -95,7 +95,12 @@ class DurableSchedule:
             return last, []  # skipped, not queued: the watermark passes them
         assert self.rules.max_catch_up is not None
         starts = most_recent(self.trigger, mark, now, self.rules.max_catch_up)
-        return last, [self.make_job(occurrence_id(self.id, at), at) for at in starts]
+        return last, self._jobs(starts)
+
+    def _jobs(self, starts: list[float]) -> list[Job]:
+        """One job per occurrence ID: occurrences closer than a microsecond share one, the last."""
+        by_id = {occurrence_id(self.id, at): at for at in starts}
+        return [self.make_job(job_id, at) for job_id, at in by_id.items()]
 
     def _picks(self, lo: float, now: float) -> list[float]:
         """Occurrences in ``(lo, now]`` that the coalesce policy runs, oldest first."""
