@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -51,11 +50,13 @@ class Fleet:
 
         @processor.task("tick")
         def tick() -> None:
-            job_id = current().job_id or ""
+            context = current()  # a durable run sees its schedule and occurrence
+            assert context.nominal_time is not None and context.schedule_id == "s"
+            assert context.job_id == occurrence_id("s", context.nominal_time.timestamp())
             with self.lock:
                 self.running += 1
                 self.peak = max(self.peak, self.running)
-                self.runs.append(datetime.fromisoformat(job_id.split("@", 1)[1]).timestamp() - T0)
+                self.runs.append(context.nominal_time.timestamp() - T0)
             self.gate.wait(GUARD)
             threading.Event().wait(0.02)  # a moment in which an overlapping run would show
             with self.lock:

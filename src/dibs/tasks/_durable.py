@@ -37,17 +37,25 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from dibs.exceptions import DibsError, InvalidInput
+from dibs.exceptions import DibsError, InvalidInput, StoreUnavailable
 from dibs.ratelimit import Rate, RateLimit
 from dibs.stores.base import Store
 from dibs.tasks._async import AsyncLane
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
-from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
+from dibs.tasks._handle import (
+    Backoff,
+    CancelToken,
+    TaskContext,
+    TaskHandle,
+    current,
+    current_job,
+    job_context,
+)
 from dibs.tasks._jobs import Job, job_table
 from dibs.tasks._locks import BadConcurrencyKey, Concurrency, LockKeys
 from dibs.tasks._worker import Outcome, OutcomeKind
@@ -493,6 +501,10 @@ class DurableRunner:
                 raise UnknownTask(f"no task named {job.name!r} is registered", name=job.name)
             args, kwargs = json.loads(job.args)
             reset = current_job.set(job.id)
+            # The run sees its schedule and occurrence, as an in-process run does.
+            occurrence = job_context.set(
+                replace(current(), schedule_id=job.schedule_id, nominal_time=_nominal(job))
+            )
             try:
                 if running.error is not None:
                     raise running.error
@@ -500,6 +512,7 @@ class DurableRunner:
             except Exception as exc:
                 recorded = _recorded(running, current().token, None, exc)
             finally:
+                job_context.reset(occurrence)
                 current_job.reset(reset)
             # The attempt has returned: the next job of its lock key may start.
             self.locks.release((job.id, job.fence))
@@ -581,6 +594,14 @@ class DurableRunner:
         task = self.tasks.get(job.name)
         if kind == "error" and task is not None and task.retries > 0:
             delay = task.backoff.delay(job.attempt, self._rng)
+        schedule = self.schedules.get(job.schedule_id or "")
+        if schedule is not None and schedule.rules.skip:
+            # Skip what came due while the run executed, before its job stops being
+            # live: a tick that lagged must not take those for missed occurrences.
+            try:
+                self.evaluate(schedule)
+            except StoreUnavailable:  # the outcome matters more; a tick evaluates later
+                log.warning("schedule %s: not evaluated before its run ended", schedule.id)
         # Completion is this fenced statement: a worker whose lease was taken over
         # changes nothing.
         item = _Outcome(running, kind, outcome, delay, threading.Event())
@@ -588,7 +609,6 @@ class DurableRunner:
         if state is None:
             log.warning("job %s attempt %d lost its lease; result dropped", job.id, job.attempt)
             return item.refilled
-        schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
         return item.refilled
