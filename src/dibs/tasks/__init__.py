@@ -23,19 +23,21 @@ from dibs.tasks._errors import (
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, TaskStatus, current
 from dibs.tasks._processor import TaskProcessor
 from dibs.tasks._records import JobRecord
-from dibs.tasks._schedules import Coalesce, Misfire, Schedule
+from dibs.tasks._schedules import CatchUp, Coalesce, Misfire, Overlap, Schedule
 from dibs.tasks._time import WakingClock
 
 __all__ = [
     "Backoff",
     "CancelReason",
     "CancelToken",
+    "CatchUp",
     "Coalesce",
     "JobFailed",
     "JobNotFound",
     "JobRecord",
     "Misfire",
     "NotInTask",
+    "Overlap",
     "ProcessorClosed",
     "Schedule",
     "TaskCancelled",
