@@ -25,6 +25,7 @@ from dibs.tasks._processor import TaskProcessor
 from dibs.tasks._records import JobRecord
 from dibs.tasks._schedules import CatchUp, Coalesce, Misfire, Overlap, Schedule
 from dibs.tasks._time import WakingClock
+from dibs.tasks._unique import Inserted, Unique
 
 __all__ = [
     "Backoff",
@@ -32,6 +33,7 @@ __all__ = [
     "CancelToken",
     "CatchUp",
     "Coalesce",
+    "Inserted",
     "JobFailed",
     "JobNotFound",
     "JobRecord",
@@ -46,6 +48,7 @@ __all__ = [
     "TaskProcessor",
     "TaskStatus",
     "TaskTimeout",
+    "Unique",
     "UnknownTask",
     "WaitTimeout",
     "WakingClock",
