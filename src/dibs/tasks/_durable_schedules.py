@@ -94,8 +94,10 @@ class DurableSchedule:
         if self.rules.skip and live > 0:
             return last, []  # skipped, not queued: the watermark passes them
         assert self.rules.max_catch_up is not None
-        starts = most_recent(self.trigger, mark, now, self.rules.max_catch_up)
-        return last, self._jobs(starts)
+        most = self.rules.max_catch_up
+        # Intervals are at least 1 us, so at most two occurrences share a job ID (an
+        # instant to the microsecond): walk back twice as far, keep the last ``most``.
+        return last, self._jobs(most_recent(self.trigger, mark, now, 2 * most + 1))[-most:]
 
     def _jobs(self, starts: list[float]) -> list[Job]:
         """One job per occurrence ID: occurrences closer than a microsecond share one, the last."""
