@@ -279,7 +279,7 @@ class TaskProcessor:
         concurrency: int | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         rate: str | Rate | None = None,
-        rate_key: str | None = None,
+        rate_key: str | Callable[..., str] | None = None,
         unique: Unique | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
@@ -293,7 +293,8 @@ class TaskProcessor:
         name), each attempt holding a permit of a :class:`dibs.Semaphore`.
         With ``rate`` (``"10/s"``, a :class:`dibs.Rate`), at most that many of
         its attempts start in any window, across every process: the limit is
-        ``dibs.RateLimit(store, rate_key or name, rate)``, and a job over it is
+        ``dibs.RateLimit(store, rate_key or name, rate)`` (``rate_key``: a name,
+        or a function of the job's arguments returning one), and a job over it is
         deferred (put back uncounted, due when the limit allows), never failed.
         With ``unique`` (a :class:`~dibs.tasks.Unique`), at most one of its jobs
         counts per key at a time, on every process (see :meth:`insert`).
@@ -304,7 +305,15 @@ class TaskProcessor:
         limit = concurrency_option(concurrency, concurrency_key)
         rate_limit = None if rate is None else Rate.parse(rate)
         if rate_key is not None:
-            check_id(rate_key, "rate_key")
+            if isinstance(rate_key, str):
+                check_id(rate_key, "rate_key")
+            elif not callable(rate_key):
+                raise InvalidInput(
+                    "rate_key must be a name or a function of the job's arguments, "
+                    f"got {shown(rate_key)}",
+                    field="rate_key",
+                    value=rate_key,
+                )
             if rate_limit is None:
                 raise InvalidInput(
                     "rate_key needs a rate (rate_key names its limit)",
