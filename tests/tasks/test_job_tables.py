@@ -383,3 +383,20 @@ def test_retry_never_makes_a_second_live_job_of_one_key(store: Store) -> None:
     assert table.add(_job("second", key="k")) == "second"  # the key is free once it failed
     assert not table.retry("first", now=T)  # "second" holds the key now
     assert [j.id for j in table.find(states=["pending", "running"])] == ["second"]
+
+
+@pytest.mark.parametrize("delay", [None, 5.0])
+def test_the_put_back_log_is_bounded(store: Store, delay: float | None) -> None:
+    from dibs.stores.jobs import PUT_BACK_LOG_MAX
+
+    table = _table(store)
+    table.add(_job("p"))
+    for n in range(PUT_BACK_LOG_MAX + 15):  # a job deferred at every poll, for a long time
+        (job,) = table.take(None, 1, 10.0, "w", now=T + 10 * n)
+        assert job.fence is not None and table.put_back("p", job.fence, T + 10 * n, delay)
+    row = table.get("p")
+    assert row is not None and row.state == "pending"
+    kinds = [a.outcome_kind for a in row.attempts]
+    assert kinds == ["put_back"] * PUT_BACK_LOG_MAX  # the first ones; the row stops growing
+    if delay is not None:
+        assert row.run_at == T + 10 * (PUT_BACK_LOG_MAX + 14) + delay  # still deferred

@@ -20,6 +20,7 @@ from dibs import FakeClock, InvalidInput, Store, Unit
 from dibs.stores.jobs import Job
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.tasks._durable_schedules import DurableSchedule
+from dibs.tasks._schedules import policy
 from dibs.tasks._triggers import EveryTrigger
 from eventually import eventually
 
@@ -152,7 +153,9 @@ def test_decide_keeps_the_watermark_while_max_running_is_reached() -> None:
         made.append(nominal)
         return Job(job_id, "t", "[[], {}]", nominal, 1, 1, "pending")
 
-    schedule = DurableSchedule("s", EveryTrigger(1.0, 0.0), Misfire(coalesce="all"), 2, make)
+    schedule = DurableSchedule(
+        "s", EveryTrigger(1.0, 0.0), policy(Misfire(coalesce="all"), 2), make
+    )
     # First evaluation: the watermark starts at now; earlier occurrences are not run.
     assert schedule.decide(10.5, None, 0) == (math.nextafter(10.5, -math.inf), [])
     assert schedule.decide(12.5, 10.0, 2) is None  # full: nothing evaluated

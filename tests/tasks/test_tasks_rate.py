@@ -85,21 +85,25 @@ def test_jobs_over_the_rate_are_deferred_not_failed(hosts: Hosts) -> None:
         return sum(r.run_at.timestamp() > hosts.clock.now() for r in records)
 
     wait_for(lambda: hosts.ran() == 3 and deferred() == 4)
+    due: list[float] = []
     for job in jobs:
         record = a.job(job)
         assert record is not None and record.error is None and record.attempt == 1
         if record.state == "pending":
-            # Put back uncounted, due when the first admission's slot ends.
+            # Put back uncounted, due when the first admission's slot ends, and up to a
+            # quarter of the wait later, each at its own time (not all at once).
             assert [a.outcome_kind for a in record.attempts] == ["put_back"]
-            assert record.run_at.timestamp() == pytest.approx(T0 + 10, abs=1e-3)
-    hosts.clock.advance(10)
+            due.append(record.run_at.timestamp())
+    assert all(T0 + 10 - 1e-3 <= t <= T0 + 12.5 + 1e-3 for t in due), due
+    assert len(set(due)) == len(due) == 4, due
+    hosts.clock.advance(12.5)
     wait_for(lambda: hosts.ran() == 6 and deferred() == 1)
-    hosts.clock.advance(10)
+    hosts.clock.advance(12.5)
     wait_for(lambda: states() == ["done"] * 7)
     assert sorted(n for _, n in hosts.runs) == [str(n) for n in range(7)]
     runs = [(round(t * 1_000_000), 1) for t, _ in hosts.runs]
     assert over_limit(runs, 3, 10_000_000) == []
-    assert [round(t - T0) for t, _ in sorted(hosts.runs)] == [0, 0, 0, 10, 10, 10, 20]
+    assert [t - T0 for t, _ in sorted(hosts.runs)] == [0, 0, 0, 12.5, 12.5, 12.5, 25]
 
 
 def test_a_rate_key_shares_the_limit_with_other_callers(hosts: Hosts) -> None:
@@ -119,8 +123,57 @@ def test_a_rate_key_shares_the_limit_with_other_callers(hosts: Hosts) -> None:
         )
     )
     assert not outside.acquire()
-    hosts.clock.advance(10)
+    hosts.clock.advance(12.5)  # past the deferral's spread (up to a quarter of the wait)
     wait_for(lambda: hosts.ran() == 2)
+
+
+def test_a_rate_key_may_be_a_function_of_the_jobs_arguments(hosts: Hosts) -> None:
+    processor = TaskProcessor(
+        store=hosts.store, clock=hosts.clock, workers=4, lease=30, poll=0.01, sweep_every=None
+    )
+    hosts.up.append(processor)
+
+    @processor.task("per-customer", rate="1/10s", rate_key=lambda customer, n: f"sms-{customer}")
+    def per_customer(customer: str, n: int) -> str:
+        with hosts._lock:
+            hosts.runs.append((hosts.clock.now(), f"{customer}{n}"))
+        return customer
+
+    jobs = [processor.enqueue("per-customer", c, n) for n in range(2) for c in ("acme", "zeta")]
+    wait_for(lambda: hosts.ran() == 2)  # one per customer: each key has its own limit
+    assert sorted(n[:4] for _, n in hosts.runs) == ["acme", "zeta"]
+    assert not RateLimit(hosts.store, "sms-acme", "1/10s").acquire()  # the key it drew on
+    hosts.clock.advance(12.5)
+    wait_for(lambda: all((r := processor.job(j)) is not None and r.state == "done" for j in jobs))
+    assert hosts.ran() == 4
+
+
+def test_a_rate_key_function_that_fails_fails_the_attempt(hosts: Hosts) -> None:
+    processor = TaskProcessor(
+        store=hosts.store, clock=hosts.clock, workers=2, lease=30, poll=0.01, sweep_every=None
+    )
+    hosts.up.append(processor)
+    processor.task("bad-key", rate="5/s", rate_key=lambda n: {"not": "a name"}[n])(print)
+    job = processor.enqueue("bad-key", "missing")
+    wait_for(lambda: (r := processor.job(job)) is not None and r.state == "failed")
+    record = processor.job(job)
+    assert record is not None and "KeyError" in (record.error or "")
+
+
+def test_a_job_taken_while_shutting_down_spends_no_rate_unit(hosts: Hosts) -> None:
+    host = hosts.host(rate="2/10s")
+    runner = host._durable
+    assert runner is not None
+    runner.stop_taking()  # as a shutdown does first
+    job_id = host.enqueue("send", 1)
+    (job,) = runner.jobs.take(None, 1, 30.0, runner.holder)
+    # A refill in flight when the shutdown began: the job is put back before the
+    # limit is asked, so no unit is spent for a start that would not happen.
+    assert not runner._rate_allows(runner.tasks["send"], job)
+    record = host.job(job_id)
+    assert record is not None and record.state == "pending"
+    outside = RateLimit(hosts.store, "send", "2/10s")
+    assert outside.acquire(cost=2)  # both units still there
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ from dibs.stores.jobs import (
     COLUMN_NAMES,
     COLUMNS,
     FINISHED_STATES,
+    PUT_BACK_LOG_MAX,
     Decide,
     Job,
     Wakers,
@@ -117,12 +118,16 @@ _SQL = {
     "outcome_kind = b_kind, outcome = b_outcome, holder = NULL, lease_expires = NULL, "
     "attempts_log = {log_kind} FROM {batch} AS b "
     "WHERE id = b_id AND fence = b_fence AND state = 'running' RETURNING id, state, lock_key",
+    # The log keeps the first PUT_BACK_LOG_MAX put-backs: a job put back at every poll
+    # must not grow its row without end.
     "put_back": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
-    "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
+    f"attempts_log = CASE WHEN {{put_backs}} >= {PUT_BACK_LOG_MAX} THEN attempts_log "
+    "ELSE {log_put_back} END WHERE id = :id AND fence = :fence AND state = 'running'",
     # put_back with a delay: due again ``delay`` seconds from now (a rate limit's refusal).
     "defer": "UPDATE {jobs} SET state = 'pending', holder = NULL, lease_expires = NULL, "
     f"run_at = {{now}} + CAST(:delay AS {_FLOAT}), "
-    "attempts_log = {log_put_back} WHERE id = :id AND fence = :fence AND state = 'running'",
+    f"attempts_log = CASE WHEN {{put_backs}} >= {PUT_BACK_LOG_MAX} THEN attempts_log "
+    "ELSE {log_put_back} END WHERE id = :id AND fence = :fence AND state = 'running'",
     "reclaim": "UPDATE {jobs} SET "
     "state = CASE WHEN cancel_requested = TRUE THEN 'cancelled' "
     "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
@@ -201,6 +206,8 @@ class Dialect:
     table of ``b_id, b_fence, b_kind, b_outcome, b_delay``."""
     log_append: str
     """``attempts_log`` with one entry appended: ``{kind}`` and ``{now}`` are SQL."""
+    put_backs: str
+    """The number of ``put_back`` entries in ``attempts_log``."""
     lock_schedule: bool
     """Whether an evaluation must create and row-lock its schedule's row first (no file lock)."""
     skip_locked: str
@@ -247,6 +254,7 @@ class SQLJobs(abc.ABC):
             "batch": d.batch,
             "log_lost": log("'lost'"),
             "log_put_back": log("'put_back'"),
+            "put_backs": d.put_backs,
             "held": d.held,
             "queues": "",
             "names": "",

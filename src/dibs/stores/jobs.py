@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "FINISHED_STATES",
     "LIVE_STATES",
+    "PUT_BACK_LOG_MAX",
     "STATE_BITS",
     "UNIQUE_OUTCOMES",
     "Attempt",
@@ -370,6 +371,15 @@ class JobTable(Protocol):
         ...
 
 
+PUT_BACK_LOG_MAX = 20
+"""Put-backs a job's attempts log keeps (the first ones); later ones change its state only."""
+
+
+def put_backs(job: Job) -> int:
+    """How many put-backs ``job``'s attempts log holds."""
+    return sum(1 for a in job.attempts if a.outcome_kind == "put_back")
+
+
 def ended(job: Job, kind: str, now: float) -> str:
     """``job.attempts_log`` with its current attempt appended as ended ``kind`` at ``now``."""
     log = json.loads(job.attempts_log) if job.attempts_log else []
@@ -660,7 +670,12 @@ class MemoryJobs:
             if job is None:
                 return False
             at = self._now(now)
-            log = ended(job, "put_back", at)
+            # Bounded: a job deferred at every poll must not grow its row without end.
+            log = (
+                job.attempts_log
+                if put_backs(job) >= PUT_BACK_LOG_MAX
+                else ended(job, "put_back", at)
+            )
             run_at = job.run_at if delay is None else at + delay
             self._rows[job_id] = replace(job, state="pending", holder=None, lease_expires=None,
                                          run_at=run_at, attempts_log=log)  # fmt: skip

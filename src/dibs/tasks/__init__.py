@@ -23,7 +23,7 @@ from dibs.tasks._errors import (
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, TaskStatus, current
 from dibs.tasks._processor import TaskProcessor
 from dibs.tasks._records import JobRecord
-from dibs.tasks._schedules import Coalesce, Misfire, Schedule
+from dibs.tasks._schedules import CatchUp, Coalesce, Misfire, Overlap, Schedule
 from dibs.tasks._time import WakingClock
 from dibs.tasks._unique import Inserted, Unique
 
@@ -31,6 +31,7 @@ __all__ = [
     "Backoff",
     "CancelReason",
     "CancelToken",
+    "CatchUp",
     "Coalesce",
     "Inserted",
     "JobFailed",
@@ -38,6 +39,7 @@ __all__ = [
     "JobRecord",
     "Misfire",
     "NotInTask",
+    "Overlap",
     "ProcessorClosed",
     "Schedule",
     "TaskCancelled",

@@ -37,19 +37,28 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from dibs.exceptions import DibsError, InvalidInput
+from dibs.exceptions import DibsError, InvalidInput, StoreUnavailable
 from dibs.ratelimit import Rate, RateLimit
 from dibs.stores.base import Store
 from dibs.tasks._async import AsyncLane
 from dibs.tasks._durable_schedules import DurableSchedule
 from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
-from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
+from dibs.tasks._handle import (
+    Backoff,
+    CancelToken,
+    TaskContext,
+    TaskHandle,
+    current,
+    current_job,
+    job_context,
+)
 from dibs.tasks._jobs import Job, job_table
 from dibs.tasks._locks import BadConcurrencyKey, Concurrency, LockKeys
+from dibs.tasks._options import check_id
 from dibs.tasks._unique import Unique
 from dibs.tasks._worker import Outcome, OutcomeKind
 
@@ -63,6 +72,11 @@ MAX_LOST = 3
 A job that kills every worker that runs it (a poison pill) fails after this
 many takeovers instead of being retried forever.
 """
+SPREAD = 0.25
+"""A deferred job is due again after its delay and up to this share of it more (at least
+up to a poll more), at random."""
+RATE_LIMITS_KEPT = 1024
+"""Rate limit handles kept per process (by key and rate) before they are dropped."""
 
 
 def encode_payload(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -135,8 +149,9 @@ class RegisteredTask:
     """At most this many running attempts per concurrency key, on every worker together."""
     rate: Rate | None = None
     """At most this many of its attempts start per window (on every process), or None."""
-    rate_key: str | None = None
-    """The key of its rate limit (None: the task's name)."""
+    rate_key: str | Callable[..., str] | None = None
+    """The key of its rate limit: a name, a function of the job's arguments, or None
+    (the task's name)."""
     unique: Unique | None = None
     """At most one of its jobs per key (see :class:`~dibs.tasks.Unique`), or None."""
     is_async: bool = field(init=False)
@@ -405,8 +420,11 @@ class DurableRunner:
                 error = bad.error  # the attempt runs only to fail with it, holding nothing
             task = self.tasks.get(job.name)
             rated = error is None and task is not None and task.rate is not None
-            if rated and task is not None and not self._rate_allows(task, job):
-                continue
+            try:
+                if rated and task is not None and not self._rate_allows(task, job):
+                    continue
+            except BadConcurrencyKey as bad:
+                error = bad.error  # a rate key the task's function cannot make: fail the attempt
             running = _Running(job, error=error)
             if task is not None and task.is_async:
                 # Before it is listed: _free tells the lanes apart by the token.
@@ -454,20 +472,39 @@ class DurableRunner:
         goes back uncounted (it is deferred, not failed), due ``retry_after`` from now.
         """
         assert task.rate is not None
-        key = (task.rate_key or task.name, task.rate)
-        limit = self._rate_limits.get(key)
-        if limit is None:
-            limit = self._rate_limits[key] = RateLimit(self.store, *key)
+        try:
+            # The task's own function, on the job's arguments: anything may come out.
+            key = (_rate_key(task, job), task.rate)
+            limit = self._rate_limits.get(key)
+            if limit is None:
+                if len(self._rate_limits) >= RATE_LIMITS_KEPT:
+                    self._rate_limits.clear()  # handles are cheap; a key per customer is not
+                limit = self._rate_limits[key] = RateLimit(self.store, *key)
+        except Exception as exc:
+            raise BadConcurrencyKey(exc) from exc
+        if self._closing():
+            # Shutting down: the job would be put back after its unit is spent.
+            self._give_back(job)
+            return False
         try:
             decision = limit.acquire()
         except DibsError:
             log.exception("asking the rate limit of job %s failed; deferring it", job.id)
-            self._give_back(job, delay=self.poll)
+            self._give_back(job, delay=self._spread(self.poll))
             return False
         if decision:
             return True
-        self._give_back(job, delay=decision.retry_after)
+        self._give_back(job, delay=self._spread(decision.retry_after))
         return False
+
+    def _closing(self) -> bool:
+        with self._lock:
+            return not self._taking
+
+    def _spread(self, delay: float) -> float:
+        """``delay`` and a random part of it (at least of a poll): jobs a rate limit deferred
+        together must not all come due together, to be taken and put back together again."""
+        return delay + self._rng.uniform(0, max(self.poll, delay * SPREAD))
 
     def _lock_key(self, job: Job) -> bool:
         """Claim a taken job's lock key; if another attempt holds it, put the job back uncounted.
@@ -482,6 +519,8 @@ class DurableRunner:
                 return True
         except DibsError:
             log.exception("claiming the lock key or permit of job %s failed; put back", job.id)
+        # Due again at once (not deferred on the store's clock: a permit may free at any
+        # moment, and a clock that stands still, as a FakeClock does, must not stall it).
         self._give_back(job)
         return False
 
@@ -496,6 +535,10 @@ class DurableRunner:
                 raise UnknownTask(f"no task named {job.name!r} is registered", name=job.name)
             args, kwargs = json.loads(job.args)
             reset = current_job.set(job.id)
+            # The run sees its schedule and occurrence, as an in-process run does.
+            occurrence = job_context.set(
+                replace(current(), schedule_id=job.schedule_id, nominal_time=_nominal(job))
+            )
             try:
                 if running.error is not None:
                     raise running.error
@@ -503,6 +546,7 @@ class DurableRunner:
             except Exception as exc:
                 recorded = _recorded(running, current().token, None, exc)
             finally:
+                job_context.reset(occurrence)
                 current_job.reset(reset)
             # The attempt has returned: the next job of its lock key may start.
             self.locks.release((job.id, job.fence))
@@ -584,6 +628,14 @@ class DurableRunner:
         task = self.tasks.get(job.name)
         if kind == "error" and task is not None and task.retries > 0:
             delay = task.backoff.delay(job.attempt, self._rng)
+        schedule = self.schedules.get(job.schedule_id or "")
+        if schedule is not None and schedule.rules.skip:
+            # Skip what came due while the run executed, before its job stops being
+            # live: a tick that lagged must not take those for missed occurrences.
+            try:
+                self.evaluate(schedule)
+            except StoreUnavailable:  # the outcome matters more; a tick evaluates later
+                log.warning("schedule %s: not evaluated before its run ended", schedule.id)
         # Completion is this fenced statement: a worker whose lease was taken over
         # changes nothing.
         item = _Outcome(running, kind, outcome, delay, threading.Event())
@@ -591,7 +643,6 @@ class DurableRunner:
         if state is None:
             log.warning("job %s attempt %d lost its lease; result dropped", job.id, job.attempt)
             return item.refilled
-        schedule = self.schedules.get(job.schedule_id or "")
         if schedule is not None:
             self.evaluate(schedule)  # a slot is free: occurrences held back may start
         return item.refilled
@@ -714,6 +765,17 @@ def _recorded(
     if token.reason is CancelReason.CANCELLED and isinstance(exc, TaskCancelled):
         return "cancelled", text
     return "error", text
+
+
+def _rate_key(task: RegisteredTask, job: Job) -> str:
+    """The rate limit key of ``job``: its task's ``rate_key`` (a name, or a function of the
+    job's arguments) or the task's name."""
+    if task.rate_key is None:
+        return task.name
+    if isinstance(task.rate_key, str):
+        return task.rate_key
+    args, kwargs = json.loads(job.args)
+    return check_id(task.rate_key(*args, **kwargs), "rate_key")
 
 
 def _nominal(job: Job) -> datetime | None:

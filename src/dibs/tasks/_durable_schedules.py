@@ -11,6 +11,11 @@ moves the watermark, in one transaction under the schedule's lock
 the first process back, per the policy; two processes never evaluate one
 occurrence differently; and an occurrence's job ID ``"{schedule}@{nominal}"``
 makes its row unique besides.
+
+Under ``overlap="skip"`` an evaluation that finds a live job of the schedule
+moves the watermark past the due occurrences without adding jobs (they are
+skipped), and every job of the schedule carries the schedule's lock key, a
+claim on the store, so the runs of one catch-up start one after the other.
 """
 
 from __future__ import annotations
@@ -21,10 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dibs.tasks._jobs import Job
-from dibs.tasks._schedules import MAX_BACKLOG, Coalesce, Misfire
+from dibs.tasks._schedules import MAX_BACKLOG, Coalesce, Misfire, Policy, most_recent
 from dibs.tasks._triggers import Trigger
 
-__all__ = ["DurableSchedule", "occurrence_id"]
+__all__ = ["DurableSchedule", "occurrence_id", "schedule_lock_key"]
+
+
+def schedule_lock_key(schedule_id: str) -> str:
+    """The lock key every job of an ``overlap="skip"`` schedule carries."""
+    return f"dibs.schedule/{schedule_id}"
 
 
 def occurrence_id(schedule_id: str, nominal: float) -> str:
@@ -38,9 +48,16 @@ class DurableSchedule:
 
     id: str
     trigger: Trigger
-    misfire: Misfire
-    max_running: int
+    rules: Policy
     make_job: Callable[[str, float], Job]
+
+    @property
+    def misfire(self) -> Misfire:
+        return self.rules.misfire
+
+    @property
+    def max_running(self) -> int:
+        return self.rules.max_running
 
     def decide(
         self, now: float, watermark: float | None, live: int
@@ -57,6 +74,8 @@ class DurableSchedule:
         last = self.trigger.last_at_or_before(now)
         if last is None or last <= mark:
             return (mark, []) if first_time else None
+        if self.rules.overlap is not None:
+            return self._decide(now, mark, last, live)
         lo = mark
         window = self.misfire.window
         if window is not None and now - window > lo:
@@ -68,7 +87,22 @@ class DurableSchedule:
         starts = picks[:free]
         more = self.misfire.coalesce is Coalesce.ALL and len(picks) > len(starts)
         new_mark = starts[-1] if more else last
-        return new_mark, [self.make_job(occurrence_id(self.id, at), at) for at in starts]
+        return new_mark, self._jobs(starts)
+
+    def _decide(self, now: float, mark: float, last: float, live: int) -> tuple[float, list[Job]]:
+        """The third-wave rules: skip while a run is live, else the most recent ``max_catch_up``."""
+        if self.rules.skip and live > 0:
+            return last, []  # skipped, not queued: the watermark passes them
+        assert self.rules.max_catch_up is not None
+        most = self.rules.max_catch_up
+        # Intervals are at least 1 us, so at most two occurrences share a job ID (an
+        # instant to the microsecond): walk back twice as far, keep the last ``most``.
+        return last, self._jobs(most_recent(self.trigger, mark, now, 2 * most + 1))[-most:]
+
+    def _jobs(self, starts: list[float]) -> list[Job]:
+        """One job per occurrence ID: occurrences closer than a microsecond share one, the last."""
+        by_id = {occurrence_id(self.id, at): at for at in starts}
+        return [self.make_job(job_id, at) for job_id, at in by_id.items()]
 
     def _picks(self, lo: float, now: float) -> list[float]:
         """Occurrences in ``(lo, now]`` that the coalesce policy runs, oldest first."""

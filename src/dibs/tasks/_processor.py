@@ -22,7 +22,7 @@ from dibs.ratelimit import Rate
 from dibs.stores.base import Store
 from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
-from dibs.tasks._durable_schedules import DurableSchedule
+from dibs.tasks._durable_schedules import DurableSchedule, schedule_lock_key
 from dibs.tasks._engine import Engine
 from dibs.tasks._errors import (
     CancelReason,
@@ -42,7 +42,7 @@ from dibs.tasks._options import (
     task_options,
 )
 from dibs.tasks._records import JobOptions, JobRecord, to_record
-from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
+from dibs.tasks._schedules import Misfire, Policy, Schedule, ScheduleState, policy
 from dibs.tasks._time import to_epoch, to_seconds
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, Trigger, zone
 from dibs.tasks._unique import Inserted, Unique, unique_key
@@ -52,7 +52,6 @@ __all__ = ["TaskProcessor"]
 R = TypeVar("R")
 DEFAULT_BACKOFF = Backoff()
 """Retry n waits up to min(300, 2**(n-1)) seconds, uniformly at random."""
-DEFAULT_MISFIRE = Misfire()
 WAIT_CHUNK = 5.0
 """Real seconds one read of the job table waits for a job to finish (waits loop over it)."""
 SWEEP_TASK = "dibs.sweep"
@@ -200,8 +199,11 @@ class TaskProcessor:
         *args: Any,
         start: object = None,
         id: str | None = None,
-        misfire: Misfire = DEFAULT_MISFIRE,
-        max_running: int = 1,
+        misfire: Misfire | None = None,
+        max_running: int | None = None,
+        overlap: str | None = None,
+        catch_up: str | None = None,
+        max_catch_up: int | None = None,
         retries: int = 0,
         backoff: Backoff | float = DEFAULT_BACKOFF,
         timeout: float | None = None,
@@ -212,7 +214,9 @@ class TaskProcessor:
         Occurrences are computed from ``start``, never from when a run
         finished, so they do not drift; those before now are not run. For a
         durable task, ``start`` defaults to the Unix epoch so that every
-        process computes the same occurrences.
+        process computes the same occurrences. ``overlap``, ``catch_up`` and
+        ``max_catch_up`` (or the older ``misfire`` and ``max_running``, not
+        both) say what overlaps and what catches up: see :class:`Policy`.
         ``interval`` is seconds or a timedelta. Raises
         :class:`~dibs.InvalidInput` for bad arguments or an ``id`` in use.
         """
@@ -222,7 +226,8 @@ class TaskProcessor:
         anchor = self._engine.alarm.now() + seconds if start is None else to_epoch(start, "start")
         return self._add_schedule(
             EveryTrigger(seconds, anchor), fn, args, kwargs,
-            id, misfire, max_running, retries, backoff, timeout,
+            id, policy(misfire, max_running, overlap, catch_up, max_catch_up),
+            retries, backoff, timeout,
         )  # fmt: skip
 
     def cron(
@@ -233,8 +238,11 @@ class TaskProcessor:
         *args: Any,
         tz: object = "UTC",
         id: str | None = None,
-        misfire: Misfire = DEFAULT_MISFIRE,
-        max_running: int = 1,
+        misfire: Misfire | None = None,
+        max_running: int | None = None,
+        overlap: str | None = None,
+        catch_up: str | None = None,
+        max_catch_up: int | None = None,
         retries: int = 0,
         backoff: Backoff | float = DEFAULT_BACKOFF,
         timeout: float | None = None,
@@ -244,12 +252,15 @@ class TaskProcessor:
 
         A local time skipped by a DST change runs once, at the first instant
         after the gap; a local time repeated by one runs once, the first time.
-        Raises :class:`~dibs.InvalidInput` for a bad expression, zone or
-        argument, or an ``id`` in use.
+        ``overlap``, ``catch_up``, ``max_catch_up``, ``misfire`` and
+        ``max_running`` are as for :meth:`every`. Raises
+        :class:`~dibs.InvalidInput` for a bad expression, zone or argument, or
+        an ``id`` in use.
         """
         return self._add_schedule(
             CronTrigger(expr, zone(tz)), fn, args, kwargs,
-            id, misfire, max_running, retries, backoff, timeout,
+            id, policy(misfire, max_running, overlap, catch_up, max_catch_up),
+            retries, backoff, timeout,
         )  # fmt: skip
 
     # --- durable mode -----------------------------------------------------------------------
@@ -268,7 +279,7 @@ class TaskProcessor:
         concurrency: int | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         rate: str | Rate | None = None,
-        rate_key: str | None = None,
+        rate_key: str | Callable[..., str] | None = None,
         unique: Unique | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
@@ -282,7 +293,8 @@ class TaskProcessor:
         name), each attempt holding a permit of a :class:`dibs.Semaphore`.
         With ``rate`` (``"10/s"``, a :class:`dibs.Rate`), at most that many of
         its attempts start in any window, across every process: the limit is
-        ``dibs.RateLimit(store, rate_key or name, rate)``, and a job over it is
+        ``dibs.RateLimit(store, rate_key or name, rate)`` (``rate_key``: a name,
+        or a function of the job's arguments returning one), and a job over it is
         deferred (put back uncounted, due when the limit allows), never failed.
         With ``unique`` (a :class:`~dibs.tasks.Unique`), at most one of its jobs
         counts per key at a time, on every process (see :meth:`insert`).
@@ -293,7 +305,15 @@ class TaskProcessor:
         limit = concurrency_option(concurrency, concurrency_key)
         rate_limit = None if rate is None else Rate.parse(rate)
         if rate_key is not None:
-            check_id(rate_key, "rate_key")
+            if isinstance(rate_key, str):
+                check_id(rate_key, "rate_key")
+            elif not callable(rate_key):
+                raise InvalidInput(
+                    "rate_key must be a name or a function of the job's arguments, "
+                    f"got {shown(rate_key)}",
+                    field="rate_key",
+                    value=rate_key,
+                )
             if rate_limit is None:
                 raise InvalidInput(
                     "rate_key needs a rate (rate_key names its limit)",
@@ -760,8 +780,7 @@ class TaskProcessor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         schedule_id: str | None,
-        misfire: Misfire,
-        max_running: int,
+        rules: Policy,
         retries: int,
         backoff: Backoff | float,
         timeout: float | None,
@@ -770,25 +789,16 @@ class TaskProcessor:
         if self._durable is not None and (
             isinstance(fn, str) or any(fn is t.fn for t in self._durable.tasks.values())
         ):
-            durable = self._durable_schedule(
-                trigger, fn, args, kwargs, schedule_id, misfire, max_running
-            )
-            # Every process runs the trigger locally; each tick evaluates the schedule.
+            durable = self._durable_schedule(trigger, fn, args, kwargs, schedule_id, rules)
+            # Every process runs the trigger locally; each tick evaluates the schedule
+            # (one evaluation at a time is enough: each looks at everything due).
             fn, args, kwargs, schedule_id = self._durable.evaluate, (durable,), {}, durable.id
-            retries, timeout = 0, None
+            retries, timeout, local = 0, None, policy()
+        else:
+            local = rules
         check_fn(fn)
         assert not isinstance(fn, str)  # check_fn refused it: a str is not callable
         retries, backoff, timeout = task_options(retries, backoff, timeout)
-        if not isinstance(misfire, Misfire):
-            raise InvalidInput(
-                f"misfire must be a Misfire, got {shown(misfire)}", field="misfire", value=misfire
-            )
-        if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
-            raise InvalidInput(
-                f"max_running must be an int >= 1, got {shown(max_running)}",
-                field="max_running",
-                value=max_running,
-            )
         if schedule_id is not None:
             check_id(schedule_id, "id")
         engine = self._engine
@@ -804,11 +814,19 @@ class TaskProcessor:
                 )
             state = ScheduleState(
                 schedule_id, trigger, fn, args, kwargs,
-                first=trigger.first_at_or_after(engine.alarm.now()), misfire=misfire,
-                max_running=max_running, retries=retries, backoff=backoff, timeout=timeout,
+                first=trigger.first_at_or_after(engine.alarm.now()), rules=local,
+                retries=retries, backoff=backoff, timeout=timeout,
             )  # fmt: skip
             engine.add_schedule(state)
             snapshot = state.snapshot()
+            if durable is not None:
+                # The snapshot shows the schedule's own policy, not its evaluator's.
+                snapshot = replace(
+                    snapshot, misfire=rules.misfire, max_running=rules.max_running,
+                    overlap=rules.overlap and str(rules.overlap),
+                    catch_up=rules.catch_up and str(rules.catch_up),
+                    max_catch_up=rules.max_catch_up,
+                )  # fmt: skip
         if durable is not None:
             assert self._durable is not None
             self._durable.schedules[durable.id] = durable
@@ -818,18 +836,18 @@ class TaskProcessor:
 
     def _durable_schedule(
         self, trigger: Trigger, fn: object, args: tuple[Any, ...], kwargs: dict[str, Any],
-        schedule_id: str | None, misfire: Misfire, max_running: int,
+        schedule_id: str | None, rules: Policy,
     ) -> DurableSchedule:  # fmt: skip
         registered = self._registered(fn)
         payload = encode_payload(args, kwargs)
-        if not isinstance(misfire, Misfire):
-            raise InvalidInput(
-                f"misfire must be a Misfire, got {shown(misfire)}", field="misfire", value=misfire
-            )
         if schedule_id is None:
             schedule_id = f"{registered.name}:{trigger.describe()}"
 
         options = self._job_options.get(registered.name, JobOptions())
+
+        if rules.skip and options.lock_key is None:
+            # Runs of one catch-up must not overlap either: one lock key chains them.
+            options = replace(options, lock_key=schedule_lock_key(schedule_id))
 
         def make_job(job_id: str, nominal: float) -> Job:
             return self._new_job(
@@ -845,7 +863,7 @@ class TaskProcessor:
                 field="id",
                 value=schedule_id,
             )
-        return DurableSchedule(schedule_id, trigger, misfire, max_running, make_job)
+        return DurableSchedule(schedule_id, trigger, rules, make_job)
 
 
 def _check_unique(unique: object) -> None:

@@ -19,6 +19,7 @@ import time
 import dibs
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.verify._tasks import JOB_SECONDS, LEASE, TICK
+from dibs.verify._tasks_overlap import register_overlap
 from dibs.verify._tasks_unique import enqueue_in_step, note_to, register_unique
 
 __all__: list[str] = []
@@ -52,6 +53,7 @@ def main(url: str, ledger: str) -> None:
 
     processor.every(TICK, "verify-tick", id="verify-tick", misfire=Misfire(coalesce="all"))
     register_unique(processor, record)  # and the plant its verifier names, if any
+    register_overlap(processor, record)  # likewise
     enqueue_in_step(processor, note_to(effects, lock))
     print("ready", flush=True)
     sys.stdin.read()

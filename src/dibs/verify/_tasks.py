@@ -36,6 +36,7 @@ import dibs
 from dibs.exceptions import InvalidInput
 from dibs.stores import store_class
 from dibs.tasks import TaskProcessor
+from dibs.verify._tasks_overlap import OVERLAP_PLANTS, check_overlap
 from dibs.verify._tasks_unique import (
     PLANT_ENV,
     UNIQUE_PLANTS,
@@ -45,7 +46,10 @@ from dibs.verify._tasks_unique import (
     register_unique,
 )
 
-__all__ = ["TaskReport", "verify_tasks"]
+__all__ = ["TASK_PLANTS", "TaskReport", "verify_tasks"]
+
+TASK_PLANTS = UNIQUE_PLANTS + OVERLAP_PLANTS
+"""The planted bugs ``dibs verify tasks --plant`` takes."""
 
 # The worker (dibs.verify._task_worker) reads these; it is not imported here, so
 # that ``python -m`` finds it unimported when it starts one.
@@ -70,6 +74,8 @@ class TaskReport:
     anomalies: list[str] = field(default_factory=list)
     unique: dict[str, Any] = field(default_factory=dict)
     """The unique-jobs figures (see :mod:`dibs.verify._tasks_unique`)."""
+    overlap: dict[str, Any] = field(default_factory=dict)
+    """The recurring-overlap figures (see :mod:`dibs.verify._tasks_overlap`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The figures as a JSON-able dict."""
@@ -84,6 +90,7 @@ class TaskReport:
             "faults": self.faults,
             "seconds": round(self.seconds, 1),
             **self.unique,
+            **self.overlap,
             "anomalies": self.anomalies[:20],
         }
 
@@ -120,12 +127,12 @@ def verify_tasks(
     schedule keeps ticking) and until every job has finished. Raises
     :class:`~dibs.InvalidInput` for a job table that already holds jobs, and
     :class:`RuntimeError` if the jobs do not all finish by ``deadline`` seconds.
-    ``plant``: a planted bug of :data:`~dibs.verify._tasks_UNIQUE_PLANTS`,
+    ``plant``: a planted bug of :data:`TASK_PLANTS`,
     which the check must flag.
     """
-    if plant is not None and plant not in UNIQUE_PLANTS:
+    if plant is not None and plant not in TASK_PLANTS:
         raise InvalidInput(
-            f"no planted bug {plant!r} for dibs verify tasks (plants: {', '.join(UNIQUE_PLANTS)})",
+            f"no planted bug {plant!r} for dibs verify tasks (plants: {', '.join(TASK_PLANTS)})",
             field="plant",
             value=plant,
         )
@@ -202,7 +209,8 @@ def verify_tasks(
         report = _check(client, store, ids, ledger, faults, time.monotonic() - began)
         with contextlib.closing(sqlite3.connect(ledger, timeout=60)) as conn:
             report.unique, found = check_unique(store, calls + ledger_calls(conn))
-        report.anomalies += found
+            report.overlap, overlapped = check_overlap(store, conn)
+        report.anomalies += found + overlapped
         return report
     finally:
         client.shutdown(timeout=0)

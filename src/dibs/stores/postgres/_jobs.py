@@ -75,6 +75,9 @@ class PostgresJobs(SQLJobs):
                 log_append="CAST(COALESCE(CAST(attempts_log AS JSONB), '[]'::jsonb) || "
                 "jsonb_build_array(jsonb_build_object('attempt', attempt, 'holder', holder, "
                 "'started_at', started_at, 'ended_at', {now}, 'outcome_kind', {kind})) AS TEXT)",
+                put_backs="(SELECT count(*) FROM jsonb_array_elements("
+                "COALESCE(CAST(attempts_log AS JSONB), '[]'::jsonb)) AS e "
+                "WHERE e ->> 'outcome_kind' = 'put_back')",
                 lock_schedule=True,
                 skip_locked=" FOR UPDATE SKIP LOCKED",
                 json_lists=False,

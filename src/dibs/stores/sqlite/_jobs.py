@@ -68,6 +68,8 @@ _DIALECT = Dialect(
     log_append="json_insert(COALESCE(attempts_log, '[]'), '$[#]', json_object('attempt', "
     "attempt, 'holder', holder, 'started_at', started_at, 'ended_at', {now}, "
     "'outcome_kind', {kind}))",
+    put_backs="(SELECT count(*) FROM json_each(COALESCE(attempts_log, '[]')) "
+    "WHERE json_extract(value, '$.outcome_kind') = 'put_back')",
     lock_schedule=False,
     skip_locked="",
     json_lists=True,
