@@ -40,6 +40,7 @@ NAMES = {
     "AsyncIterator": "Iterator",
     "traced_async": "traced",
     "_abandon_async": "_abandon",
+    "_leave_async": "_leave",
     "_call_async": "_call",
     "adrive": "drive",
 }
@@ -62,6 +63,7 @@ FILES = [
     ("aio/matching.py", "matching.py"),
     ("aio/booking.py", "booking.py"),
     ("aio/ratelimit.py", "ratelimit.py"),
+    ("aio/waitlist.py", "waitlist.py"),
     ("observe.py", "observe.py"),
     ("lease.py", "lease.py"),
     ("stores/etcd/_wire.py", "stores/etcd/_wire.py"),

@@ -64,15 +64,15 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs import _queue
+from dibs._fair import FairAttempt, fair_claim_policy
 from dibs._lease import (
     _FEED_POLL,
     LEASE_TTL_MIN,
     RENEW_EVERY_MIN,
     UNAVAILABLE_RETRY,
     _adrive,
-    _Attempt,
     _ChangeStep,
-    _claim_policy,
     _ClaimStep,
     _describe,
     _drive,
@@ -243,6 +243,8 @@ def _call(store: Store, terms: _Terms, step: _Step) -> Any:
             return store.get(claim_id)
         case _HoldersStep(targets):
             return {target: store.holder_of(_one(target)) for target in targets}
+        case _queue.QCall(method, args, kwargs):
+            return getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
 
@@ -262,6 +264,14 @@ def _abandon(store: Store, terms: _Terms, request_id: str) -> None:
             store.release(claim.id, holder=terms.holder, fence=claim.fence)
     except Exception as exc:  # best effort: the hold expires by itself
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
+def _leave(store: Store, ticket: _queue.Ticket) -> None:
+    """Best effort: give back the ticket of a waiter cut off while queued (it expires anyway)."""
+    try:
+        store.release(ticket.claim.id, holder=ticket.queue, fence=ticket.claim.fence)
+    except Exception as exc:  # best effort: the ticket expires by itself
+        _logger.info("lease: ticket %s left to expire (%s)", ticket.claim.id, exc)
 
 
 # --- end of the generated part ---
@@ -285,6 +295,8 @@ async def _call_async(store: AsyncStore, terms: _Terms, step: _Step) -> Any:
             return await store.get(claim_id)
         case _HoldersStep(targets):
             return {target: await store.holder_of(_one(target)) for target in targets}
+        case _queue.QCall(method, args, kwargs):
+            return await getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
 
@@ -304,6 +316,14 @@ async def _abandon_async(store: AsyncStore, terms: _Terms, request_id: str) -> N
             await store.release(claim.id, holder=terms.holder, fence=claim.fence)
     except Exception as exc:  # best effort: the hold expires by itself
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
+
+
+async def _leave_async(store: AsyncStore, ticket: _queue.Ticket) -> None:
+    """Best effort: give back the ticket of a waiter cut off while queued (it expires anyway)."""
+    try:
+        await store.release(ticket.claim.id, holder=ticket.queue, fence=ticket.claim.fence)
+    except Exception as exc:  # best effort: the ticket expires by itself
+        _logger.info("lease: ticket %s left to expire (%s)", ticket.claim.id, exc)
 
 
 # --- end of the shared part ---
@@ -339,12 +359,14 @@ class Lease(_LeaseFace):
 
     def __enter__(self) -> Self:
         self._enter()
-        attempt = _Attempt()
+        attempt = FairAttempt()
         try:
-            claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+            claim = _drive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 _abandon(self._store, self._terms, attempt.unanswered)
+            if attempt.ticket is not None:  # cut off while queued: the next waiter goes on
+                _leave(self._store, attempt.ticket)
             raise
         finally:
             if self._feed is not None:
@@ -411,7 +433,10 @@ class Lease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 self._await_change(seconds, hurried)
                 return None
-            case _ClaimStep():
+            case _queue.QPause(seconds, hurried):
+                self._await_change(seconds, hurried)
+                return None
+            case _ClaimStep() | _queue.QCall():
                 result = _call(self._store, self._terms, step)
                 if self._feed is not None:  # after the claim: its own write is no news
                     self._token = self._read_feed()
@@ -508,14 +533,16 @@ class AsyncLease(_LeaseFace):
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("async with store.lease() must run in an asyncio task")
-        attempt = _Attempt()
+        attempt = FairAttempt()
         try:
-            claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
+            claim = await _adrive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 # Settled before the error propagates, even if cancelled again: once
                 # the cancelled entry returns, a retry finds the targets as they were.
                 await to_the_end(_abandon_async(self._store, self._terms, attempt.unanswered))
+            if attempt.ticket is not None:  # cut off while queued: the next waiter goes on
+                await to_the_end(_leave_async(self._store, attempt.ticket))
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
         self._task = task
@@ -598,6 +625,9 @@ class AsyncLease(_LeaseFace):
                         f"renewing lease {claim.id!r} got no answer in time"
                     ) from None
             case _SleepStep(seconds) | _ChangeStep(seconds):  # this face polls (see above)
+                await asyncio.sleep(seconds)
+                return None
+            case _queue.QPause(seconds):
                 await asyncio.sleep(seconds)
                 return None
         return await _call_async(self._store, self._terms, step)

@@ -1,0 +1,164 @@
+"""First come, first served: a queue of numbered tickets, each a claim, written once for both faces.
+
+A queue is named by a string; its tickets are claims on the units ``(name, "1")``,
+``(name, "2")``... all under the one holder ``name``, so ``store.claims_of(name)``
+lists the live ones (a snapshot). A ticket's number is its place: the lowest live
+number is the head.
+
+Taking a ticket: read the live numbers, claim ``max + 1`` (the claim of the unit
+is the decision: one ticket per number), then read again. If a live ticket above
+ours shows up, ours went in after it (we claimed a number freed meanwhile): ours
+is released and we try again above it. Every ticket that stays was claimed after
+every lower one that stays, and before every higher one: **arrival order is the
+order in which the store granted the surviving ticket claims.** The highest
+number never moves back, so some joiner always gets through.
+
+Tickets are holds with a short TTL that the waiter renews while it waits: a
+waiter killed with ``kill -9`` (or paused past the TTL) stops renewing, its
+ticket expires, and the next one is head. A paused waiter that comes back finds
+its ticket gone (the renewal raises :class:`~dibs.HoldLost`) and queues again at
+the back.
+
+The rules yield :class:`QCall` (one call of the store's public API, by name) and
+:class:`QPause` steps; each face performs them with blocking calls or awaits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dibs._model import Claim, ClaimResult, Unit
+from dibs.exceptions import ClaimNotFound, HoldLost, StoreUnavailable
+
+__all__ = ["TICKET_TTL", "Place", "QCall", "QPause", "Ticket", "queue_name"]
+
+TICKET_TTL = 5.0
+"""Seconds a waiter's ticket lives unrenewed: how long a killed waiter can hold up the queue."""
+
+_PREFIX = "dibs-queue-"
+
+
+def queue_name(kind: str, key: str) -> str:
+    """The queue's name (its tickets' resource and holder), bounded whatever ``key`` holds."""
+    digest = hashlib.sha256(f"{kind}\x1f{key}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{_PREFIX}{kind}-{digest[:40]}"
+
+
+@dataclass(frozen=True, slots=True)
+class QCall:
+    """Call ``store.<method>(*args, **kwargs)`` (awaited on the async face); its answer."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QPause:
+    """Wait up to ``seconds``; a face that watches the store's change feed may cut it short."""
+
+    seconds: float
+    hurried: float = 0.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A waiter's live ticket: its claim, number, and when it was last renewed (monotonic)."""
+
+    queue: str
+    claim: Claim
+    number: int
+    renewed: float
+    ttl: float = TICKET_TTL
+
+    @property
+    def due(self) -> bool:
+        """Whether a third of the TTL has passed since the ticket was claimed or renewed."""
+        return time.monotonic() >= self.renewed + self.ttl / 3
+
+
+@dataclass(slots=True)
+class Place:
+    """Where a waiter holds its ticket while it waits, for its face to give back if cut off."""
+
+    ticket: Ticket | None = None
+
+
+_Rule = Generator[QCall | QPause, Any, Any]
+
+
+def live(queue: str) -> _Rule:
+    """The queue's live tickets as ``{number: claim}`` (a snapshot)."""
+    claims: list[Claim] = yield QCall("claims_of", (queue,))
+    found: dict[int, Claim] = {}
+    for claim in claims:
+        for target in claim.targets:
+            if isinstance(target, Unit) and target.resource == queue and target.slot.isdigit():
+                found[int(target.slot)] = claim
+    return found
+
+
+def join(queue: str, ttl: float = TICKET_TTL) -> _Rule:
+    """Take a ticket at the back of ``queue``; the :class:`Ticket`."""
+    while True:
+        numbers = yield from live(queue)
+        number = max(numbers, default=0) + 1
+        request_id = f"queue-{uuid.uuid4().hex}"
+        sent = time.monotonic()
+        # Linearization point: the claim of the ticket's unit (one ticket per number).
+        result: ClaimResult = yield QCall(
+            "claim",
+            (Unit(queue, str(number)),),
+            {"holder": queue, "ttl": ttl, "request_id": request_id},
+        )
+        claim = result.claim
+        if not result or claim is None or claim.request_id != request_id:
+            continue  # another joiner took this number: read again
+        ticket = Ticket(queue, claim, number, sent, ttl)
+        after = yield from live(queue)
+        if any(other > number for other in after):
+            yield from leave(ticket)  # claimed a number freed meanwhile: behind a later joiner
+            continue
+        return ticket
+
+
+def position(ticket: Ticket) -> _Rule:
+    """How many live tickets are ahead of ``ticket`` (0: it is the head); None if it is gone."""
+    numbers = yield from live(ticket.queue)
+    mine = numbers.get(ticket.number)
+    if mine is None or mine.id != ticket.claim.id:
+        return None
+    return sum(1 for number in numbers if number < ticket.number)
+
+
+def renew(ticket: Ticket) -> _Rule:
+    """Extend the ticket if it is due; False if it is lost (expired, taken over, swept)."""
+    if not ticket.due:
+        return True
+    sent = time.monotonic()
+    try:
+        claim: Claim = yield QCall(
+            "extend",
+            (ticket.claim.id,),
+            {"holder": ticket.queue, "fence": ticket.claim.fence, "ttl": ticket.ttl},
+        )
+    except (HoldLost, ClaimNotFound):
+        return False
+    except StoreUnavailable:
+        return True  # tried again on the next turn; it lives a whole TTL
+    ticket.claim, ticket.renewed = claim, sent
+    return True
+
+
+def leave(ticket: Ticket) -> _Rule:
+    """Release the ticket, best effort (it expires by itself)."""
+    with contextlib.suppress(HoldLost, ClaimNotFound, StoreUnavailable):
+        yield QCall(
+            "release", (ticket.claim.id,), {"holder": ticket.queue, "fence": ticket.claim.fence}
+        )
