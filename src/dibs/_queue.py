@@ -5,13 +5,14 @@ A queue is named by a string; its tickets are claims on the units ``(name, "1")`
 lists the live ones (a snapshot). A ticket's number is its place: the lowest live
 number is the head.
 
-Taking a ticket: read the live numbers, claim ``max + 1`` (the claim of the unit
-is the decision: one ticket per number), then read again. If a live ticket above
-ours shows up, ours went in after it (we claimed a number freed meanwhile): ours
-is released and we try again above it. Every ticket that stays was claimed after
-every lower one that stays, and before every higher one: **arrival order is the
-order in which the store granted the surviving ticket claims.** The highest
-number never moves back, so some joiner always gets through.
+Taking a ticket: claim the queue's counter unit ``(name, "next")`` as a short
+hold (joiners take turns at it); its fence, larger than that of every earlier
+claim on that unit, is the ticket's number. Claim the ticket's unit under that
+number, check that no live ticket is above it, and release the counter. So a
+joiner's ticket is claimed after every earlier joiner's is, and numbers never
+repeat: **arrival order is the order in which the store granted the turns at the
+counter.** (A joiner paused past the counter's TTL may find a later joiner's
+ticket above its own: it releases its own and joins again, behind.)
 
 Tickets are holds with a short TTL that the waiter renews while it waits: a
 waiter killed with ``kill -9`` (or paused past the TTL) stops renewing, its
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
 import time
 import uuid
 from collections.abc import Generator
@@ -42,6 +44,11 @@ TICKET_TTL = 5.0
 """Seconds a waiter's ticket lives unrenewed: how long a killed waiter can hold up the queue."""
 
 _PREFIX = "dibs-queue-"
+_COUNTER = "next"  # the counter unit's slot; tickets' slots are their numbers (digits)
+_TURN_TTL = 1.0  # seconds a joiner's turn at the counter lives: a cut-off joiner's blocks no longer
+_FIRST_PAUSE = 0.001
+_MAX_PAUSE = 0.05  # between tries at the counter: it is held for two round trips at most
+_random = random.Random()  # our own: a queue never moves the global random state
 
 
 def queue_name(kind: str, key: str) -> str:
@@ -106,26 +113,44 @@ def live(queue: str) -> _Rule:
 
 def join(queue: str, ttl: float = TICKET_TTL) -> _Rule:
     """Take a ticket at the back of ``queue``; the :class:`Ticket`."""
+    counter = Unit(queue, _COUNTER)
+    pause = _FIRST_PAUSE
     while True:
-        numbers = yield from live(queue)
-        number = max(numbers, default=0) + 1
+        request_id = f"queue-{uuid.uuid4().hex}"
+        # The counter is held while the ticket is claimed: joins are one at a time, and
+        # its fence (larger than every earlier claim's on it) is the ticket's number.
+        taken: ClaimResult = yield QCall(
+            "claim", (counter,), {"holder": queue, "ttl": _TURN_TTL, "request_id": request_id}
+        )
+        turn = taken.claim
+        if not taken or turn is None or turn.request_id != request_id:
+            yield QPause(_random.uniform(0, pause))
+            pause = min(pause * 2, _MAX_PAUSE)
+            continue
+        number = turn.fence
         request_id = f"queue-{uuid.uuid4().hex}"
         sent = time.monotonic()
-        # Linearization point: the claim of the ticket's unit (one ticket per number).
+        # Linearization point: the claim of the ticket's unit, under the counter.
         result: ClaimResult = yield QCall(
             "claim",
             (Unit(queue, str(number)),),
             {"holder": queue, "ttl": ttl, "request_id": request_id},
         )
         claim = result.claim
-        if not result or claim is None or claim.request_id != request_id:
-            continue  # another joiner took this number: read again
-        ticket = Ticket(queue, claim, number, sent, ttl)
-        after = yield from live(queue)
-        if any(other > number for other in after):
-            yield from leave(ticket)  # claimed a number freed meanwhile: behind a later joiner
-            continue
-        return ticket
+        ticket = None
+        if result and claim is not None and claim.request_id == request_id:
+            ticket = Ticket(queue, claim, number, sent, ttl)
+            after = yield from live(queue)
+            if any(other > number for other in after):
+                # Our turn at the counter expired (we were paused) and a later joiner
+                # went in above us: go behind it.
+                yield from leave(ticket)
+                ticket = None
+        # Not in a finally: a rule cut off (cancelled) cannot yield; the turn then expires.
+        with contextlib.suppress(HoldLost, ClaimNotFound, StoreUnavailable):
+            yield QCall("release", (turn.id,), {"holder": queue, "fence": turn.fence})
+        if ticket is not None:
+            return ticket
 
 
 def position(ticket: Ticket) -> _Rule:
