@@ -40,7 +40,6 @@ NAMES = {
     "AsyncIterator": "Iterator",
     "traced_async": "traced",
     "_abandon_async": "_abandon",
-    "_leave_async": "_leave",
     "_call_async": "_call",
     "adrive": "drive",
 }

@@ -19,7 +19,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dibs import _queue
@@ -39,7 +39,7 @@ from dibs._lease import (
     _Terms,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
-from dibs._queue import Ticket
+from dibs._queue import Place
 from dibs.exceptions import StoreUnavailable
 
 _T = TypeVar("_T")
@@ -52,7 +52,8 @@ __all__ = ["FairAttempt", "fair_claim_policy", "lease_queue"]
 class FairAttempt(_Attempt):
     """An attempt that may hold a ticket, for the face to give back if it is cut off."""
 
-    ticket: Ticket | None = None
+    queue: str = ""
+    place: Place = field(default_factory=Place)
 
 
 def lease_queue(target: Target) -> str:
@@ -70,39 +71,43 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
     started = time.monotonic()
     deadline = None if terms.wait is None else started + terms.wait
     give_up = None if terms.wait is None else started + max(terms.wait, UNAVAILABLE_RETRY)
-    queue = lease_queue(terms.targets[0])
+    queue = attempt.queue = lease_queue(terms.targets[0])
+    place = attempt.place
     delay = _FIRST_PAUSE
     taken: tuple[Target, ...] = terms.targets
     while True:
         try:
-            if attempt.ticket is None:
+            if place.ticket is None:
                 if not (yield from _queue.live(queue)):  # no one queues: try at once
                     claim, taken = yield from _try(terms, attempt, give_up)
                     if claim is not None:
                         return claim
-                attempt.ticket = yield from _queue.join(queue)
+                yield from _queue.join(queue, place)
                 delay = _FIRST_PAUSE
-            ticket = attempt.ticket
+            ticket = place.ticket
+            assert ticket is not None
             if not (yield from _queue.renew(ticket)):
-                attempt.ticket = None  # expired (we were paused): queue again at the back
+                place.ticket = None  # expired (we were paused): queue again at the back
                 continue
             ahead = yield from _queue.position(ticket)
             if ahead is None:
-                attempt.ticket = None
+                place.ticket = None
                 continue
             if ahead == 0:  # the head: only it may claim the targets
                 claim, taken = yield from _try(terms, attempt, give_up)
                 if claim is not None:
-                    attempt.ticket = None
+                    # Cut off while leaving the queue: the face releases the hold too.
+                    attempt.unanswered = claim.request_id
                     yield from _queue.leave(ticket)
+                    place.ticket = attempt.unanswered = None
                     return claim
         except StoreUnavailable:
             if give_up is not None and time.monotonic() >= give_up:
                 raise
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            if attempt.ticket is not None:
-                ticket, attempt.ticket = attempt.ticket, None
+            if place.ticket is not None:
+                ticket, place.ticket = place.ticket, None
                 yield from _queue.leave(ticket)
             holders: dict[Target, str | None] = {}
             with contextlib.suppress(StoreUnavailable):  # who holds them is for the message only

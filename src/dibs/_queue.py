@@ -38,7 +38,7 @@ from typing import Any
 from dibs._model import Claim, ClaimResult, Unit
 from dibs.exceptions import ClaimNotFound, HoldLost, StoreUnavailable
 
-__all__ = ["TICKET_TTL", "Place", "QCall", "QPause", "Ticket", "queue_name"]
+__all__ = ["TICKET_TTL", "Place", "QCall", "QPause", "Ticket", "abandon", "join", "queue_name"]
 
 TICKET_TTL = 5.0
 """Seconds a waiter's ticket lives unrenewed: how long a killed waiter can hold up the queue."""
@@ -92,9 +92,11 @@ class Ticket:
 
 @dataclass(slots=True)
 class Place:
-    """Where a waiter holds its ticket while it waits, for its face to give back if cut off."""
+    """A waiter's ticket and its claims sent unanswered, for its face to give back if cut off."""
 
     ticket: Ticket | None = None
+    pending: dict[str, tuple[Unit, float]] = field(default_factory=dict)
+    """Request ID -> (unit, ttl) of each claim sent whose answer has not come yet."""
 
 
 _Rule = Generator[QCall | QPause, Any, Any]
@@ -111,19 +113,19 @@ def live(queue: str) -> _Rule:
     return found
 
 
-def join(queue: str, ttl: float = TICKET_TTL) -> _Rule:
-    """Take a ticket at the back of ``queue``; the :class:`Ticket`."""
+def join(queue: str, place: Place, ttl: float = TICKET_TTL) -> _Rule:
+    """Take a ticket at the back of ``queue``; the :class:`Ticket` (also left in ``place``)."""
     counter = Unit(queue, _COUNTER)
     pause = _FIRST_PAUSE
     while True:
-        request_id = f"queue-{uuid.uuid4().hex}"
+        turn_id = f"queue-{uuid.uuid4().hex}"
         # The counter is held while the ticket is claimed: joins are one at a time, and
         # its fence (larger than every earlier claim's on it) is the ticket's number.
-        taken: ClaimResult = yield QCall(
-            "claim", (counter,), {"holder": queue, "ttl": _TURN_TTL, "request_id": request_id}
-        )
+        # The turn stays in ``place.pending`` until released, for a cut-off face to release.
+        taken: ClaimResult = yield from _claim(queue, place, counter, _TURN_TTL, turn_id)
         turn = taken.claim
-        if not taken or turn is None or turn.request_id != request_id:
+        if not taken or turn is None or turn.request_id != turn_id:
+            del place.pending[turn_id]
             yield QPause(_random.uniform(0, pause))
             pause = min(pause * 2, _MAX_PAUSE)
             continue
@@ -131,26 +133,52 @@ def join(queue: str, ttl: float = TICKET_TTL) -> _Rule:
         request_id = f"queue-{uuid.uuid4().hex}"
         sent = time.monotonic()
         # Linearization point: the claim of the ticket's unit, under the counter.
-        result: ClaimResult = yield QCall(
-            "claim",
-            (Unit(queue, str(number)),),
-            {"holder": queue, "ttl": ttl, "request_id": request_id},
-        )
+        result = yield from _claim(queue, place, Unit(queue, str(number)), ttl, request_id)
+        del place.pending[request_id]
         claim = result.claim
-        ticket = None
         if result and claim is not None and claim.request_id == request_id:
-            ticket = Ticket(queue, claim, number, sent, ttl)
+            place.ticket = Ticket(queue, claim, number, sent, ttl)
             after = yield from live(queue)
             if any(other > number for other in after):
                 # Our turn at the counter expired (we were paused) and a later joiner
                 # went in above us: go behind it.
-                yield from leave(ticket)
-                ticket = None
-        # Not in a finally: a rule cut off (cancelled) cannot yield; the turn then expires.
+                yield from leave(place.ticket)
+                place.ticket = None
+        # Not in a finally: a rule cut off (cancelled) cannot yield; its face releases it.
         with contextlib.suppress(HoldLost, ClaimNotFound, StoreUnavailable):
             yield QCall("release", (turn.id,), {"holder": queue, "fence": turn.fence})
-        if ticket is not None:
-            return ticket
+        del place.pending[turn_id]
+        if place.ticket is not None:
+            return place.ticket
+
+
+def _claim(queue: str, place: Place, unit: Unit, ttl: float, request_id: str) -> _Rule:
+    """Claim ``unit`` for the queue, noted in ``place.pending`` (the caller clears it)."""
+    place.pending[request_id] = (unit, ttl)
+    result: ClaimResult = yield QCall(
+        "claim", (unit,), {"holder": queue, "ttl": ttl, "request_id": request_id}
+    )
+    return result
+
+
+def abandon(queue: str, place: Place) -> _Rule:
+    """Give back what a cut-off waiter holds: its ticket, and any claim it sent unanswered.
+
+    A claim whose answer was lost is replayed with its request ID (the store answers
+    its outcome, or makes it now) and released. Best effort: all of it expires anyway.
+    """
+    for request_id, (unit, ttl) in list(place.pending.items()):
+        with contextlib.suppress(HoldLost, ClaimNotFound, StoreUnavailable):
+            result: ClaimResult = yield QCall(
+                "claim", (unit,), {"holder": queue, "ttl": ttl, "request_id": request_id}
+            )
+            claim = result.claim
+            if result and claim is not None and claim.request_id == request_id:
+                yield QCall("release", (claim.id,), {"holder": queue, "fence": claim.fence})
+    place.pending.clear()
+    if place.ticket is not None:
+        ticket, place.ticket = place.ticket, None
+        yield from leave(ticket)
 
 
 def position(ticket: Ticket) -> _Rule:

@@ -266,14 +266,6 @@ def _abandon(store: Store, terms: _Terms, request_id: str) -> None:
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
 
 
-def _leave(store: Store, ticket: _queue.Ticket) -> None:
-    """Best effort: give back the ticket of a waiter cut off while queued (it expires anyway)."""
-    try:
-        store.release(ticket.claim.id, holder=ticket.queue, fence=ticket.claim.fence)
-    except Exception as exc:  # best effort: the ticket expires by itself
-        _logger.info("lease: ticket %s left to expire (%s)", ticket.claim.id, exc)
-
-
 # --- end of the generated part ---
 
 
@@ -318,14 +310,6 @@ async def _abandon_async(store: AsyncStore, terms: _Terms, request_id: str) -> N
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
 
 
-async def _leave_async(store: AsyncStore, ticket: _queue.Ticket) -> None:
-    """Best effort: give back the ticket of a waiter cut off while queued (it expires anyway)."""
-    try:
-        await store.release(ticket.claim.id, holder=ticket.queue, fence=ticket.claim.fence)
-    except Exception as exc:  # best effort: the ticket expires by itself
-        _logger.info("lease: ticket %s left to expire (%s)", ticket.claim.id, exc)
-
-
 # --- end of the shared part ---
 
 
@@ -365,8 +349,9 @@ class Lease(_LeaseFace):
         except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 _abandon(self._store, self._terms, attempt.unanswered)
-            if attempt.ticket is not None:  # cut off while queued: the next waiter goes on
-                _leave(self._store, attempt.ticket)
+            if attempt.queue:  # cut off while queued: the next waiter goes on
+                with contextlib.suppress(Exception):  # best effort: tickets expire anyway
+                    _drive(_queue.abandon(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
             raise
         finally:
             if self._feed is not None:
@@ -541,8 +526,11 @@ class AsyncLease(_LeaseFace):
                 # Settled before the error propagates, even if cancelled again: once
                 # the cancelled entry returns, a retry finds the targets as they were.
                 await to_the_end(_abandon_async(self._store, self._terms, attempt.unanswered))
-            if attempt.ticket is not None:  # cut off while queued: the next waiter goes on
-                await to_the_end(_leave_async(self._store, attempt.ticket))
+            if attempt.queue:  # cut off while queued: the next waiter goes on
+                with contextlib.suppress(Exception):  # best effort: tickets expire anyway
+                    await to_the_end(
+                        _adrive(_queue.abandon(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
+                    )
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
         self._task = task

@@ -238,8 +238,9 @@ class _Rules:
                         got, permits = yield from self._once()
                         if got is not None:
                             return got
-                    place.ticket = yield from _queue.join(queue)
+                    yield from _queue.join(queue, place)
                 ticket = place.ticket
+                assert ticket is not None
                 if not (yield from _queue.renew(ticket)):
                     place.ticket = None  # expired while we were paused: queue again
                     continue
@@ -250,8 +251,8 @@ class _Rules:
                 if ahead == 0:  # the head: only it may try the slots
                     got, permits = yield from self._once()
                     if got is not None:
-                        place.ticket = None
                         yield from _queue.leave(ticket)
+                        place.ticket = None
                         return got
             waited = time.monotonic() - started
             if wait is not None and waited >= wait:
@@ -452,9 +453,12 @@ class SemaphoreLease(_LeaseView):
         except BaseException as exc:
             if self._pending is not None:  # entered, then interrupted before it was handed over
                 self._pending.__exit__(type(exc), exc, exc.__traceback__)
-            if self._place.ticket is not None:  # cut off while queued: the next one goes on
-                with contextlib.suppress(Exception):  # best effort: the ticket expires anyway
-                    drive(_queue.leave(self._place.ticket), sem._perform, _LEFT)
+            with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
+                drive(
+                    _queue.abandon(queue_name("semaphore", sem.key), self._place),
+                    sem._perform,
+                    _LEFT,
+                )
             raise
         self._take(inner, limit)
         return self
@@ -592,9 +596,14 @@ class AsyncSemaphoreLease(_LeaseView):
         except BaseException as exc:
             if self._pending is not None:  # entered, then interrupted before it was handed over
                 await to_the_end(self._pending.__aexit__(type(exc), exc, exc.__traceback__))
-            if self._place.ticket is not None:  # cut off while queued: the next one goes on
-                with contextlib.suppress(Exception):  # best effort: the ticket expires anyway
-                    await to_the_end(adrive(_queue.leave(self._place.ticket), sem._perform, _LEFT))
+            with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
+                await to_the_end(
+                    adrive(
+                        _queue.abandon(queue_name("semaphore", sem.key), self._place),
+                        sem._perform,
+                        _LEFT,
+                    )
+                )
             raise
         self._take(inner, limit)
         return self

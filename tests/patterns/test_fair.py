@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eventually import aeventually, eventually
 
 import dibs
 import dibs.aio
@@ -25,6 +24,7 @@ from conftest import fresh_url
 from dibs import ResourceBusy, Store, Unit
 from dibs._fair import lease_queue
 from dibs._queue import queue_name
+from eventually import aeventually, eventually
 
 UNIT = Unit("fair-seat", "show-1")
 WAITERS = 6
