@@ -34,7 +34,9 @@ The policy:
   :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
   holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
   the store's change feed where it has one, which only shortens a pause) until
-  then; ``wait=None`` waits as long as it takes.
+  then; ``wait=None`` waits as long as it takes. Waiters are served first come,
+  first served: each takes a ticket in its first target's queue and only the
+  head tries (``dibs._fair``, ``dibs._queue``; docs/leases.md, "Fair waiting").
 * **Renewal.** Every ``renew_every`` seconds, or sooner when half the time the
   hold has left is gone. An extend that fails with :class:`~dibs.StoreUnavailable` is
   retried while the hold can still be alive: until ``ttl`` after the last
