@@ -22,7 +22,6 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from dibs import _queue
 from dibs._lease import (
     _FIRST_PAUSE,
     _MAX_PAUSE,
@@ -39,7 +38,12 @@ from dibs._lease import (
     _Terms,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
-from dibs._queue import Place
+from dibs._queue import Place, QPause, queue_name
+from dibs._queue import join as join_queue
+from dibs._queue import leave as leave_queue
+from dibs._queue import live as live_tickets
+from dibs._queue import position as queue_position
+from dibs._queue import renew as renew_ticket
 from dibs.exceptions import StoreUnavailable
 
 _T = TypeVar("_T")
@@ -59,9 +63,9 @@ class FairAttempt(_Attempt):
 def lease_queue(target: Target) -> str:
     """The queue that waiters for ``target`` (a lease's first target) line up in."""
     if isinstance(target, Span):
-        return _queue.queue_name("span", target.resource)
+        return queue_name("span", target.resource)
     assert isinstance(target, Unit)
-    return _queue.queue_name("unit", f"{target.resource}\x1f{target.slot}")
+    return queue_name("unit", f"{target.resource}\x1f{target.slot}")
 
 
 def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
@@ -78,18 +82,18 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
     while True:
         try:
             if place.ticket is None:
-                if not (yield from _queue.live(queue)):  # no one queues: try at once
+                if not (yield from live_tickets(queue)):  # no one queues: try at once
                     claim, taken = yield from _try(terms, attempt, give_up)
                     if claim is not None:
                         return claim
-                yield from _queue.join(queue, place)
+                yield from join_queue(queue, place)
                 delay = _FIRST_PAUSE
             ticket = place.ticket
             assert ticket is not None
-            if not (yield from _queue.renew(ticket)):
+            if not (yield from renew_ticket(ticket)):
                 place.ticket = None  # expired (we were paused): queue again at the back
                 continue
-            ahead = yield from _queue.position(ticket)
+            ahead = yield from queue_position(ticket)
             if ahead is None:
                 place.ticket = None
                 continue
@@ -98,7 +102,7 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
                 if claim is not None:
                     # Cut off while leaving the queue: the face releases the hold too.
                     attempt.unanswered = claim.request_id
-                    yield from _queue.leave(ticket)
+                    yield from leave_queue(ticket)
                     place.ticket = attempt.unanswered = None
                     return claim
         except StoreUnavailable:
@@ -108,7 +112,7 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
         if deadline is not None and now >= deadline:
             if place.ticket is not None:
                 ticket, place.ticket = place.ticket, None
-                yield from _queue.leave(ticket)
+                yield from leave_queue(ticket)
             holders: dict[Target, str | None] = {}
             with contextlib.suppress(StoreUnavailable):  # who holds them is for the message only
                 holders = yield _HoldersStep(taken[:_SHOWN_HOLDERS])
@@ -116,7 +120,7 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
         pause = _jitter(delay)
         if deadline is not None:
             pause = min(pause, max(0.0, deadline - now))
-        yield _queue.QPause(pause, _jitter(delay) / 4)
+        yield QPause(pause, _jitter(delay) / 4)
         delay = min(delay * 2, _MAX_PAUSE)
 
 

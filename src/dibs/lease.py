@@ -66,7 +66,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from dibs import _queue
 from dibs._fair import FairAttempt, fair_claim_policy
 from dibs._lease import (
     _FEED_POLL,
@@ -92,6 +91,8 @@ from dibs._lease import (
     _unexpected,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
+from dibs._queue import QCall, QPause
+from dibs._queue import abandon as abandon_queue
 from dibs._shield import to_the_end
 from dibs.exceptions import HoldLost, StoreUnavailable
 from dibs.stores.base import Store
@@ -245,7 +246,7 @@ def _call(store: Store, terms: _Terms, step: _Step) -> Any:
             return store.get(claim_id)
         case _HoldersStep(targets):
             return {target: store.holder_of(_one(target)) for target in targets}
-        case _queue.QCall(method, args, kwargs):
+        case QCall(method, args, kwargs):
             return getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
@@ -289,7 +290,7 @@ async def _call_async(store: AsyncStore, terms: _Terms, step: _Step) -> Any:
             return await store.get(claim_id)
         case _HoldersStep(targets):
             return {target: await store.holder_of(_one(target)) for target in targets}
-        case _queue.QCall(method, args, kwargs):
+        case QCall(method, args, kwargs):
             return await getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
@@ -353,7 +354,7 @@ class Lease(_LeaseFace):
                 _abandon(self._store, self._terms, attempt.unanswered)
             if attempt.queue:  # cut off while queued: the next waiter goes on
                 with contextlib.suppress(Exception):  # best effort: tickets expire anyway
-                    _drive(_queue.abandon(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
+                    _drive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
             raise
         finally:
             if self._feed is not None:
@@ -420,10 +421,10 @@ class Lease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 self._await_change(seconds, hurried)
                 return None
-            case _queue.QPause(seconds, hurried):
+            case QPause(seconds, hurried):
                 self._await_change(seconds, hurried)
                 return None
-            case _ClaimStep() | _queue.QCall():
+            case _ClaimStep() | QCall():
                 result = _call(self._store, self._terms, step)
                 if self._feed is not None:  # after the claim: its own write is no news
                     self._token = self._read_feed()
@@ -531,7 +532,7 @@ class AsyncLease(_LeaseFace):
             if attempt.queue:  # cut off while queued: the next waiter goes on
                 with contextlib.suppress(Exception):  # best effort: tickets expire anyway
                     await to_the_end(
-                        _adrive(_queue.abandon(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
+                        _adrive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
                     )
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
@@ -617,7 +618,7 @@ class AsyncLease(_LeaseFace):
             case _SleepStep(seconds) | _ChangeStep(seconds):  # this face polls (see above)
                 await asyncio.sleep(seconds)
                 return None
-            case _queue.QPause(seconds):
+            case QPause(seconds):
                 await asyncio.sleep(seconds)
                 return None
         return await _call_async(self._store, self._terms, step)

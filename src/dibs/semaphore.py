@@ -38,11 +38,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from dibs import _queue
 from dibs._drive import adrive, drive
 from dibs._lease import _terms
 from dibs._model import Claim, ClaimResult, Unit
 from dibs._queue import Place, QCall, QPause, queue_name
+from dibs._queue import abandon as abandon_queue
+from dibs._queue import join as join_queue
+from dibs._queue import leave as leave_queue
+from dibs._queue import live as live_tickets
+from dibs._queue import position as queue_position
+from dibs._queue import renew as renew_ticket
 from dibs._shield import to_the_end
 from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput, ResourceBusy, StoreUnavailable
 from dibs.lease import AsyncLease, Lease
@@ -234,31 +239,31 @@ class _Rules:
                     return got
             else:
                 if place.ticket is None:
-                    if not (yield from _queue.live(queue)):  # no one queues: try at once
+                    if not (yield from live_tickets(queue)):  # no one queues: try at once
                         got, permits = yield from self._once()
                         if got is not None:
                             return got
-                    yield from _queue.join(queue, place)
+                    yield from join_queue(queue, place)
                 ticket = place.ticket
                 assert ticket is not None
-                if not (yield from _queue.renew(ticket)):
+                if not (yield from renew_ticket(ticket)):
                     place.ticket = None  # expired while we were paused: queue again
                     continue
-                ahead = yield from _queue.position(ticket)
+                ahead = yield from queue_position(ticket)
                 if ahead is None:
                     place.ticket = None
                     continue
                 if ahead == 0:  # the head: only it may try the slots
                     got, permits = yield from self._once()
                     if got is not None:
-                        yield from _queue.leave(ticket)
+                        yield from leave_queue(ticket)
                         place.ticket = None
                         return got
             waited = time.monotonic() - started
             if wait is not None and waited >= wait:
                 if place.ticket is not None:
                     ticket, place.ticket = place.ticket, None
-                    yield from _queue.leave(ticket)
+                    yield from leave_queue(ticket)
                 raise ResourceBusy(
                     f"semaphore {key!r} for {holder!r}: all {permits} permits taken,"
                     f" waited {waited:.3g}s",
@@ -455,7 +460,7 @@ class SemaphoreLease(_LeaseView):
                 self._pending.__exit__(type(exc), exc, exc.__traceback__)
             with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
                 drive(
-                    _queue.abandon(queue_name("semaphore", sem.key), self._place),
+                    abandon_queue(queue_name("semaphore", sem.key), self._place),
                     sem._perform,
                     _LEFT,
                 )
@@ -599,7 +604,7 @@ class AsyncSemaphoreLease(_LeaseView):
             with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
                 await to_the_end(
                     adrive(
-                        _queue.abandon(queue_name("semaphore", sem.key), self._place),
+                        abandon_queue(queue_name("semaphore", sem.key), self._place),
                         sem._perform,
                         _LEFT,
                     )

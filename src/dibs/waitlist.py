@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from dibs import _queue
 from dibs._drive import drive
 from dibs._model import Claim, ClaimResult, ClaimState, Unit, check_holder, check_ttl, shown
-from dibs._queue import QCall
+from dibs._queue import QCall, queue_name
 from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput
 from dibs.stores.base import Store
 
@@ -130,9 +129,9 @@ class _Rules:
         assert ttl is not None
         self.key = key
         self.offer_ttl = ttl
-        self._list = _queue.queue_name("waitlist", key)
-        self._who = _queue.queue_name("waitlist-who", key)
-        self._records = _queue.queue_name("waitlist-offers", key)
+        self._list = queue_name("waitlist", key)
+        self._who = queue_name("waitlist-who", key)
+        self._records = queue_name("waitlist-offers", key)
         self._offer_prefix = f"{self._list}-offer-"
 
     # --- reading ----------------------------------------------------------------------
