@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dibs
 import dibs.aio
@@ -24,6 +26,8 @@ from conftest import fresh_url
 from dibs import ResourceBusy, Store, Unit
 from dibs._fair import lease_queue
 from dibs._queue import queue_name
+from dibs.lease import LEASE_TTL_MIN
+from dibs.limits import TTL_MAX
 from eventually import aeventually, eventually
 
 UNIT = Unit("fair-seat", "show-1")
@@ -219,3 +223,58 @@ def test_processes_are_served_in_arrival_order_past_a_killed_waiter(
             assert waiters[me].wait(100) == 0
         assert out.read_text().split() == ["0", "2", "3"]
         assert store.claims_of(queue) == []
+
+
+names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    resource=names,
+    slot=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")),
+    holder=names,
+    ttl=st.one_of(st.just(LEASE_TTL_MIN), st.just(TTL_MAX), st.floats(LEASE_TTL_MIN, TTL_MAX)),
+    wait=st.sampled_from([0.01, None]),
+)
+def test_any_unit_and_ttl_waits_in_its_own_queue(
+    resource: str, slot: str, holder: str, ttl: float, wait: float | None
+) -> None:
+    unit = Unit(resource, slot)
+    with dibs.open("memory://") as store:
+        with store.lease(unit, holder=holder, ttl=ttl, wait=wait) as lease:  # free: at once
+            assert store.holder_of(unit) == holder
+            if wait is not None:
+                with pytest.raises(ResourceBusy), store.lease(unit, holder="x", ttl=ttl, wait=wait):
+                    pass
+        assert lease.claim.holder == holder
+        assert store.claims_of(lease_queue(unit)) == []
+
+
+def test_racing_threads_hold_one_at_a_time_and_all_get_in(url: str, store_kind: str) -> None:
+    """Waiters racing without a forced order: one holder at a time, each served, no ticket left."""
+    rounds = {"memory": 8, "sqlite": 3, "postgresql": 3, "etcd": 2}[store_kind]
+    with dibs.open(url) as store:
+        inside, most, served = [0], [0], []
+        lock = threading.Lock()
+
+        def work(me: int) -> None:
+            for _ in range(rounds):
+                with store.lease(UNIT, holder=f"t{me}", ttl=30, wait=None):
+                    with lock:
+                        inside[0] += 1
+                        most[0] = max(most[0], inside[0])
+                    served.append(me)
+                    with lock:
+                        inside[0] -= 1
+
+        threads = [threading.Thread(target=work, args=(me,)) for me in range(6)]
+        for thread in threads:
+            thread.start()
+        _joined(threads)
+        assert most[0] == 1
+        assert sorted(served) == sorted(list(range(6)) * rounds)
+        assert store.claims_of(lease_queue(UNIT)) == []
