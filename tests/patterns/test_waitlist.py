@@ -9,6 +9,9 @@ freed unit is one offer, and one entry gets at most one offer, under races.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +226,44 @@ def test_bad_input_is_invalid_input_naming_it(store: Store, call: object, field:
     with pytest.raises(InvalidInput) as bad:
         call(store)  # type: ignore[operator]
     assert bad.value.field == field
+
+
+_FREER = """
+import sys, dibs
+store = dibs.open(sys.argv[1])
+wl = dibs.Waitlist(store, "procs")
+claim = store.get(sys.argv[2])
+for offer in wl.release(claim.id, holder="buyer", fence=claim.fence):
+    print(offer.holder, offer.unit.resource, flush=True)
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql", "etcd"])
+def test_processes_freeing_at_once_offer_each_unit_once_to_the_heads(url: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    units = [Unit(f"proc-seat-{n}", "s") for n in range(4)]
+    with dibs.open(url) as store:
+        wl = dibs.Waitlist(store, "procs")
+        sold = [_sold(store, unit) for unit in units]
+        people = [f"p{n}" for n in range(6)]
+        for person in people:
+            wl.join(person)
+        freers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _FREER, url, claim.id],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for claim in sold
+        ]
+        lines = []
+        for freer in freers:
+            out, _ = freer.communicate(timeout=100)
+            assert freer.returncode == 0
+            lines += out.split("\n")
+        offers = [line.split() for line in lines if line]
+        assert sorted(holder for holder, _ in offers) == people[:4]
+        assert sorted(unit for _, unit in offers) == sorted(u.resource for u in units)
+        assert [entry.holder for entry in wl.entries()] == people[4:]
