@@ -38,10 +38,24 @@ from typing import Any
 from dibs._model import Claim, ClaimResult, Unit
 from dibs.exceptions import ClaimNotFound, HoldLost, StoreUnavailable
 
-__all__ = ["TICKET_TTL", "Place", "QCall", "QPause", "Ticket", "abandon", "join", "queue_name"]
+__all__ = [
+    "QUEUE_ERRORS",
+    "TICKET_TTL",
+    "Place",
+    "QCall",
+    "QPause",
+    "Ticket",
+    "abandon",
+    "join",
+    "queue_name",
+    "turn",
+]
 
 TICKET_TTL = 5.0
 """Seconds a waiter's ticket lives unrenewed: how long a killed waiter can hold up the queue."""
+
+QUEUE_ERRORS = (HoldLost, ClaimNotFound, StoreUnavailable)
+"""The errors the queue's rules decide on (a driver throws them back in)."""
 
 _PREFIX = "dibs-queue-"
 _COUNTER = "next"  # the counter unit's slot; tickets' slots are their numbers (digits)
@@ -159,6 +173,28 @@ def _claim(queue: str, place: Place, unit: Unit, ttl: float, request_id: str) ->
         "claim", (unit,), {"holder": queue, "ttl": ttl, "request_id": request_id}
     )
     return result
+
+
+def turn(queue: str, place: Place, tried: bool) -> _Rule:
+    """Whether this waiter may try now: no one queues and it has not tried yet, or its ticket
+    is the head. Joins the queue (once it has tried) and renews its ticket as it goes."""
+    while True:
+        if place.ticket is None:
+            if not tried and not (yield from live(queue)):
+                return True  # no one queues: try at once, without a ticket
+            yield from join(queue, place)
+        ticket = place.ticket
+        assert ticket is not None
+        if not (yield from renew(ticket)):
+            place.ticket = None  # expired while we were paused: queue again at the back
+            tried = True
+            continue
+        ahead = yield from position(ticket)
+        if ahead is None:
+            place.ticket = None
+            tried = True
+            continue
+        return ahead == 0
 
 
 def abandon(queue: str, place: Place) -> _Rule:

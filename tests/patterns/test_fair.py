@@ -278,3 +278,44 @@ def test_racing_threads_hold_one_at_a_time_and_all_get_in(url: str, store_kind: 
         assert most[0] == 1
         assert sorted(served) == sorted(list(range(6)) * rounds)
         assert store.claims_of(lease_queue(UNIT)) == []
+
+
+def test_booking_exclusive_waiters_are_served_in_arrival_order(url: str) -> None:
+    unit = Unit("fair-room", dibs.booking.EXCLUSIVE_SLOT)
+    with dibs.open(url) as store:
+        queue, served = lease_queue(unit), []
+        with dibs.booking.exclusive(store, "fair-room", holder="owner"):
+            threads = _start_in_order(
+                store,
+                lambda me: dibs.booking.exclusive(store, "fair-room", holder=f"w{me}", wait=None),
+                queue,
+                served,
+            )
+        _joined(threads)
+        assert served == list(range(WAITERS))
+        assert store.claims_of(queue) == []
+
+
+async def _async_booking_order(url: str) -> list[int]:
+    unit = Unit("fair-room", dibs.booking.EXCLUSIVE_SLOT)
+    async with dibs.aio.open(url) as store:
+        queue, served = lease_queue(unit), []
+
+        async def wait(me: int) -> None:
+            async with dibs.aio.booking.exclusive(store, "fair-room", holder=f"w{me}", wait=None):
+                served.append(me)
+
+        async with dibs.aio.booking.exclusive(store, "fair-room", holder="owner"):
+            tasks = []
+            for me in range(WAITERS):
+                tasks.append(asyncio.create_task(wait(me)))
+                await aeventually(
+                    lambda n=me + 1: _is(lambda: _count(store, queue), n), f"waiter {me} queued"
+                )
+        await asyncio.gather(*tasks)
+        assert await store.claims_of(queue) == []
+        return served
+
+
+def test_async_booking_exclusive_waiters_are_served_in_arrival_order(url: str) -> None:
+    assert asyncio.run(_async_booking_order(url)) == list(range(WAITERS))
