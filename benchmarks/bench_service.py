@@ -23,6 +23,16 @@ removes it (``DELETE``), two requests; in-process, :class:`dibs.Lot` and
 compares the lot awaited on the async store against the sync lot on worker
 threads of an older service.
 
+``--path permit`` measures a semaphore: each operation takes a permit of a
+semaphore with four permits per client (``POST /v1/semaphores/bench/permits``,
+waiting up to 5 s for one: two acquirers may race for the same free slot) and
+releases it (``DELETE /v1/claims/{id}?fence=``), two requests;
+in-process, ``sem.lease()`` enters and exits on :class:`dibs.Semaphore` and
+:class:`dibs.aio.Semaphore` (a lease, which also starts and stops its
+renewal). ``--path rate`` measures rate-limit decisions: each operation is one
+``POST /v1/rate-limits/bench/acquire`` at ``--rate`` (default 10000/s; a 200 or
+a 429 are both a decision), in-process one ``limit.acquire()``.
+
 Prints, per side, the median claims/s and its range over the rounds, p50/p99
 latency over all rounds, the CPU per claim of this (the client's) process and
 of the server's (from /proc); then the ratio of each HTTP side to in-process claims/s, per round
@@ -32,7 +42,7 @@ a sidecar's caller would.
     python benchmarks/bench_service.py [--store postgresql|sqlite|memory] [--clients 8]
                                        [--claims 2000] [--rounds 5] [--old-ref REV]
                                        [--url postgresql://...] [--http-client raw|httplib]
-                                       [--path claim|park]
+                                       [--path claim|park|permit|rate] [--rate 1000/s]
 
 ``--store postgresql`` (the default) starts a private server (fsync off) unless
 ``--url`` names one; each side gets a schema of its own in it.
@@ -106,15 +116,19 @@ def _run_threads(
 
 
 LOT_SIZE = 64
+SEMAPHORE = "dibs.semaphore:bench"  # the service's resource for the semaphore "bench"
+RATE_KEY = "dibs.rate-limit:bench"
 
 
 class InProcess:
     """Client threads calling the sync store's ``claim`` (or a sync lot's park and remove)."""
 
-    def __init__(self, url: str, path: str = "claim") -> None:
+    def __init__(self, url: str, path: str = "claim", clients: int = 8, rate: str = "") -> None:
         self.store = dibs.open(url)
         self.path = path
         self.lot = dibs.Lot(self.store, "bench", LOT_SIZE)
+        self.sem = dibs.Semaphore(self.store, SEMAPHORE, permits=4 * clients)
+        self.limit = dibs.RateLimit(self.store, RATE_KEY, rate or "10000/s")
 
     def run(self, tag: str, clients: int, per_client: int) -> tuple[float, list[float]]:
         store = self.store
@@ -134,7 +148,15 @@ class InProcess:
             )
             assert r
 
-        return _run_threads(clients, per_client, park if self.path == "park" else work)
+        def permit(c: int, i: int) -> None:
+            with self.sem.lease(holder=f"h{c}", ttl=300, wait=5):
+                pass
+
+        def rate(c: int, i: int) -> None:
+            self.limit.acquire()
+
+        chosen = {"park": park, "permit": permit, "rate": rate}.get(self.path, work)
+        return _run_threads(clients, per_client, chosen)
 
     def close(self) -> None:
         self.store.close()
@@ -143,13 +165,15 @@ class InProcess:
 class InProcessAsync:
     """Tasks on one event loop (in a thread of its own) awaiting ``dibs.aio``'s ``claim``."""
 
-    def __init__(self, url: str, path: str = "claim") -> None:
+    def __init__(self, url: str, path: str = "claim", clients: int = 8, rate: str = "") -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.store = self._do(dibs.aio.open(url).open())
         self.path = path
         self.lot = dibs.aio.Lot(self.store, "bench", LOT_SIZE)
+        self.sem = dibs.aio.Semaphore(self.store, SEMAPHORE, permits=4 * clients)
+        self.limit = dibs.aio.RateLimit(self.store, RATE_KEY, rate or "10000/s")
 
     def _do(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -162,6 +186,15 @@ class InProcessAsync:
         async def client(c: int, lat: list[float]) -> None:
             for i in range(per_client):
                 t0 = time.perf_counter()
+                if self.path == "permit":
+                    async with self.sem.lease(holder=f"h{c}", ttl=300, wait=5):
+                        pass
+                    lat.append(time.perf_counter() - t0)
+                    continue
+                if self.path == "rate":
+                    await self.limit.acquire()
+                    lat.append(time.perf_counter() - t0)
+                    continue
                 if self.path == "park":
                     vehicle = f"v-{tag}-{c}-{i}"
                     assert await lot.park(vehicle, 2) is not None
@@ -208,6 +241,10 @@ class RawConnection:
 
     def exchange(self, request: bytes) -> int:
         """Send ``request``; return the response's status once its body is read."""
+        return self.exchange_body(request)[0]
+
+    def exchange_body(self, request: bytes) -> tuple[int, bytes]:
+        """Send ``request``; return the response's status and body."""
         self.sock.sendall(request)
         data = self.buffer
         while (end := data.find(b"\r\n\r\n")) < 0:
@@ -221,7 +258,7 @@ class RawConnection:
         while len(data) < total:
             data += self._recv()
         self.buffer = data[total:]
-        return int(data[9:12])
+        return int(data[9:12]), data[end + 4 : total]
 
     def _recv(self) -> bytes:
         chunk = self.sock.recv(65536)
@@ -245,9 +282,11 @@ class OverHttp:
         *,
         raw: bool = True,
         path: str = "claim",
+        rate: str = "",
     ) -> None:
         self.raw = raw
         self.path = path
+        self.rate = rate or "10000/s"
         keys_file = tmp / f"keys-{secrets.token_hex(3)}.json"
         keys = KeyRing(keys_file)
         self.tokens = [keys.create(f"h{c}")[0] for c in range(clients)]
@@ -278,6 +317,19 @@ class OverHttp:
             http.client.HTTPConnection("127.0.0.1", self.port, timeout=60) for _ in range(clients)
         ]
         self.raw_conns = [RawConnection(self.port) for _ in range(clients)] if raw else []
+        if path == "permit":
+            self.conns[0].request(
+                "PUT",
+                "/v1/semaphores/bench",
+                body=json.dumps({"permits": 4 * clients}),
+                headers={
+                    "Authorization": f"Bearer {self.tokens[0]}",
+                    "Content-Type": "application/json",
+                },
+            )
+            answer = self.conns[0].getresponse()
+            answer.read()
+            assert answer.status == 200, answer.status
         self.cpu_per_claim: list[float] = []
 
     def _cpu(self) -> float | None:
@@ -321,6 +373,40 @@ class OverHttp:
             status = raw_conns[c].exchange(request.encode())
             assert status == 200, status
 
+        permit_template = (
+            "POST /v1/semaphores/bench/permits HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            'Content-Length: 25\r\n\r\n{{"ttl": 300, "wait": 5.0}}'
+        )
+        release_template = (
+            "DELETE /v1/claims/{id}?fence={fence} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Authorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
+        )
+        rate_body = json.dumps({"rate": self.rate})
+        rate_request = [
+            (
+                f"POST /v1/rate-limits/bench/acquire HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(rate_body)}\r\n\r\n{rate_body}"
+            ).encode()
+            for token in tokens
+        ]
+
+        def permit(c: int, i: int) -> None:
+            request = permit_template.format(port=self.port, token=tokens[c])
+            status, body = raw_conns[c].exchange_body(request.encode())
+            assert status == 201, (status, body)
+            claim = json.loads(body)["claim"]
+            request = release_template.format(
+                port=self.port, token=tokens[c], id=claim["id"], fence=claim["fence"]
+            )
+            status = raw_conns[c].exchange(request.encode())
+            assert status == 200, status
+
+        def rate(c: int, i: int) -> None:
+            status = raw_conns[c].exchange(rate_request[c])
+            assert status in (200, 429), status
+
         def raw_work(c: int, i: int) -> None:
             body = json.dumps(
                 {"targets": [{"resource": f"seat-{tag}-{c}-{i}", "slot": "bench"}], "ttl": 300}
@@ -350,9 +436,9 @@ class OverHttp:
             assert response.status == 201, response.status
 
         before = self._cpu()
-        if self.path == "park":
-            assert self.raw, "--path park runs on the raw client"
-            chosen = park
+        if self.path in ("park", "permit", "rate"):
+            assert self.raw, f"--path {self.path} runs on the raw client"
+            chosen = {"park": park, "permit": permit, "rate": rate}[self.path]
         else:
             chosen = raw_work if self.raw else work
         result = _run_threads(clients, per_client, chosen)
@@ -405,10 +491,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--path",
-        choices=["claim", "park"],
+        choices=["claim", "park", "permit", "rate"],
         default="claim",
-        help="what each operation does: a claim (default), or park and remove in a lot",
+        help="what each operation does: a claim (default), park and remove in a lot, "
+        "take and release a semaphore's permit, or one rate-limit decision",
     )
+    parser.add_argument("--rate", default="10000/s", help="the rate of --path rate")
     args = parser.parse_args()
     raw = args.http_client == "raw"
     per_client = max(1, args.claims // args.clients)
@@ -433,10 +521,15 @@ def main() -> None:
 
         sides: dict[str, InProcess | InProcessAsync | OverHttp] = {}
         path = args.path
-        sides["in-process"] = stack.enter_context(closing(InProcess(url("direct"), path)))
-        sides["in-process async"] = stack.enter_context(closing(InProcessAsync(url("aio"), path)))
+        clients, rate = args.clients, args.rate
+        sides["in-process"] = stack.enter_context(
+            closing(InProcess(url("direct"), path, clients, rate))
+        )
+        sides["in-process async"] = stack.enter_context(
+            closing(InProcessAsync(url("aio"), path, clients, rate))
+        )
         sides["HTTP"] = stack.enter_context(
-            closing(OverHttp(url("http"), args.clients, tmp, raw=raw, path=path))
+            closing(OverHttp(url("http"), clients, tmp, raw=raw, path=path, rate=rate))
         )
         if args.old_ref:
             old = _old_source(args.old_ref, tmp)
@@ -456,7 +549,7 @@ def main() -> None:
                 rates[name].append(rate)
                 lats[name].extend(latencies)
     total = per_client * args.clients
-    unit = "claims" if args.path == "claim" else "parks"
+    unit = {"claim": "claims", "park": "parks", "permit": "permits", "rate": "decisions"}[args.path]
     print(
         f"store={args.store} clients={args.clients} {unit}/side/round={total} "
         f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client} "

@@ -13,6 +13,7 @@ from importlib import metadata as _metadata
 from dibs import booking
 from dibs import lease as lease  # loading it gives the stores their lease()
 from dibs._clock import Clock, FakeClock, SystemClock
+from dibs._compiled import compiled_modules as _compiled_modules
 from dibs._model import Claim, ClaimResult, ClaimState, Span, SweepResult, Target, Unit
 from dibs._request import ClaimRequest
 from dibs.exceptions import (
@@ -105,6 +106,9 @@ def _version() -> str:
 
 __version__ = _version()
 """The installed version, from the package metadata (pyproject.toml holds the one copy)."""
+
+compiled = bool(_compiled_modules())
+"""Whether this process runs the compiled (mypyc) claim path: docs/design.md, "Compiled core"."""
 
 # Public names report the package they are imported from, as trio's do, so that
 # reprs, docs and pickles never depend on a private module path.

@@ -39,6 +39,7 @@ except ImportError:  # the cli extra is not installed: plain text
 else:
     _RICH = True
 
+from dibs._compiled import describe as describe_core
 from dibs.stores import redact, store_class
 from dibs.stores.durability import Finding, Severity
 
@@ -70,11 +71,16 @@ def __getattr__(name: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """What :func:`examine` found for one store (``url`` has its password redacted)."""
+    """What :func:`examine` found for one store (``url`` has its password redacted).
+
+    ``core`` says whether this process runs dibs's claim path compiled
+    (``"compiled (mypyc): <modules>"``) or as ``"pure Python"``.
+    """
 
     url: str
     store: str
     findings: tuple[Finding, ...]
+    core: str = "pure Python"
 
     @property
     def loses_data(self) -> bool:
@@ -86,6 +92,7 @@ class Report:
             "url": self.url,
             "store": self.store,
             "loses_data": self.loses_data,
+            "core": self.core,
             "findings": [{**asdict(f), "severity": str(f.severity)} for f in self.findings],
         }
 
@@ -112,7 +119,7 @@ def examine(url: str, *, timeout: float = 5.0) -> Report:
                 "read the plug-in's documentation",
             )
         ]
-    return Report(redact(url), scheme, tuple(found))
+    return Report(redact(url), scheme, tuple(found), describe_core())
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -140,6 +147,7 @@ def print_report(report: Report, out: TextIO | None = None) -> None:
     console = rich.console.Console(file=stream, highlight=False, soft_wrap=True)
     styles = {Severity.DANGER: "bold red", Severity.WARNING: "yellow", Severity.OK: "green"}
     console.print(f"[bold]dibs doctor[/]: {rich.markup.escape(report.url)} ({report.store})")
+    console.print(f"  [dim]core:[/] {rich.markup.escape(report.core)}")
     for f in report.findings:
         mark = f"[{styles[f.severity]}]{_MARKS[f.severity]:>6}[/]"
         text = rich.markup.escape(f"{f.setting} = {f.value}: {f.detail}")
@@ -152,7 +160,7 @@ def print_report(report: Report, out: TextIO | None = None) -> None:
 
 def render_text(report: Report) -> str:
     """The report as plain text, one finding a paragraph."""
-    lines = [f"dibs doctor: {report.url} ({report.store})"]
+    lines = [f"dibs doctor: {report.url} ({report.store})", f"  core: {report.core}"]
     for f in report.findings:
         lines.append(f"  [{_MARKS[f.severity]}] {f.setting} = {f.value}: {f.detail}")
         if f.fix and f.severity is not Severity.OK:

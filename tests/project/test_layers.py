@@ -41,7 +41,14 @@ LAYERS: list[set[str]] = [
     },
     {"dibs.stores"},
     {"dibs._request", "dibs._model", "dibs._clock"},
-    {"dibs.limits", "dibs.exceptions", "dibs._extras", "dibs._shield", "dibs._drive"},
+    {
+        "dibs.limits",
+        "dibs.exceptions",
+        "dibs._extras",
+        "dibs._compiled",
+        "dibs._shield",
+        "dibs._drive",
+    },
 ]
 
 

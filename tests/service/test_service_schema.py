@@ -336,6 +336,11 @@ def test_every_parsed_input_of_every_documented_route_is_a_case() -> None:
         "POST /v1/lots/{lot}/vehicles body",
         "GET /v1/lots/{lot}/vehicles/{vehicle} path vehicle",
         "POST /v1/match body",
+        "POST /v1/semaphores/{key}/permits body",
+        "POST /v1/semaphores/{key}/permits path key",
+        "POST /v1/semaphores/{key}/permits header Idempotency-Key",
+        "PUT /v1/semaphores/{key} body",
+        "POST /v1/rate-limits/{key}/acquire body",
     } <= ids
 
 
@@ -392,7 +397,8 @@ def instances(schema: dict[str, Any]) -> list[Any]:
         if schema.get("format") == "date-time":
             return ["2026-12-03T14:00:00Z", "2026-12-03t14:00:00.5+02:00"]
         fits = validator(schema).is_valid
-        found = [c for c in ("a", "seat-14A", '"k-1"', 'a\\"b', "A" * 16, "é") if fits(c)]
+        tries = (*schema.get("examples", ()), "a", "seat-14A", '"k-1"', 'a\\"b', "A" * 16, "é")
+        found = [c for c in tries if fits(c)]
         assert found, schema
         return found
     if kind in ("null", "boolean"):

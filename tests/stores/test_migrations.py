@@ -152,13 +152,13 @@ def test_unversioned_sqlite_job_tables_are_upgraded_with_their_rows(tmp_path: Pa
         assert jobs.get("j1") == JOB
     conn = sqlite3.connect(path)
     row = conn.execute("SELECT value FROM dibs_meta WHERE key = 'jobs_schema_version'").fetchone()
-    assert row == ("2",)  # upgraded through every step
+    assert row == ("3",)  # upgraded through every step
     conn.execute("UPDATE dibs_meta SET value = '9' WHERE key = 'jobs_schema_version'")
     conn.commit()
     conn.close()
     with SQLiteStore(path) as store, pytest.raises(SchemaError) as raised:
         store.job_table()
-    assert (raised.value.found, raised.value.supported) == (9, 2)
+    assert (raised.value.found, raised.value.supported) == (9, 3)
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------------
@@ -180,11 +180,11 @@ def test_unversioned_postgres_job_tables_are_upgraded_with_their_rows(
         assert jobs is not None and jobs.get("j1") == JOB
     with psycopg.connect(pg_url, autocommit=True) as conn:
         query = f"SELECT value FROM {schema}.meta WHERE key = 'jobs_schema_version'"
-        assert conn.execute(query).fetchone() == ("2",)  # every step
+        assert conn.execute(query).fetchone() == ("3",)  # every step
         conn.execute(f"UPDATE {schema}.meta SET value = '9' WHERE key = 'jobs_schema_version'")
     with dibs.open(pg_schema_url) as store, pytest.raises(SchemaError) as raised:
         store.job_table()
-    assert (raised.value.found, raised.value.supported) == (9, 2)
+    assert (raised.value.found, raised.value.supported) == (9, 3)
 
 
 # --- SQLite claims: version 1 -> 2, the unit row is the claim ------------------------------------

@@ -36,6 +36,7 @@ from dibs.service._config import ServiceConfig
 from dibs.service._framing import Framing
 from dibs.service._guard import PROBLEM_JSON, ApiError, new_request_id
 from dibs.service._keys import KeyRing
+from dibs.service._limits import Limits
 from dibs.service._metrics import Metrics
 from dibs.service._openapi import openapi_document, render_docs
 from dibs.service._page import seat_map_page
@@ -81,6 +82,7 @@ class Service:
         }
         self.api = Api(aio, keys, config, self.metrics, self.changed)
         self.patterns = Patterns(self.api, config.lots)
+        self.limits = Limits(self.api)
         self.ready = False
 
     @property
@@ -328,7 +330,12 @@ def error_response(exc: ApiError, scope: Scope) -> Response:
 
 def _routes(service: Service) -> list[Route]:
     """The app's routes, in the route table's order (the claim path's first)."""
-    owners = {"service": service, "api": service.api, "patterns": service.patterns}
+    owners = {
+        "service": service,
+        "api": service.api,
+        "patterns": service.patterns,
+        "limits": service.limits,
+    }
     paths: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for op in operations(service.config.max_targets):
         owner, _, name = op.handler.partition(".")

@@ -33,6 +33,7 @@ from dibs.service._schema import (
     Json,
     Obj,
     Prop,
+    Raw,
     Schema,
     Text,
     Unstated,
@@ -72,7 +73,7 @@ PROBLEMS: dict[str, tuple[str, str]] = {
     "forbidden": ("Forbidden", "You can list only your own claims (`holder=me`)."),
     "not_found": (
         "Not found",
-        "No such route, showing or lot, or no such claim or vehicle of yours (another "
+        "No such route, showing, lot or semaphore, or no such claim or vehicle of yours (another "
         "holder's answers the same).",
     ),
     "method_not_allowed": ("Method not allowed", "`Allow` lists the path's methods."),
@@ -110,6 +111,15 @@ PROBLEMS: dict[str, tuple[str, str]] = {
     ),
     "vehicle_blocked": ("Vehicle blocked", "Another claim holds this vehicle's own unit."),
     "none_free": ("No candidate free", "Every candidate was taken."),
+    "no_permit": (
+        "No permit free",
+        "Every permit of the semaphore is held (past `wait`); `permits` is its limit.",
+    ),
+    "over_limit": (
+        "Over the rate limit",
+        "The shared rate limit refused this cost now; retry after `retry_after` seconds "
+        "(`Retry-After` rounds it up).",
+    ),
     "internal": ("Internal error", "An unexpected error; `request_id` finds it in the logs."),
 }
 """Each error code's problem ``title`` (the same for every occurrence) and documentation."""
@@ -144,6 +154,17 @@ ERROR = Obj(
         ),
         "length": Prop(
             Integer(description="With `already_parked`: how many slots it has."), required=False
+        ),
+        "permits": Prop(
+            Integer(0, description="With `no_permit`: the semaphore's limit."), required=False
+        ),
+        "retry_after": Prop(
+            Raw(
+                {"type": "number", "minimum": 0},
+                description="With `over_limit`: exact seconds (on the store's clock) until "
+                "this cost may be admitted, if no one takes the room first.",
+            ),
+            required=False,
         ),
     },
     name="Error",

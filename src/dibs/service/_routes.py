@@ -39,6 +39,9 @@ from dibs.service._wire import (
     FENCE,
     FENCE_REQUEST,
     NAME,
+    PERMIT_REQUEST,
+    PERMITS_REQUEST,
+    RATE_REQUEST,
     RESOURCE,
     SLOT,
     TARGET,
@@ -125,6 +128,12 @@ _KEY = Param("Idempotency-Key", "header", IDEMPOTENCY_KEY, description=IDEMPOTEN
 _LOT = Param("lot", "path", NAME, required=True, examples="lots")
 _VEHICLE = Param("vehicle", "path", NAME, required=True)
 _SHOWING = Param("slot", "path", NAME, required=True, examples="showings")
+_SEMAPHORE = Param(
+    "key", "path", NAME, required=True, description="The semaphore's name, shared by every key."
+)
+_RATE_KEY = Param(
+    "key", "path", NAME, required=True, description="The limit's name, shared by every key."
+)
 
 # --- answers' shapes (the handlers beside them build them) ----------------------------------------
 
@@ -187,6 +196,35 @@ _RESOURCE_STATE = Obj(
     }
 )
 _MATCHED = Obj({"candidate": UNIT, "claim": CLAIM})
+SEMAPHORE = Obj(
+    {
+        "snapshot": _SNAPSHOT,
+        "name": _TEXT,
+        "permits": Integer(0, description="The limit in the store now."),
+        "held": Integer(0, description="Live permits, everyone's (never whose)."),
+        "yours": Integer(0, description="Live permits you hold."),
+    },
+    name="Semaphore",
+)
+PERMIT = Obj(
+    {
+        "semaphore": _TEXT,
+        "slot": Integer(0, description="Which of the semaphore's slots the permit holds."),
+        "permits": Integer(0, description="The limit the permit was granted under."),
+        "claim": CLAIM,
+    },
+    name="Permit",
+)
+ADMITTED = Obj(
+    {
+        "allowed": Const(True),
+        "key": _TEXT,
+        "rate": Text(description="The rate, as the service reads it (`10/s`)."),
+        "cost": Integer(1),
+        "at": Nullable(TIME, description="When the store admitted it, on its own clock."),
+    },
+    name="Admitted",
+)
 
 _CLAIM_OK = Answer("The claim as stored now.", CLAIM)
 # For stateful testing (and readers): what a new claim's ID and fence lead to.
@@ -216,6 +254,19 @@ _PARKED_LINKS = {
     for name, op in (("GetVehicle", "getVehicle"), ("UnparkVehicle", "unparkVehicle"))
 }
 _LOCATION = "The claim's URL."
+_PERMIT_ID = {"claim_id": "$response.body#/claim/id"}
+_PERMIT_LINKS = {
+    "GetClaim": {"operationId": "getClaim", "parameters": _PERMIT_ID},
+    "ExtendClaim": {
+        "operationId": "extendClaim",
+        "parameters": _PERMIT_ID,
+        "requestBody": {"fence": "$response.body#/claim/fence", "ttl": 60},
+    },
+    "ReleaseClaim": {
+        "operationId": "releaseClaim",
+        "parameters": {**_PERMIT_ID, "fence": "$response.body#/claim/fence"},
+    },
+}
 
 
 @functools.cache
@@ -490,6 +541,96 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
                     "This Idempotency-Key was used with other candidates or another ttl."
                 ),
                 **_COMMON,
+            },
+        ),
+        Operation(
+            "POST",
+            "/v1/semaphores/{key}/permits",
+            "limits.acquire_permit",
+            "acquirePermit",
+            "Hold one of a semaphore's permits for `ttl` seconds",
+            "At most the semaphore's `permits` live holds, across every key and "
+            "instance. The permit is a fenced hold you extend "
+            "(`POST /v1/claims/{id}/extend`) before its `ttl` ends and release "
+            "(`DELETE /v1/claims/{id}`) when done; an HTTP client runs no renewal, "
+            "so a permit not extended lapses at its ttl. `wait` waits for a free "
+            "permit, never past the request timeout. Send an `Idempotency-Key` to "
+            "make retries safe: while the permit lives, the same key and body answer "
+            "it again (`Idempotent-Replayed: true`); another body is `422`.",
+            security=True,
+            params=(_SEMAPHORE, _KEY),
+            body=PERMIT_REQUEST,
+            answers={
+                "201": Answer(
+                    "A permit: its slot, the limit, and its claim (a hold).",
+                    PERMIT,
+                    headers={
+                        "Location": _LOCATION,
+                        "Idempotent-Replayed": "`true` when this Idempotency-Key answered before.",
+                    },
+                    links=_PERMIT_LINKS,
+                ),
+                "404": _error("No such semaphore: none has set its permits."),
+                "409": _error(
+                    "`no_permit`: every permit is held (`permits`: the limit); or "
+                    "`in_progress`: a request with this key is still running.",
+                    **{"Retry-After": "With `in_progress`."},
+                ),
+                "422": _error("This Idempotency-Key was used with a different body."),
+                **_COMMON,
+            },
+        ),
+        Operation(
+            "GET",
+            "/v1/semaphores/{key}",
+            "limits.semaphore",
+            "getSemaphore",
+            "A semaphore's limit and how many hold its permits (a snapshot)",
+            security=True,
+            params=(_SEMAPHORE,),
+            answers={
+                "200": Answer("The limit and the counts now; never who holds.", SEMAPHORE),
+                "404": _error("No such semaphore: none has set its permits."),
+                **_READ,
+            },
+        ),
+        Operation(
+            "PUT",
+            "/v1/semaphores/{key}",
+            "limits.set_permits",
+            "setPermits",
+            "Set a semaphore's limit, for every client",
+            "Creates the semaphore, or changes its limit at run time: a lowered "
+            "limit takes no permit back and admits no one new until fewer hold. "
+            "Every API key may set it.",
+            security=True,
+            params=(_SEMAPHORE,),
+            body=PERMITS_REQUEST,
+            answers={"200": Answer("The semaphore now.", SEMAPHORE), **_COMMON},
+        ),
+        Operation(
+            "POST",
+            "/v1/rate-limits/{key}/acquire",
+            "limits.acquire_rate",
+            "acquireRate",
+            "Spend `cost` of a shared rate limit now, or learn when to retry",
+            "In any window of the rate's length on the store's clock, the costs "
+            "admitted under one key and rate sum to at most its limit, across every "
+            "API key and instance. The limit is the pair of `key` and `rate`: "
+            "callers sending another rate for the same key have another limit. "
+            "Takes no Idempotency-Key (a decision is never replayed): a retry is a "
+            "new decision.",
+            security=True,
+            params=(_RATE_KEY,),
+            body=RATE_REQUEST,
+            answers={
+                **_COMMON,
+                "200": Answer("Admitted.", ADMITTED),
+                "429": _error(
+                    "`over_limit`: the shared limit refused this cost now (`retry_after`: "
+                    "exact seconds); or `rate_limited`: this API key's own request rate.",
+                    **{"Retry-After": "Whole seconds, rounded up."},
+                ),
             },
         ),
         Operation(

@@ -22,6 +22,9 @@ from typing import Any
 
 from dibs._model import Claim, ClaimState, Span, Target, Unit
 from dibs.exceptions import InvalidInput
+from dibs.limits import RATE_LIMIT_MAX
+from dibs.ratelimit import Rate
+from dibs.semaphore import PERMITS_MAX
 from dibs.service._ids import WIRE_ID_PATTERN
 from dibs.service._schema import (
     Array,
@@ -56,6 +59,10 @@ __all__ = [
     "MIN_TTL",
     "NAME",
     "NAME_PATTERN",
+    "PERMITS_REQUEST",
+    "PERMIT_REQUEST",
+    "RATE",
+    "RATE_REQUEST",
     "RESERVED",
     "RESOURCE",
     "SLOT",
@@ -358,6 +365,113 @@ def park_request(size: int | None) -> Obj:
 
 FENCE_REQUEST = Obj({"fence": FENCE}, name="FenceRequest")
 EXTEND_REQUEST = Obj({"fence": FENCE, "ttl": TTL}, name="ExtendRequest")
+
+MAX_WAIT = 60.0
+"""The longest ``wait`` for a permit; the request timeout cuts it shorter (docs/service.md)."""
+PERMIT_REQUEST = Obj(
+    {
+        "ttl": TTL,
+        "wait": Prop(
+            Number(
+                0,
+                MAX_WAIT,
+                message="{where} must be a number of seconds from {minimum:g} to {maximum:g}",
+                description="Seconds to wait for a free permit (default 0: answer at once).",
+            ),
+            required=False,
+            default=0.0,
+        ),
+    },
+    name="PermitRequest",
+)
+MAX_PERMITS = 256
+"""The most permits a semaphore takes over HTTP (the library takes up to PERMITS_MAX).
+
+Reading a semaphore, and acquiring under a lowered limit, reads each slot up to
+the highest limit it ever had: bounded here, so that no key can make every
+other key's requests read ten thousand slots."""
+assert MAX_PERMITS <= PERMITS_MAX
+PERMITS_REQUEST = Obj(
+    {
+        "permits": Integer(
+            0, MAX_PERMITS, message="{where} must be an integer from {minimum} to {maximum}"
+        )
+    },
+    name="PermitsRequest",
+)
+
+_SPACE = "[ \\t]*"
+RATE_PATTERN = (
+    f"^{_SPACE}[0-9]{{1,30}}{_SPACE}(/|[ \\t]+[Pp][Ee][Rr][ \\t]+){_SPACE}"
+    f"([0-9]{{1,30}}([.][0-9]{{1,30}})?)?{_SPACE}[A-Za-z]{{1,20}}{_SPACE}$"
+)
+_RATE_SHAPE = re.compile(RATE_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+class RateText(Schema):
+    """A rate such as ``"10/s"`` (:meth:`dibs.Rate.parse`'s text, spaces and tabs only).
+
+    The pattern states its shape; the units it names and the limits of its
+    count and window are :class:`Unstated` (JSON Schema cannot state them).
+    """
+
+    name = "Rate"
+    description = (
+        "`<limit>/<unit>`, `<limit>/<number><unit>` or `<limit> per [<number>] <unit>`; "
+        f"units us, ms, s, m, h, d (or their names); limit 1 to {RATE_LIMIT_MAX}, "
+        "window 0.001 s to 366 days in whole microseconds."
+    )
+
+    def parse(self, value: Any, where: str) -> Rate:
+        if not isinstance(value, str) or _RATE_SHAPE.fullmatch(value) is None:
+            raise InvalidInput(
+                f"{where} must be a rate such as '10/s', '100/minute' or '3 per hour'",
+                field=where,
+                value=None,
+            )
+        try:
+            return Rate.parse(value)
+        except InvalidInput:
+            raise Unstated(
+                f"{where} names an unknown unit, or a limit or window out of range",
+                field=where,
+                value=None,
+            ) from None
+
+    def body(self, components: Components) -> Json:
+        return {"type": "string", "pattern": RATE_PATTERN, "examples": ["10/s", "100/minute"]}
+
+
+RATE = RateText()
+
+
+def _cost_within(parsed: dict[str, Any], where: str) -> None:
+    if parsed["cost"] > parsed["rate"].limit:
+        raise Unstated(
+            f"cost must be at most the rate's limit {parsed['rate'].limit}",
+            field="cost",
+            value=None,
+        )
+
+
+RATE_REQUEST = Obj(
+    {
+        "rate": RATE,
+        "cost": Prop(
+            Integer(
+                1,
+                RATE_LIMIT_MAX,
+                default=1,
+                message="{where} must be an integer from {minimum} to the rate's limit",
+            ),
+            required=False,
+            default=1,
+        ),
+    },
+    name="RateRequest",
+    after=_cost_within,
+)
+"""``POST /v1/rate-limits/{key}/acquire``'s body."""
 
 
 def _bound_text(value: int | float | datetime) -> str:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dibs.exceptions import StoreUnavailable
 from dibs.stores.jobs import (
     COLUMN_NAMES,
     COLUMNS,
@@ -68,6 +69,20 @@ _RETRY = (
     "AND failures < retries AND attempt < max_attempts AND cancel_requested = FALSE)"
 )
 _GIVE_UP = "(cancel_requested = TRUE OR attempt >= max_attempts)"
+
+
+def _counts(alias: str = "") -> str:
+    """Whether a row counts against its unique key: the unique index's predicate, verbatim."""
+    return (
+        f"({alias}unique_states & (CASE {alias}state WHEN 'pending' THEN 1 WHEN 'running' "
+        "THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 WHEN 'cancelled' THEN 16 ELSE 0 END)) "
+        "<> 0"
+    )
+
+
+UNIQUE_TRIES = 20
+"""Rounds of :meth:`SQLJobs.add_unique` before it gives up (each round ends in a decision
+unless another transaction changed the key's holder in between)."""
 
 _SQL = {
     "standing": "SELECT {id_out} FROM {jobs} "
@@ -129,7 +144,20 @@ _SQL = {
     "max_attempts = max_attempts + attempt, failures = 0, cancel_requested = FALSE, "
     "finished_at = NULL, outcome_kind = NULL, outcome = NULL "
     "WHERE id = :id AND state IN ('failed', 'cancelled') AND (key IS NULL OR NOT EXISTS "
-    f"(SELECT 1 FROM {{jobs}} AS o WHERE o.key = {{jobs}}.key AND o.{_LIVE}))",
+    f"(SELECT 1 FROM {{jobs}} AS o WHERE o.key = {{jobs}}.key AND o.{_LIVE})) "
+    # Pending again must not make a second job count against its unique key.
+    "AND (unique_key IS NULL OR (unique_states & 1) = 0 OR NOT EXISTS (SELECT 1 FROM {jobs} "
+    f"AS u WHERE u.unique_key = {{jobs}}.unique_key AND u.id <> {{jobs}}.id AND {_counts('u.')}))",
+    # A unique key's holder whose window has passed stops counting: its key is cleared,
+    # in the enqueuer's transaction (its rollback restores it).
+    # (Only counting rows matter; saying so lets the partial unique index find them.)
+    "unique_expire": "UPDATE {jobs} SET unique_key = NULL "
+    f"WHERE unique_key = :unique_key AND unique_until <= {{now}} AND {_counts()}",
+    "unique_replace": "UPDATE {jobs} SET args = :args, run_at = {run_at}, "
+    "unique_until = {until} WHERE unique_key = :unique_key AND state = 'pending' "
+    f"AND {_counts()} RETURNING {{id_out}}",
+    "unique_standing": "SELECT {id_out}, state FROM {jobs} "
+    f"WHERE unique_key = :unique_key AND {_counts()} LIMIT 1",
     "delete": "DELETE FROM {jobs} WHERE state IN ('done', 'failed', 'cancelled') AND {ids}",
     "purge": "DELETE FROM {jobs} WHERE {states}{queues} "
     f"AND finished_at + COALESCE(retention, CAST(:retention AS {_FLOAT})) < {{now}}",
@@ -226,6 +254,8 @@ class SQLJobs(abc.ABC):
             "ids": "",
             "id_out": d.id_out,
             "now": "{now}",
+            "run_at": "{now}",
+            "until": "{now}",
         }
         fields.update(parts)
         text = text.format(**fields).format(now=d.now)
@@ -244,12 +274,14 @@ class SQLJobs(abc.ABC):
     def _list(self, values: Sequence[Any]) -> Any:
         return json.dumps(list(values)) if self._dialect.json_lists else list(values)
 
-    def _insert_text(self, count: int) -> str:
+    def _insert_text(self, count: int, exprs: dict[str, str] | None = None) -> str:
         values = []
         for i in range(count):
             row = []
             for col in COLUMN_NAMES:
-                if col == "run_at":
+                if exprs and col in exprs:
+                    row.append(exprs[col])
+                elif col == "run_at":
                     row.append(f"COALESCE(CAST(:run_at_{i} AS {_FLOAT}), {{now}})")
                 elif col == "enqueued_at":
                     row.append("{now}")
@@ -361,6 +393,54 @@ class SQLJobs(abc.ABC):
             self.add(job, connection) if found is None else found
             for job, found in zip(jobs, result, strict=True)
         ]
+
+    def add_unique(
+        self, job: Job, mode: str, window: float | None, connection: object | None = None
+    ) -> tuple[str, str]:
+        debounce = mode == "debounce" and window is not None
+        window_sql = f"CAST(:window AS {_FLOAT})"
+        until = "NULL" if window is None or debounce else f"{{now}} + {window_sql}"
+        given = f"COALESCE(CAST(:run_at AS {_FLOAT}), {{now}})"
+        run_at = f"{{now}} + {window_sql}" if debounce else given
+        variant = (debounce, window is None)
+        insert = self._statement(
+            self._insert_text(1, {"run_at": run_at, "unique_until": until}), ("unique", variant)
+        )
+        replace = self._statement("unique_replace", variant, run_at=run_at, until=until)
+        expire, standing = self._statement("unique_expire"), self._statement("unique_standing")
+        origin = self._origin() if connection is None else ""
+        params: dict[str, Any] = {
+            f"{col}_0": value for col, value in zip(COLUMN_NAMES, row_values(job), strict=True)
+        }
+        params |= {
+            "now": self._now(None), "channel": self._dialect.channel, "origin": origin,
+            "window": window, "unique_key": job.unique_key, "args": job.args,
+            "run_at": job.run_at,
+        }  # fmt: skip
+
+        def work(conn: Any) -> tuple[str, str]:
+            # The unique index decides; these reads only say who won. A round ends
+            # without a decision only if the holder changed in between (PostgreSQL,
+            # READ COMMITTED: each statement sees the latest commits).
+            for _ in range(UNIQUE_TRIES):
+                self._run(conn, expire, params)
+                if mode != "refuse":
+                    row = self._run(conn, replace, params).fetchone()
+                    if row is not None:
+                        return _text(row[0]), "replaced"
+                if self._run(conn, insert, params).fetchall():
+                    return job.id, "added"
+                row = self._run(conn, standing, params).fetchone()
+                if row is not None and (mode == "refuse" or row[1] != "pending"):
+                    return _text(row[0]), "duplicate"
+            raise StoreUnavailable(
+                f"unique job key stayed contended for {UNIQUE_TRIES} rounds; try again"
+            )
+
+        result = self._atomic(work) if connection is None else self._on_caller(connection, work)
+        if result[1] != "duplicate":
+            self._local_wake()
+        return result
 
     # --- reading --------------------------------------------------------------------------
 

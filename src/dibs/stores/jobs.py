@@ -40,6 +40,8 @@ __all__ = [
     "DEFAULT_QUEUE",
     "FINISHED_STATES",
     "LIVE_STATES",
+    "STATE_BITS",
+    "UNIQUE_OUTCOMES",
     "Attempt",
     "Decide",
     "Job",
@@ -51,6 +53,11 @@ __all__ = [
 LIVE_STATES = ("pending", "running")
 FINISHED_STATES = ("done", "failed", "cancelled")
 DEFAULT_QUEUE = "default"
+STATE_BITS = {"pending": 1, "running": 2, "done": 4, "failed": 8, "cancelled": 16}
+"""A job state's bit in :attr:`Job.unique_states` (the unique index's predicate spells it too)."""
+UNIQUE_OUTCOMES = ("added", "duplicate", "replaced")
+"""What :meth:`JobTable.add_unique` did: added the job, found another holding its key, or
+gave the waiting job that holds it the new arguments and time."""
 
 Decide = Callable[[float | None, int], "tuple[float, list[Job]] | None"]
 """Evaluates a schedule: (watermark or None, live jobs) → (new watermark, jobs) or None."""
@@ -102,6 +109,9 @@ class Job:
     enqueued_at: float | None = None  # set by the insert
     retention: float | None = None  # seconds a finished row is kept; None: purge's default
     attempts_log: str | None = None  # JSON list of ended attempts; see ``attempts``
+    unique_key: str | None = None  # one counting job per key (see add_unique)
+    unique_states: int | None = None  # the STATE_BITS in which this job counts against it
+    unique_until: float | None = None  # when it stops counting; None: while in those states
 
     @property
     def attempts(self) -> list[Attempt]:
@@ -115,7 +125,7 @@ COLUMN_NAMES = (
     "id", "name", "args", "run_at", "attempt", "max_attempts", "state", "fence", "holder",
     "outcome_kind", "outcome", "schedule_id", "retries", "failures", "key", "cancel_requested",
     "finished_at", "queue", "priority", "lock_key", "lease_expires", "started_at", "enqueued_at",
-    "retention", "attempts_log",
+    "retention", "attempts_log", "unique_key", "unique_states", "unique_until",
 )  # fmt: skip
 COLUMNS = ", ".join(COLUMN_NAMES)
 """Every column of a job row, in :class:`Job` field order."""
@@ -124,6 +134,11 @@ COLUMNS = ", ".join(COLUMN_NAMES)
 def row_values(job: Job) -> tuple[Any, ...]:
     """The job's column values, in :data:`COLUMNS` order."""
     return tuple(getattr(job, name) for name in COLUMN_NAMES)
+
+
+def counts(job: Job) -> bool:
+    """Whether ``job`` holds its unique key now (the unique index's predicate, in Python)."""
+    return job.unique_key is not None and bool((job.unique_states or 0) & STATE_BITS[job.state])
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
@@ -155,6 +170,26 @@ class JobTable(Protocol):
 
     def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
         """:meth:`add` for many jobs in one transaction; the standing ID of each, in order."""
+        ...
+
+    def add_unique(
+        self, job: Job, mode: str, window: float | None, connection: object | None = None
+    ) -> tuple[str, str]:
+        """Add ``job`` unless a job counting against its ``unique_key`` stands; return
+        ``(job ID, outcome)``, the outcome one of :data:`UNIQUE_OUTCOMES`.
+
+        A job counts while its state's bit is in its ``unique_states`` and, if it has a
+        ``unique_until``, until then. ``mode`` ``refuse`` adds nothing and returns the
+        counting job (``duplicate``); ``replace`` and ``debounce`` give a *pending*
+        counting job ``job.args`` and a new due time (``job.run_at``; debounce: ``now
+        + window``), and it counts ``window`` seconds from now again (``replaced``);
+        a running or finished one is left as it is (``duplicate``). The store enforces
+        it: a partial unique index on the key among counting rows, written in the
+        transaction of the insert (the caller's, with ``connection``), so a rollback
+        frees the key with the job and two processes never both add. ``window``:
+        seconds the added job counts (None: while in its states; debounce: while
+        pending or running).
+        """
         ...
 
     # --- reading --------------------------------------------------------------------------
@@ -379,6 +414,8 @@ class MemoryJobs:
         self._clock = clock
         self._rows: dict[str, Job] = {}
         self._watermarks: dict[str, float] = {}
+        # By unique key: the IDs of rows that had it (stale ones are skipped when read).
+        self._unique: dict[str, set[str]] = {}
         self._wakers = Wakers()
         self._lock = threading.Lock()  # guards everything above
         self._finished = threading.Condition(self._lock)
@@ -405,6 +442,8 @@ class MemoryJobs:
                     return row.id
         run_at = now if job.run_at is None else job.run_at
         self._rows[job.id] = replace(job, run_at=run_at, enqueued_at=now)
+        if job.unique_key is not None:
+            self._unique.setdefault(job.unique_key, set()).add(job.id)
         return job.id
 
     def add(self, job: Job, connection: object | None = None) -> str:
@@ -421,6 +460,43 @@ class MemoryJobs:
             standing = [self._insert(job, now) for job in jobs]
         self._wake_all()
         return standing
+
+    def add_unique(
+        self, job: Job, mode: str, window: float | None, connection: object | None = None
+    ) -> tuple[str, str]:
+        if connection is not None:
+            raise InvalidInput(
+                "a memory store's job table takes no connection", field="connection",
+                value=connection,
+            )  # fmt: skip
+        with self._lock:
+            now = self._clock()
+            debounce = mode == "debounce" and window is not None
+            until = None if window is None or debounce else now + window
+            run_at = now + window if debounce and window is not None else job.run_at
+            assert job.unique_key is not None
+            holders = self._unique.setdefault(job.unique_key, set())
+            for row_id in sorted(holders):
+                row = self._rows.get(row_id)
+                if row is None or row.unique_key != job.unique_key:
+                    holders.discard(row_id)  # purged, deleted or expired
+                    continue
+                if row.unique_until is not None and row.unique_until <= now:
+                    self._rows[row.id] = replace(row, unique_key=None)  # its window has passed
+                elif counts(row):
+                    if mode == "refuse" or row.state != "pending":
+                        return row.id, "duplicate"
+                    self._rows[row.id] = replace(
+                        row, args=job.args, run_at=now if run_at is None else run_at,
+                        unique_until=until,
+                    )  # fmt: skip
+                    outcome = (row.id, "replaced")
+                    break
+            else:
+                added = self._insert(replace(job, run_at=run_at, unique_until=until), now)
+                outcome = (added, "added" if added == job.id else "duplicate")
+        self._wake_all()
+        return outcome
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:
@@ -637,6 +713,11 @@ class MemoryJobs:
                 j.key == job.key and j.state in LIVE_STATES for j in self._rows.values()
             ):
                 return False  # another live job holds its key
+            if (job.unique_states or 0) & STATE_BITS["pending"] and any(
+                j.unique_key == job.unique_key and j.id != job_id and counts(j)
+                for j in self._rows.values()
+            ):
+                return False  # another job counts against its unique key
             self._rows[job_id] = replace(
                 job, state="pending", run_at=self._now(now), attempt=job.attempt + 1,
                 max_attempts=job.max_attempts + job.attempt, failures=0,

@@ -95,6 +95,14 @@ from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader, Unchangi
 from dibs.stores.durability import IN_MEMORY, Finding
 from dibs.stores.jobs import JobTable, MemoryJobs
 
+try:  # read by mypyc (docs/design.md, "Compiled core"); a no-op as Python
+    from mypy_extensions import mypyc_attr
+except ImportError:  # the core needs nothing outside the standard library
+
+    def mypyc_attr(*_: object, **__: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
+
 __all__ = ["MemoryStore"]
 
 _HELD = ClaimState.HELD
@@ -173,6 +181,11 @@ def _granted(claim: Claim) -> ClaimResult:
     return result
 
 
+# A compiled build (setup.py) keeps this class open to subclasses written in Python
+# (dibs verify's planted bugs, the tests' reference store). The public methods take
+# their arguments as Any: compiled code would check a declared type on entry and
+# raise TypeError where every store raises InvalidInput.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MemoryStore(Store):
     """Claims in this process's memory, safe for many threads; lost on exit."""
 
@@ -184,8 +197,8 @@ class MemoryStore(Store):
         self,
         *,
         clock: Clock | None = None,
-        request_retention: float = DEFAULT_REQUEST_RETENTION,
-        stripes: int = 1024,
+        request_retention: Any = DEFAULT_REQUEST_RETENTION,
+        stripes: Any = 1024,
     ) -> None:
         super().__init__(clock=clock, request_retention=request_retention)
         if isinstance(stripes, bool) or not isinstance(stripes, int) or stripes < 1:
@@ -307,9 +320,9 @@ class MemoryStore(Store):
         self,
         targets: Target | Iterable[Target],
         *,
-        holder: str,
-        request_id: str | None = None,
-        ttl: float | None = None,
+        holder: Any,
+        request_id: Any = None,
+        ttl: Any = None,
     ) -> ClaimResult:
         # One unit, a plain ASCII holder and request ID, a TTL in range: everything
         # inline. Any other call (and any bad input) takes Store.claim, which
@@ -499,7 +512,7 @@ class MemoryStore(Store):
                 locks[i].release()
         return _granted(claim)
 
-    def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
+    def confirm(self, claim_id: Any, *, holder: Any, fence: Any) -> Claim:
         # The common call inline: the ID is one of ours, the holder and the fence
         # are the claim's, so all three are known well-formed. Anything else
         # takes Store.confirm, which checks the input first.
@@ -547,7 +560,7 @@ class MemoryStore(Store):
             lock.release()
         return claim
 
-    def extend(self, claim_id: str, *, holder: str, fence: int, ttl: float) -> Claim:
+    def extend(self, claim_id: Any, *, holder: Any, fence: Any, ttl: Any) -> Claim:
         record = self._claims.get(claim_id) if type(claim_id) is str else None
         if (
             record is None
@@ -591,7 +604,7 @@ class MemoryStore(Store):
             lock.release()
         return claim
 
-    def release(self, claim_id: str, *, holder: str, fence: int) -> bool:
+    def release(self, claim_id: Any, *, holder: Any, fence: Any) -> bool:
         record = self._claims.get(claim_id) if type(claim_id) is str else None
         if (
             record is None

@@ -25,12 +25,14 @@ from dibs.tasks._processor import TaskProcessor
 from dibs.tasks._records import JobRecord
 from dibs.tasks._schedules import Coalesce, Misfire, Schedule
 from dibs.tasks._time import WakingClock
+from dibs.tasks._unique import Inserted, Unique
 
 __all__ = [
     "Backoff",
     "CancelReason",
     "CancelToken",
     "Coalesce",
+    "Inserted",
     "JobFailed",
     "JobNotFound",
     "JobRecord",
@@ -44,6 +46,7 @@ __all__ = [
     "TaskProcessor",
     "TaskStatus",
     "TaskTimeout",
+    "Unique",
     "UnknownTask",
     "WaitTimeout",
     "WakingClock",

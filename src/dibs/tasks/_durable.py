@@ -50,6 +50,7 @@ from dibs.tasks._errors import CancelReason, TaskCancelled, UnknownTask
 from dibs.tasks._handle import Backoff, CancelToken, TaskContext, TaskHandle, current, current_job
 from dibs.tasks._jobs import Job, job_table
 from dibs.tasks._locks import BadConcurrencyKey, Concurrency, LockKeys
+from dibs.tasks._unique import Unique
 from dibs.tasks._worker import Outcome, OutcomeKind
 
 __all__ = ["DurableRunner", "RegisteredTask", "encode_payload"]
@@ -136,6 +137,8 @@ class RegisteredTask:
     """At most this many of its attempts start per window (on every process), or None."""
     rate_key: str | None = None
     """The key of its rate limit (None: the task's name)."""
+    unique: Unique | None = None
+    """At most one of its jobs per key (see :class:`~dibs.tasks.Unique`), or None."""
     is_async: bool = field(init=False)
     """Whether its attempts run on the processor's event loop (an ``async def``); read
     per job, so worked out once."""

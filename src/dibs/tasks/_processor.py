@@ -45,6 +45,7 @@ from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Schedule, ScheduleState
 from dibs.tasks._time import to_epoch, to_seconds
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, Trigger, zone
+from dibs.tasks._unique import Inserted, Unique, unique_key
 
 __all__ = ["TaskProcessor"]
 
@@ -268,6 +269,7 @@ class TaskProcessor:
         concurrency_key: str | Callable[..., str] | None = None,
         rate: str | Rate | None = None,
         rate_key: str | None = None,
+        unique: Unique | None = None,
     ) -> Callable[[Callable[..., R]], Callable[..., R]]:
         """Register a function by ``name`` (default: module and qualified name) for durable jobs.
 
@@ -282,6 +284,8 @@ class TaskProcessor:
         its attempts start in any window, across every process: the limit is
         ``dibs.RateLimit(store, rate_key or name, rate)``, and a job over it is
         deferred (put back uncounted, due when the limit allows), never failed.
+        With ``unique`` (a :class:`~dibs.tasks.Unique`), at most one of its jobs
+        counts per key at a time, on every process (see :meth:`insert`).
         Raises :class:`~dibs.InvalidInput` without a store or for bad options.
         """
         durable = self._require_store()
@@ -297,13 +301,16 @@ class TaskProcessor:
                     value=rate_key,
                 )
         options = JobOptions().merged(queue, priority, lock_key, retention)
+        _check_unique(unique)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
             task_name = check_id(name or f"{fn.__module__}.{fn.__qualname__}", "name")
+            if unique is not None:
+                unique.check_task(fn)
             durable.register(
                 RegisteredTask(
-                    task_name, fn, retries, backoff, timeout, limit, rate_limit, rate_key
+                    task_name, fn, retries, backoff, timeout, limit, rate_limit, rate_key, unique
                 )
             )
             self._job_options[task_name] = options
@@ -324,6 +331,7 @@ class TaskProcessor:
         lock_key: str | None = None,
         retention: float | None = None,
         connection: object = None,
+        unique: Unique | None = None,
         **kwargs: Any,
     ) -> str:
         """Add a durable job for a registered task; return its job ID.
@@ -341,14 +349,78 @@ class TaskProcessor:
         With ``connection`` (your open ``sqlite3.Connection`` on the store's
         file, or ``psycopg.Connection`` to its database), the job is written
         inside your current transaction: it exists if and only if you commit.
+        ``unique`` (a :class:`~dibs.tasks.Unique`) overrides the task's own for
+        this call; a duplicate returns the ID of the job holding the key (use
+        :meth:`insert` to tell the cases apart).
 
         Raises :class:`~dibs.InvalidInput` for an unregistered task or bad
         arguments, and :class:`ProcessorClosed` once shutdown has begun.
         """
-        return self.enqueue_many(
-            task, [(args, kwargs)], at=at, delay=delay, key=key, queue=queue,
-            priority=priority, lock_key=lock_key, retention=retention, connection=connection,
-        )[0]  # fmt: skip
+        return self.insert(
+            task, *args, at=at, delay=delay, key=key, queue=queue, priority=priority,
+            lock_key=lock_key, retention=retention, connection=connection, unique=unique,
+            **kwargs,
+        ).job_id  # fmt: skip
+
+    def insert(
+        self,
+        task: str | Callable[..., Any],
+        /,
+        *args: Any,
+        at: object = None,
+        delay: object = None,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        lock_key: str | None = None,
+        retention: float | None = None,
+        connection: object = None,
+        unique: Unique | None = None,
+        **kwargs: Any,
+    ) -> Inserted:
+        """:meth:`enqueue`, telling what happened: an :class:`~dibs.tasks.Inserted` with the
+        job ID and ``outcome`` ``added``, ``duplicate`` (a job holding the key stands,
+        nothing was added: its ID) or ``replaced`` (the pending job holding the key got
+        these arguments and due time: its ID).
+
+        A task with a :class:`~dibs.tasks.Unique` (its own, or ``unique`` here) is
+        unique per key on every store, across processes, and inside your transaction
+        with ``connection``: the rule is a unique index of the job table, so a
+        rollback frees the key with the job. Raises like :meth:`enqueue`; with
+        ``unique``, also for ``key=`` (one or the other) and, in ``debounce`` mode,
+        for ``at=`` or ``delay=`` (the window decides when it runs).
+        """
+        durable = self._require_store()
+        registered = self._registered(task)
+        _check_unique(unique)
+        rule = registered.unique if unique is None else unique
+        if rule is None:
+            made_ids, standing = self._enqueue_calls(
+                task, [(args, kwargs)], at=at, delay=delay, key=key, queue=queue,
+                priority=priority, lock_key=lock_key, retention=retention, connection=connection,
+            )  # fmt: skip
+            return Inserted(standing[0], "added" if standing == made_ids else "duplicate")
+        if key is not None:
+            raise InvalidInput("give key= or a unique rule, not both", field="key", value=key)
+        if rule.mode == "debounce" and (at is not None or delay is not None):
+            raise InvalidInput(
+                "a debounced job runs window seconds after the latest call: no at= or delay=",
+                field="delay" if delay is not None else "at", value=delay if at is None else at,
+            )  # fmt: skip
+        options = self._job_options.get(registered.name, JobOptions()).merged(
+            queue, priority, lock_key, retention
+        )
+        run_at = self._run_at(at, delay)
+        payload = encode_payload(args, kwargs)
+        made = unique_key(rule, registered.name, registered.fn, args, kwargs)
+        with self._engine.lock:
+            self._check_open()
+        job = replace(
+            self._new_job(registered, payload, f"j-{secrets.token_hex(8)}", run_at, options),
+            unique_key=made, unique_states=rule.state_bits,
+        )  # fmt: skip
+        job_id, outcome = durable.jobs.add_unique(job, rule.mode, rule.seconds, connection)
+        return Inserted(job_id, outcome)  # type: ignore[arg-type]
 
     def enqueue_many(
         self,
@@ -372,10 +444,38 @@ class TaskProcessor:
         options are those of :meth:`enqueue` and apply to every job (a ``key``
         to the first one only makes no sense, so ``key`` is refused with more
         than one call). Either every job is added or none is. Raises
-        :class:`~dibs.InvalidInput` for bad arguments.
+        :class:`~dibs.InvalidInput` for bad arguments, and for a unique task (its
+        jobs are enqueued one by one, each against its key).
         """
+        return self._enqueue_calls(
+            task, calls, at=at, delay=delay, key=key, queue=queue, priority=priority,
+            lock_key=lock_key, retention=retention, connection=connection,
+        )[1]  # fmt: skip
+
+    def _enqueue_calls(
+        self,
+        task: str | Callable[..., Any],
+        calls: Iterable[tuple[Any, ...] | Mapping[str, Any]],
+        /,
+        *,
+        at: object,
+        delay: object,
+        key: str | None,
+        queue: str | None,
+        priority: int | None,
+        lock_key: str | None,
+        retention: float | None,
+        connection: object,
+    ) -> tuple[list[str], list[str]]:
+        """:meth:`enqueue_many`: the IDs made for the new jobs, and the IDs standing."""
         durable = self._require_store()
         registered = self._registered(task)
+        if registered.unique is not None:
+            raise InvalidInput(
+                f"task {registered.name!r} is unique: enqueue its jobs one by one "
+                "(enqueue or insert), each against its key",
+                field="unique", value=registered.unique,
+            )  # fmt: skip
         options = self._job_options.get(registered.name, JobOptions()).merged(
             queue, priority, lock_key, retention
         )
@@ -400,8 +500,8 @@ class TaskProcessor:
             for payload in payloads
         ]  # fmt: skip
         if not jobs:
-            return []
-        return durable.jobs.add_many(jobs, connection=connection)
+            return [], []
+        return [job.id for job in jobs], durable.jobs.add_many(jobs, connection=connection)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for durable job ``job_id`` to finish and return its result.
@@ -746,6 +846,15 @@ class TaskProcessor:
                 value=schedule_id,
             )
         return DurableSchedule(schedule_id, trigger, misfire, max_running, make_job)
+
+
+def _check_unique(unique: object) -> None:
+    """Raise :class:`~dibs.InvalidInput` unless ``unique`` is a :class:`Unique` or None."""
+    if unique is not None and not isinstance(unique, Unique):
+        raise InvalidInput(
+            f"unique must be a dibs.tasks.Unique or None, got {shown(unique)}",
+            field="unique", value=unique,
+        )  # fmt: skip
 
 
 def _split_call(call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:

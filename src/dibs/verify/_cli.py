@@ -40,6 +40,7 @@ from dibs.verify._planted import ALL_PLANTS
 from dibs.verify._report import write_report
 from dibs.verify._runner import FAULTS, command_restart, run_workload
 from dibs.verify._tasks import verify_tasks
+from dibs.verify._tasks_unique import UNIQUE_PLANTS
 from dibs.verify._workload import Workload, parse_mix
 from dibs.verify.harness import REPLICATION, ServerSetupError
 
@@ -239,6 +240,7 @@ def add_verify_command(
     t.add_argument("--workers", type=positive_int, default=3, help="worker processes")
     t.add_argument("--jobs", type=positive_int, default=600, help="one-off jobs")
     t.add_argument("--duration", type=seconds, default=8.0, help="seconds of faults at least")
+    t.add_argument("--plant", choices=UNIQUE_PLANTS, help="a planted bug the check must flag")
     t.add_argument("--json", action="store_true", help="print the figures as JSON")
     t.set_defaults(run=_run_tasks)
 
@@ -445,6 +447,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
         workers=args.workers,
         jobs=args.jobs,
         duration=args.duration,
+        plant=args.plant,
     )
     figures = report.to_json()
     if args.json:

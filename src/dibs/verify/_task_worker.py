@@ -2,8 +2,9 @@
 
 ``python -m dibs.verify._task_worker URL LEDGER``
 
-Runs the tasks ``verify-job`` (one-off) and ``verify-tick`` (every 0.1 s,
-every occurrence run), records each execution in the ledger (a SQLite file of
+Runs the tasks ``verify-job`` (one-off), ``verify-tick`` (every 0.1 s,
+every occurrence run) and ``verify-unique`` (see :mod:`dibs.verify._tasks_unique`,
+which it also enqueues), records each execution in the ledger (a SQLite file of
 its own, outside the store), and runs until its stdin closes or it is killed.
 """
 
@@ -18,6 +19,7 @@ import time
 import dibs
 from dibs.tasks import Misfire, TaskProcessor, current
 from dibs.verify._tasks import JOB_SECONDS, LEASE, TICK
+from dibs.verify._tasks_unique import enqueue_in_step, note_to, register_unique
 
 __all__: list[str] = []
 
@@ -49,6 +51,8 @@ def main(url: str, ledger: str) -> None:
         return os.getpid()
 
     processor.every(TICK, "verify-tick", id="verify-tick", misfire=Misfire(coalesce="all"))
+    register_unique(processor, record)  # and the plant its verifier names, if any
+    enqueue_in_step(processor, note_to(effects, lock))
     print("ready", flush=True)
     sys.stdin.read()
     processor.shutdown(timeout=5)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
 import signal
 import sqlite3
@@ -35,6 +36,14 @@ import dibs
 from dibs.exceptions import InvalidInput
 from dibs.stores import store_class
 from dibs.tasks import TaskProcessor
+from dibs.verify._tasks_unique import (
+    PLANT_ENV,
+    UNIQUE_PLANTS,
+    check_unique,
+    enqueue_in_step,
+    ledger_calls,
+    register_unique,
+)
 
 __all__ = ["TaskReport", "verify_tasks"]
 
@@ -59,6 +68,8 @@ class TaskReport:
     faults: dict[str, int]
     seconds: float
     anomalies: list[str] = field(default_factory=list)
+    unique: dict[str, Any] = field(default_factory=dict)
+    """The unique-jobs figures (see :mod:`dibs.verify._tasks_unique`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The figures as a JSON-able dict."""
@@ -72,16 +83,18 @@ class TaskReport:
             "occurrences_done": self.occurrences_done,
             "faults": self.faults,
             "seconds": round(self.seconds, 1),
+            **self.unique,
             "anomalies": self.anomalies[:20],
         }
 
 
-def _start(url: str, ledger: Path) -> subprocess.Popen[str]:
+def _start(url: str, ledger: Path, plant: str | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "dibs.verify._task_worker", url, str(ledger)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, PLANT_ENV: plant or ""},
     )
     assert proc.stdout is not None
     proc.stdout.readline()  # "ready"
@@ -97,6 +110,7 @@ def verify_tasks(
     fault_interval: float = 0.5,
     duration: float = 8.0,
     deadline: float = 120.0,
+    plant: str | None = None,
 ) -> TaskReport:
     """Run the durable task processor under faults and check it.
 
@@ -106,7 +120,15 @@ def verify_tasks(
     schedule keeps ticking) and until every job has finished. Raises
     :class:`~dibs.InvalidInput` for a job table that already holds jobs, and
     :class:`RuntimeError` if the jobs do not all finish by ``deadline`` seconds.
+    ``plant``: a planted bug of :data:`~dibs.verify._tasks_UNIQUE_PLANTS`,
+    which the check must flag.
     """
+    if plant is not None and plant not in UNIQUE_PLANTS:
+        raise InvalidInput(
+            f"no planted bug {plant!r} for dibs verify tasks (plants: {', '.join(UNIQUE_PLANTS)})",
+            field="plant",
+            value=plant,
+        )
     began = time.monotonic()
     path = Path(path)
     url = store_url or f"sqlite:///{path}"
@@ -126,6 +148,7 @@ def verify_tasks(
     client = TaskProcessor(store=store, workers=1, take_jobs=False, sweep_every=None)
     for name in ("verify-job", "verify-tick"):
         client.task(name)(lambda *a: None)  # names only: this process runs nothing
+    register_unique(client, plant=plant or "")
     if _job_rows(store, ""):
         client.shutdown(timeout=0)
         store.close()
@@ -134,7 +157,9 @@ def verify_tasks(
             field="store_url",
             value=url,
         )
-    procs = [_start(url, ledger) for _ in range(workers)]
+    procs = [_start(url, ledger, plant) for _ in range(workers)]
+    calls: list[tuple[int, str]] = []
+    enqueue_in_step(client, lambda key, outcome: calls.append((key, outcome)))
     faults = {"kill": 0, "stop": 0}
     rng = random.Random(0)
     ids = [client.enqueue("verify-job", n) for n in range(jobs)]
@@ -154,7 +179,7 @@ def verify_tasks(
                 procs[victim].kill()
                 procs[victim].wait()
                 _close(procs[victim])
-                procs[victim] = _start(url, ledger)
+                procs[victim] = _start(url, ledger, plant)
                 faults["kill"] += 1
             else:
                 procs[victim].send_signal(signal.SIGSTOP)
@@ -174,7 +199,11 @@ def verify_tasks(
                 proc.kill()
                 proc.wait()
     try:
-        return _check(client, store, ids, ledger, faults, time.monotonic() - began)
+        report = _check(client, store, ids, ledger, faults, time.monotonic() - began)
+        with contextlib.closing(sqlite3.connect(ledger, timeout=60)) as conn:
+            report.unique, found = check_unique(store, calls + ledger_calls(conn))
+        report.anomalies += found
+        return report
     finally:
         client.shutdown(timeout=0)
         store.close()
