@@ -86,25 +86,25 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
                     claim, taken = yield from _try(terms, attempt, give_up)
                     if claim is not None:
                         return claim
-                yield from join_queue(queue, place)
+                yield from join_queue(queue, place, until=deadline)
                 delay = _FIRST_PAUSE
             ticket = place.ticket
-            assert ticket is not None
-            if not (yield from renew_ticket(ticket)):
-                place.ticket = None  # expired (we were paused): queue again at the back
-                continue
-            ahead = yield from queue_position(ticket)
-            if ahead is None:
-                place.ticket = None
-                continue
-            if ahead == 0:  # the head: only it may claim the targets
-                claim, taken = yield from _try(terms, attempt, give_up)
-                if claim is not None:
-                    # Cut off while leaving the queue: the face releases the hold too.
-                    attempt.unanswered = claim.request_id
-                    yield from leave_queue(ticket)
-                    place.ticket = attempt.unanswered = None
-                    return claim
+            if ticket is not None:  # None: no turn at the counter before the deadline
+                if not (yield from renew_ticket(ticket)):
+                    place.ticket = None  # expired (we were paused): queue again at the back
+                    continue
+                ahead = yield from queue_position(ticket)
+                if ahead is None:
+                    place.ticket = None
+                    continue
+                if ahead == 0:  # the head: only it may claim the targets
+                    claim, taken = yield from _try(terms, attempt, give_up)
+                    if claim is not None:
+                        # Cut off while leaving the queue: the face releases the hold too.
+                        attempt.unanswered = claim.request_id
+                        yield from leave_queue(ticket)
+                        place.ticket = attempt.unanswered = None
+                        return claim
         except StoreUnavailable:
             if give_up is not None and time.monotonic() >= give_up:
                 raise

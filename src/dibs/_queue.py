@@ -127,8 +127,11 @@ def live(queue: str) -> _Rule:
     return found
 
 
-def join(queue: str, place: Place, ttl: float = TICKET_TTL) -> _Rule:
-    """Take a ticket at the back of ``queue``; the :class:`Ticket` (also left in ``place``)."""
+def join(queue: str, place: Place, ttl: float = TICKET_TTL, until: float | None = None) -> _Rule:
+    """Take a ticket at the back of ``queue``; the :class:`Ticket` (also left in ``place``).
+
+    None if ``until`` (``time.monotonic()``) passes while waiting for a turn at the counter.
+    """
     counter = Unit(queue, _COUNTER)
     pause = _FIRST_PAUSE
     while True:
@@ -140,6 +143,8 @@ def join(queue: str, place: Place, ttl: float = TICKET_TTL) -> _Rule:
         turn = taken.claim
         if not taken or turn is None or turn.request_id != turn_id:
             del place.pending[turn_id]
+            if until is not None and time.monotonic() >= until:
+                return None
             yield QPause(_random.uniform(0, pause))
             pause = min(pause * 2, _MAX_PAUSE)
             continue
@@ -175,14 +180,15 @@ def _claim(queue: str, place: Place, unit: Unit, ttl: float, request_id: str) ->
     return result
 
 
-def turn(queue: str, place: Place, tried: bool) -> _Rule:
+def turn(queue: str, place: Place, tried: bool, until: float | None = None) -> _Rule:
     """Whether this waiter may try now: no one queues and it has not tried yet, or its ticket
     is the head. Joins the queue (once it has tried) and renews its ticket as it goes."""
     while True:
         if place.ticket is None:
             if not tried and not (yield from live(queue)):
                 return True  # no one queues: try at once, without a ticket
-            yield from join(queue, place)
+            if (yield from join(queue, place, until=until)) is None:
+                return False  # no turn at the counter before ``until``
         ticket = place.ticket
         assert ticket is not None
         if not (yield from renew(ticket)):

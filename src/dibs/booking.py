@@ -161,7 +161,8 @@ def exclusive(
     queue, place, tried = lease_queue(unit), Place(), wait == 0
     try:
         while True:
-            if wait == 0 or drive(turn(queue, place, tried), _in(store), QUEUE_ERRORS):
+            until = None if wait is None else started + wait
+            if wait == 0 or drive(turn(queue, place, tried, until), _in(store), QUEUE_ERRORS):
                 tried = True
                 result = _claim(store, unit, me, ttl)
                 # Linearization point: the store's claim on the conflict unit.

@@ -243,22 +243,23 @@ class _Rules:
                         got, permits = yield from self._once()
                         if got is not None:
                             return got
-                    yield from join_queue(queue, place)
+                    until = None if wait is None else started + wait
+                    yield from join_queue(queue, place, until=until)
                 ticket = place.ticket
-                assert ticket is not None
-                if not (yield from renew_ticket(ticket)):
-                    place.ticket = None  # expired while we were paused: queue again
-                    continue
-                ahead = yield from queue_position(ticket)
-                if ahead is None:
-                    place.ticket = None
-                    continue
-                if ahead == 0:  # the head: only it may try the slots
-                    got, permits = yield from self._once()
-                    if got is not None:
-                        yield from leave_queue(ticket)
+                if ticket is not None:  # None: no turn at the counter before the deadline
+                    if not (yield from renew_ticket(ticket)):
+                        place.ticket = None  # expired while we were paused: queue again
+                        continue
+                    ahead = yield from queue_position(ticket)
+                    if ahead is None:
                         place.ticket = None
-                        return got
+                        continue
+                    if ahead == 0:  # the head: only it may try the slots
+                        got, permits = yield from self._once()
+                        if got is not None:
+                            yield from leave_queue(ticket)
+                            place.ticket = None
+                            return got
             waited = time.monotonic() - started
             if wait is not None and waited >= wait:
                 if place.ticket is not None:

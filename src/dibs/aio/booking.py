@@ -60,7 +60,10 @@ async def exclusive(
     queue, place, tried = lease_queue(unit), Place(), wait == 0
     try:
         while True:
-            if wait == 0 or await adrive(turn(queue, place, tried), _in(store), QUEUE_ERRORS):
+            until = None if wait is None else started + wait
+            if wait == 0 or await adrive(
+                turn(queue, place, tried, until), _in(store), QUEUE_ERRORS
+            ):
                 tried = True
                 result = await _claim(store, unit, me, ttl)
                 # Linearization point: the store's claim on the conflict unit.
