@@ -173,9 +173,15 @@ def exclusive(
             time.sleep(_pause(resource, started, wait, delay))
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
-        _settle(store, queue, place)
+        if place.ticket is not None or place.pending:
+            _settle(store, queue, place)
         raise
-    _settle(store, queue, place)
+    if place.ticket is not None or place.pending:  # queued: leave (no point if not)
+        try:
+            _settle(store, queue, place)
+        except BaseException:  # cancelled while leaving the queue: the hold goes too
+            _give_up(store, claim, me)
+            raise
     try:
         yield claim
     except BaseException:

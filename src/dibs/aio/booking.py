@@ -74,9 +74,15 @@ async def exclusive(
             await asyncio.sleep(_pause(resource, started, wait, delay))
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
-        await asyncio.shield(_settle(store, queue, place))
+        if place.ticket is not None or place.pending:
+            await asyncio.shield(_settle(store, queue, place))
         raise
-    await asyncio.shield(_settle(store, queue, place))
+    if place.ticket is not None or place.pending:  # queued: leave (no await point if not)
+        try:
+            await asyncio.shield(_settle(store, queue, place))
+        except BaseException:  # cancelled while leaving the queue: the hold goes too
+            await _give_up(store, claim, me)
+            raise
     try:
         yield claim
     except BaseException:
