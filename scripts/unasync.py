@@ -62,6 +62,7 @@ FILES = [
     ("aio/matching.py", "matching.py"),
     ("aio/booking.py", "booking.py"),
     ("aio/ratelimit.py", "ratelimit.py"),
+    ("aio/waitlist.py", "waitlist.py"),
     ("observe.py", "observe.py"),
     ("lease.py", "lease.py"),
     ("stores/etcd/_wire.py", "stores/etcd/_wire.py"),

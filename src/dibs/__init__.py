@@ -42,6 +42,7 @@ from dibs.semaphore import Semaphore
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
 from dibs.stores.base import Store
+from dibs.waitlist import Waitlist
 
 __all__ = [
     "AlreadyParked",
@@ -87,6 +88,7 @@ __all__ = [
     "Unit",
     "UnknownScheme",
     "VehicleBlocked",
+    "Waitlist",
     "booking",
     "idempotent",
     "match",

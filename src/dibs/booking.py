@@ -20,15 +20,20 @@ See ``docs/patterns/booking.md`` for when to use which.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta, tzinfo
+from typing import Any
 from zoneinfo import ZoneInfo
 
+from dibs._drive import drive
+from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, ClaimState, Unit
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, turn
 from dibs.exceptions import HoldLost, HoldLostReason, InvalidInput, ResourceBusy
 from dibs.stores.base import Store
 
@@ -151,15 +156,32 @@ def exclusive(
     unit, me = _entry(resource, wait, holder)
     started = time.monotonic()
     delay = 0.001
-    while True:
-        result = _claim(store, unit, me, ttl)
-        # Linearization point: the store's claim on the conflict unit.
-        if result:
-            claim = result.claim
-            assert claim is not None
-            break
-        time.sleep(_pause(resource, started, wait, delay))
-        delay = min(delay * 2, 0.1)
+    # Waiters are served first come, first served: a ticket in the unit's queue (the
+    # one leases of the unit wait in); only the head tries (docs/leases.md).
+    queue, place, tried = lease_queue(unit), Place(), wait == 0
+    try:
+        while True:
+            until = None if wait is None else started + wait
+            if wait == 0 or drive(turn(queue, place, tried, until), _in(store), QUEUE_ERRORS):
+                tried = True
+                result = _claim(store, unit, me, ttl)
+                # Linearization point: the store's claim on the conflict unit.
+                if result:
+                    claim = result.claim
+                    assert claim is not None
+                    break
+            time.sleep(_pause(resource, started, wait, delay))
+            delay = min(delay * 2, 0.1)
+    except BaseException:  # gave up, cancelled: the next waiter goes on
+        if place.ticket is not None or place.pending:
+            _settle(store, queue, place)
+        raise
+    if place.ticket is not None or place.pending:  # queued: leave (no point if not)
+        try:
+            _settle(store, queue, place)
+        except BaseException:  # cancelled while leaving the queue: the hold goes too
+            _give_up(store, claim, me)
+            raise
     try:
         yield claim
     except BaseException:
@@ -169,6 +191,23 @@ def exclusive(
     if not store.release(claim.id, holder=me, fence=claim.fence):
         _check_lost(resource, claim, store.get(claim.id))
     # --- end of the generated part ---
+
+
+def _in(store: Store) -> Callable[[QCall | QPause], Any]:
+    """How the queue's steps are performed on this face."""
+
+    def perform(step: QCall | QPause) -> Any:
+        if isinstance(step, QPause):
+            return time.sleep(step.seconds)
+        return getattr(store, step.method)(*step.args, **step.kwargs)
+
+    return perform
+
+
+def _settle(store: Store, queue: str, place: Place) -> None:
+    """Give back the entry's ticket (and claims sent for it unanswered); never raises."""
+    with contextlib.suppress(Exception):
+        drive(abandon(queue, place), _in(store), QUEUE_ERRORS)
 
 
 def _claim(store: Store, unit: Unit, me: str, ttl: float) -> ClaimResult:

@@ -34,7 +34,9 @@ The policy:
   :class:`~dibs.ResourceBusy` at once, saying which targets were taken and who
   holds them (a snapshot); ``wait=seconds`` retries with jittered backoff (and
   the store's change feed where it has one, which only shortens a pause) until
-  then; ``wait=None`` waits as long as it takes.
+  then; ``wait=None`` waits as long as it takes. Waiters are served first come,
+  first served: each takes a ticket in its first target's queue and only the
+  head tries (``dibs._fair``, ``dibs._queue``; docs/leases.md, "Fair waiting").
 * **Renewal.** Every ``renew_every`` seconds, or sooner when half the time the
   hold has left is gone. An extend that fails with :class:`~dibs.StoreUnavailable` is
   retried while the hold can still be alive: until ``ttl`` after the last
@@ -64,15 +66,14 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs._fair import FairAttempt, fair_claim_policy
 from dibs._lease import (
     _FEED_POLL,
     LEASE_TTL_MIN,
     RENEW_EVERY_MIN,
     UNAVAILABLE_RETRY,
     _adrive,
-    _Attempt,
     _ChangeStep,
-    _claim_policy,
     _ClaimStep,
     _describe,
     _drive,
@@ -90,6 +91,8 @@ from dibs._lease import (
     _unexpected,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
+from dibs._queue import QCall, QPause
+from dibs._queue import abandon as abandon_queue
 from dibs._shield import to_the_end
 from dibs.exceptions import HoldLost, StoreUnavailable
 from dibs.stores.base import Store
@@ -243,6 +246,8 @@ def _call(store: Store, terms: _Terms, step: _Step) -> Any:
             return store.get(claim_id)
         case _HoldersStep(targets):
             return {target: store.holder_of(_one(target)) for target in targets}
+        case QCall(method, args, kwargs):
+            return getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
 
@@ -285,6 +290,8 @@ async def _call_async(store: AsyncStore, terms: _Terms, step: _Step) -> Any:
             return await store.get(claim_id)
         case _HoldersStep(targets):
             return {target: await store.holder_of(_one(target)) for target in targets}
+        case QCall(method, args, kwargs):
+            return await getattr(store, method)(*args, **kwargs)
     raise AssertionError(step)  # pragma: no cover
 
 
@@ -339,12 +346,15 @@ class Lease(_LeaseFace):
 
     def __enter__(self) -> Self:
         self._enter()
-        attempt = _Attempt()
+        attempt = FairAttempt()
         try:
-            claim = _drive(_claim_policy(self._terms, attempt), self._perform)
+            claim = _drive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 _abandon(self._store, self._terms, attempt.unanswered)
+            if attempt.queue:  # cut off while queued: the next waiter goes on
+                with contextlib.suppress(Exception):  # best effort: tickets expire anyway
+                    _drive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
             raise
         finally:
             if self._feed is not None:
@@ -411,7 +421,10 @@ class Lease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 self._await_change(seconds, hurried)
                 return None
-            case _ClaimStep():
+            case QPause(seconds, hurried):
+                self._await_change(seconds, hurried)
+                return None
+            case _ClaimStep() | QCall():
                 result = _call(self._store, self._terms, step)
                 if self._feed is not None:  # after the claim: its own write is no news
                     self._token = self._read_feed()
@@ -508,14 +521,19 @@ class AsyncLease(_LeaseFace):
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("async with store.lease() must run in an asyncio task")
-        attempt = _Attempt()
+        attempt = FairAttempt()
         try:
-            claim = await _adrive(_claim_policy(self._terms, attempt), self._perform)
+            claim = await _adrive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
             if attempt.unanswered is not None:
                 # Settled before the error propagates, even if cancelled again: once
                 # the cancelled entry returns, a retry finds the targets as they were.
                 await to_the_end(_abandon_async(self._store, self._terms, attempt.unanswered))
+            if attempt.queue:  # cut off while queued: the next waiter goes on
+                with contextlib.suppress(Exception):  # best effort: tickets expire anyway
+                    await to_the_end(
+                        _adrive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
+                    )
             raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent)
         self._task = task
@@ -598,6 +616,9 @@ class AsyncLease(_LeaseFace):
                         f"renewing lease {claim.id!r} got no answer in time"
                     ) from None
             case _SleepStep(seconds) | _ChangeStep(seconds):  # this face polls (see above)
+                await asyncio.sleep(seconds)
+                return None
+            case QPause(seconds):
                 await asyncio.sleep(seconds)
                 return None
         return await _call_async(self._store, self._terms, step)

@@ -30,6 +30,7 @@ every admission was judged under one version of the limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Generator
@@ -40,8 +41,15 @@ from typing import Any, Self
 from dibs._drive import adrive, drive
 from dibs._lease import _terms
 from dibs._model import Claim, ClaimResult, Unit
+from dibs._queue import Place, QCall, QPause, queue_name
+from dibs._queue import abandon as abandon_queue
+from dibs._queue import join as join_queue
+from dibs._queue import leave as leave_queue
+from dibs._queue import live as live_tickets
+from dibs._queue import position as queue_position
+from dibs._queue import renew as renew_ticket
 from dibs._shield import to_the_end
-from dibs.exceptions import HoldLost, InvalidInput, ResourceBusy
+from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput, ResourceBusy, StoreUnavailable
 from dibs.lease import AsyncLease, Lease
 from dibs.stores.base import Store
 from dibs.stores.base_async import AsyncStore
@@ -51,6 +59,7 @@ __all__ = ["PERMITS_MAX", "AsyncSemaphore", "AsyncSemaphoreLease", "Semaphore", 
 PERMITS_MAX = 10_000
 """The most permits a semaphore takes: an acquirer may read every slot up to the highest ever."""
 
+_LEFT = (HoldLost, ClaimNotFound, StoreUnavailable)  # queue errors the rules decide on
 _VERSION = "permits/"  # slot prefix of the limit's versions
 _FIRST_PAUSE = 0.005
 _MAX_PAUSE = 0.25
@@ -130,7 +139,7 @@ class _Sleep:
     seconds: float
 
 
-_Step = _Read | _Write | _Enter | _Exit | _Sleep
+_Step = _Read | _Write | _Enter | _Exit | _Sleep | QCall | QPause
 _Rule = Generator[_Step, Any, Any]
 
 
@@ -210,11 +219,68 @@ class _Rules:
                 holders.append(holder)
         return holders
 
-    def _acquire_rule(self, holder: str, wait: float | None) -> _Rule:
-        """Claim a slot as a lease; the lease entered and the limit it was judged under."""
+    def _acquire_rule(self, holder: str, wait: float | None, place: Place | None = None) -> _Rule:
+        """Claim a slot as a lease; the lease entered and the limit it was judged under.
+
+        With ``wait`` other than 0, waiters are served first come, first served:
+        one queue per key (:mod:`dibs._queue`), and only its head tries the slots.
+        ``place`` holds the waiter's ticket, for the face to give back if cut off.
+        """
         key = self.key
         started = time.monotonic()
         delay = _FIRST_PAUSE
+        place = Place() if place is None else place
+        queue = queue_name("semaphore", key)
+        permits = 0
+        while True:
+            if wait == 0:
+                got, permits = yield from self._once()
+                if got is not None:
+                    return got
+            else:
+                if place.ticket is None:
+                    if not (yield from live_tickets(queue)):  # no one queues: try at once
+                        got, permits = yield from self._once()
+                        if got is not None:
+                            return got
+                    until = None if wait is None else started + wait
+                    yield from join_queue(queue, place, until=until)
+                ticket = place.ticket
+                if ticket is not None:  # None: no turn at the counter before the deadline
+                    if not (yield from renew_ticket(ticket)):
+                        place.ticket = None  # expired while we were paused: queue again
+                        continue
+                    ahead = yield from queue_position(ticket)
+                    if ahead is None:
+                        place.ticket = None
+                        continue
+                    if ahead == 0:  # the head: only it may try the slots
+                        got, permits = yield from self._once()
+                        if got is not None:
+                            yield from leave_queue(ticket)
+                            place.ticket = None
+                            return got
+            waited = time.monotonic() - started
+            if wait is not None and waited >= wait:
+                if place.ticket is not None:
+                    ticket, place.ticket = place.ticket, None
+                    yield from leave_queue(ticket)
+                raise ResourceBusy(
+                    f"semaphore {key!r} for {holder!r}: all {permits} permits taken,"
+                    f" waited {waited:.3g}s",
+                    resource=key,
+                    waited=waited,
+                    permits=permits,
+                )
+            pause = _random.uniform(0, delay)
+            if wait is not None:
+                pause = min(pause, max(0.0, started + wait - time.monotonic()))
+            yield QPause(pause, _random.uniform(0, delay) / 4)
+            delay = min(delay * 2, _MAX_PAUSE)
+
+    def _once(self) -> _Rule:
+        """One try at a slot; the lease and limit (or None), and the permits judged under."""
+        key = self.key
         while True:
             limit = yield from self._current()
             permits = limit.permits
@@ -241,28 +307,14 @@ class _Rules:
                             break
             else:
                 lease = yield from self._lowest(limit, live_above)
-            if lease is not None:
-                # Judged under one version only: a limit changed meanwhile means judge again.
-                after = yield from _latest(key, limit)
-                if after.version == limit.version:
-                    return lease, limit
-                self._limit = after
-                yield _Exit(lease)
-                continue
-            waited = time.monotonic() - started
-            if wait is not None and waited >= wait:
-                raise ResourceBusy(
-                    f"semaphore {key!r} for {holder!r}: all {permits} permits taken,"
-                    f" waited {waited:.3g}s",
-                    resource=key,
-                    waited=waited,
-                    permits=permits,
-                )
-            pause = _random.uniform(0, delay)
-            if wait is not None:
-                pause = min(pause, max(0.0, started + wait - time.monotonic()))
-            yield _Sleep(pause)
-            delay = min(delay * 2, _MAX_PAUSE)
+            if lease is None:
+                return None, permits
+            # Judged under one version only: a limit changed meanwhile means judge again.
+            after = yield from _latest(key, limit)
+            if after.version == limit.version:
+                return (lease, limit), permits
+            self._limit = after
+            yield _Exit(lease)
 
     def _lowest(self, limit: _Limit, live_above: list[int]) -> _Rule:
         """Under a lowered limit: the lowest free slot, if the count stays within it once joined."""
@@ -395,15 +447,24 @@ class SemaphoreLease(_LeaseView):
         self._wait = terms.wait
         self._renew_every = renew_every
         self._pending: Lease | None = None
+        self._place = Place()
 
     def __enter__(self) -> Self:
         self._enter()
         sem = self._semaphore
         try:
-            inner, limit = drive(sem._acquire_rule(self._holder, self._wait), self._perform)
+            inner, limit = drive(
+                sem._acquire_rule(self._holder, self._wait, self._place), self._perform, _LEFT
+            )
         except BaseException as exc:
             if self._pending is not None:  # entered, then interrupted before it was handed over
                 self._pending.__exit__(type(exc), exc, exc.__traceback__)
+            with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
+                drive(
+                    abandon_queue(queue_name("semaphore", sem.key), self._place),
+                    sem._perform,
+                    _LEFT,
+                )
             raise
         self._take(inner, limit)
         return self
@@ -496,9 +557,11 @@ class Semaphore(_Rules):
                 return store.holder_of(unit)
             case _Write(unit, holder):
                 return store.claim(unit, holder=holder)
-            case _Sleep(seconds):
+            case _Sleep(seconds) | QPause(seconds):
                 time.sleep(seconds)
                 return None
+            case QCall(method, args, kwargs):
+                return getattr(store, method)(*args, **kwargs)
         raise AssertionError(step)  # pragma: no cover
 
     def __repr__(self) -> str:
@@ -527,15 +590,26 @@ class AsyncSemaphoreLease(_LeaseView):
         self._wait = terms.wait
         self._renew_every = renew_every
         self._pending: AsyncLease | None = None
+        self._place = Place()
 
     async def __aenter__(self) -> Self:
         self._enter()
         sem = self._semaphore
         try:
-            inner, limit = await adrive(sem._acquire_rule(self._holder, self._wait), self._perform)
+            inner, limit = await adrive(
+                sem._acquire_rule(self._holder, self._wait, self._place), self._perform, _LEFT
+            )
         except BaseException as exc:
             if self._pending is not None:  # entered, then interrupted before it was handed over
                 await to_the_end(self._pending.__aexit__(type(exc), exc, exc.__traceback__))
+            with contextlib.suppress(Exception):  # cut off while queued: the next one goes on
+                await to_the_end(
+                    adrive(
+                        abandon_queue(queue_name("semaphore", sem.key), self._place),
+                        sem._perform,
+                        _LEFT,
+                    )
+                )
             raise
         self._take(inner, limit)
         return self
@@ -617,9 +691,11 @@ class AsyncSemaphore(_Rules):
                 return await store.holder_of(unit)
             case _Write(unit, holder):
                 return await store.claim(unit, holder=holder)
-            case _Sleep(seconds):
+            case _Sleep(seconds) | QPause(seconds):
                 await asyncio.sleep(seconds)
                 return None
+            case QCall(method, args, kwargs):
+                return await getattr(store, method)(*args, **kwargs)
         raise AssertionError(step)  # pragma: no cover
 
     def __repr__(self) -> str:

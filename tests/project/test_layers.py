@@ -27,6 +27,9 @@ LAYERS: list[set[str]] = [
     {
         "dibs.lease",
         "dibs._lease",
+        "dibs._fair",
+        "dibs._queue",
+        "dibs.waitlist",
         "dibs.idempotency",
         "dibs.lot",
         "dibs.booking",

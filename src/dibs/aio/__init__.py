@@ -23,6 +23,7 @@ from dibs.aio import booking
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
 from dibs.aio.ratelimit import RateLimit
+from dibs.aio.waitlist import Waitlist
 from dibs.semaphore import AsyncSemaphore as Semaphore
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base_async import AsyncStore
@@ -35,6 +36,7 @@ __all__ = [
     "RateLimit",
     "Semaphore",
     "ThreadedStore",
+    "Waitlist",
     "booking",
     "match",
     "open",

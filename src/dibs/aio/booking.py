@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+from dibs._drive import adrive
+from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, Unit
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, turn
 from dibs.aio.lot import _waited_out
 from dibs.booking import (
     EXCLUSIVE_SLOT,
@@ -51,15 +55,34 @@ async def exclusive(
     unit, me = _entry(resource, wait, holder)
     started = time.monotonic()
     delay = 0.001
-    while True:
-        result = await _claim(store, unit, me, ttl)
-        # Linearization point: the store's claim on the conflict unit.
-        if result:
-            claim = result.claim
-            assert claim is not None
-            break
-        await asyncio.sleep(_pause(resource, started, wait, delay))
-        delay = min(delay * 2, 0.1)
+    # Waiters are served first come, first served: a ticket in the unit's queue (the
+    # one leases of the unit wait in); only the head tries (docs/leases.md).
+    queue, place, tried = lease_queue(unit), Place(), wait == 0
+    try:
+        while True:
+            until = None if wait is None else started + wait
+            if wait == 0 or await adrive(
+                turn(queue, place, tried, until), _in(store), QUEUE_ERRORS
+            ):
+                tried = True
+                result = await _claim(store, unit, me, ttl)
+                # Linearization point: the store's claim on the conflict unit.
+                if result:
+                    claim = result.claim
+                    assert claim is not None
+                    break
+            await asyncio.sleep(_pause(resource, started, wait, delay))
+            delay = min(delay * 2, 0.1)
+    except BaseException:  # gave up, cancelled: the next waiter goes on
+        if place.ticket is not None or place.pending:
+            await asyncio.shield(_settle(store, queue, place))
+        raise
+    if place.ticket is not None or place.pending:  # queued: leave (no await point if not)
+        try:
+            await asyncio.shield(_settle(store, queue, place))
+        except BaseException:  # cancelled while leaving the queue: the hold goes too
+            await _give_up(store, claim, me)
+            raise
     try:
         yield claim
     except BaseException:
@@ -69,6 +92,23 @@ async def exclusive(
     if not await store.release(claim.id, holder=me, fence=claim.fence):
         _check_lost(resource, claim, await store.get(claim.id))
     # --- end of the shared part ---
+
+
+def _in(store: AsyncStore) -> Callable[[QCall | QPause], Awaitable[Any]]:
+    """How the queue's steps are performed on this face."""
+
+    async def perform(step: QCall | QPause) -> Any:
+        if isinstance(step, QPause):
+            return await asyncio.sleep(step.seconds)
+        return await getattr(store, step.method)(*step.args, **step.kwargs)
+
+    return perform
+
+
+async def _settle(store: AsyncStore, queue: str, place: Place) -> None:
+    """Give back the entry's ticket (and claims sent for it unanswered); never raises."""
+    with contextlib.suppress(Exception):
+        await adrive(abandon(queue, place), _in(store), QUEUE_ERRORS)
 
 
 async def _claim(store: AsyncStore, unit: Unit, me: str, ttl: float) -> ClaimResult:

@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 
 from dibs._drive import adrive
 from dibs._model import Claim, Unit
+from dibs._queue import QUEUE_ERRORS
 from dibs.aio import RateLimit, Semaphore
 from dibs.exceptions import HoldLost, InvalidInput, ResourceBusy
 from dibs.semaphore import _Enter, _Exit, _Step
@@ -254,7 +255,8 @@ class Limits:
                     return None
             return await sem._perform(step)
 
-        claim, limit = await adrive(sem._acquire_rule(holder, wait), perform)
+        # QUEUE_ERRORS: a waiter's ticket lost (paused) or gone is the queue's to decide on.
+        claim, limit = await adrive(sem._acquire_rule(holder, wait), perform, QUEUE_ERRORS)
         assert isinstance(claim, Claim)
         return claim, limit.permits
 

@@ -41,6 +41,7 @@ from dibs.verify._linear import (
 )
 from dibs.verify._log import LogAnomaly, acknowledged_fences, describe_row, replay_log
 from dibs.verify._model import TOLERANCE, keys_of, op_targets, rate_over_limit
+from dibs.verify._waitlist import waitlist_anomalies, waitlist_resources
 
 __all__ = ["Report", "check_history"]
 
@@ -326,7 +327,7 @@ def _offset(ops: Sequence[Op], local: bool) -> tuple[float, float, list[str]]:
     return low, high, []
 
 
-UNMODELLED = frozenset({"sweep", "rate", "semaphore"})
+UNMODELLED = frozenset({"sweep", "rate", "semaphore", "waitlist"})
 """Ops in no resource's history: a sweep (the model gives it no step); rate-limit
 decisions, judged apart by :func:`rate_anomalies` (their slot claims are plain claims,
 which the log replay judges); and semaphore holds, judged apart by
@@ -471,12 +472,16 @@ def check_history(
         results.append(result)
     # The semaphore's claims are the pattern's, not ops of the history: judged by its holds.
     sem_resources = {str(op.args["res"]) for op in ops if op.fn == "semaphore"}
-    rows = [row for row in history.log or () if not any(t[1] in sem_resources for t in row.targets)]
+    rows = [
+        row
+        for row in history.log or ()
+        if not any(t[1] in sem_resources or waitlist_resources(t[1]) for t in row.targets)
+    ]
     log_anomalies = (
         None if history.log is None else replay_log(ops, rows, outlive=outlive, stamped=stamped)
     )
     faults: dict[str, int] = {}
-    other = list(clock_anomalies) + semaphore_anomalies(ops)
+    other = list(clock_anomalies) + semaphore_anomalies(ops) + waitlist_anomalies(ops)
     other.extend(rate_anomalies(ops))
     for event in history.nemesis:
         faults[event["f"]] = faults.get(event["f"], 0) + 1

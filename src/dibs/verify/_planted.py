@@ -45,6 +45,7 @@ from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
 from dibs.verify._planted_replay import REPLAY_PLANTS, replay_plant
+from dibs.verify._waitlist import WAITLIST_PLANTS
 from dibs.verify._workload import RACE_WINDOW
 
 __all__ = [
@@ -66,7 +67,7 @@ SEMAPHORE_PLANTS = ("semaphore-n-plus-one",)
 semaphore admits one holder too many (its ``semaphore`` ops are turned on)."""
 RATE_PLANTS = ("rate-over-limit",)
 """Plants in the clients' rate limits, on any store: the rate check must catch them."""
-ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS
+ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS
 """Every built-in plant a ``--plant`` name may give."""
 
 
@@ -238,7 +239,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     :class:`~dibs.InvalidInput` for an unknown plant or a store it has no
     broken twin for.
     """
-    if plant is None or plant in SEMAPHORE_PLANTS or plant in RATE_PLANTS:
+    if plant is None or plant in SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS:
         return dibs.open(url, **options)
     if ":" in plant:
         custom: Callable[..., Store] = plant_class(plant).from_url

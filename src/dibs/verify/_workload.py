@@ -44,6 +44,7 @@ from dibs.stores import redact
 from dibs.stores.base import Store
 from dibs.verify._history import write_events
 from dibs.verify._log import micros
+from dibs.verify._waitlist import WAITLIST_PLANTS, waitlist_op
 
 __all__ = [
     "DEFAULT_MIX",
@@ -66,6 +67,7 @@ DEFAULT_MIX: tuple[tuple[str, float], ...] = (
     ("get", 5.0),
     ("claims_of", 3.0),
     ("semaphore", 0.0),
+    ("waitlist", 0.0),
     ("rate", 5.0),
 )
 """Relative weights of a client's ops: fresh claims, retries of an earlier request
@@ -241,6 +243,8 @@ class Client:
         mix = self.workload.mix
         if self.workload.plant == "semaphore-n-plus-one" and not dict(mix).get("semaphore"):
             mix = (*mix, ("semaphore", 20.0))  # the plant is in the semaphore: use it
+        if self.workload.plant in WAITLIST_PLANTS and not dict(mix).get("waitlist"):
+            mix = (*mix, ("waitlist", 40.0))  # the plant is in the waiting list: use it
         kinds, weights = zip(*mix, strict=True)
         kind = rng.choices(kinds, weights)[0]
         if kind == "retry" and self.requests:
@@ -259,6 +263,8 @@ class Client:
             return "semaphore", permit_args, self._permit
         if kind == "rate":
             return self._rate()
+        if kind == "waitlist":
+            return waitlist_op(self)
         if kind == "claims_of":
             holder = f"c{rng.randrange(self.workload.clients)}"
             return "claims_of", {"res": "*", "holder": holder}, lambda: store.claims_of(holder)
@@ -401,7 +407,7 @@ class Client:
 
     def _learn(self, fn: str, args: dict[str, Any], result: Any) -> dict[str, Any]:
         """Encode the result for the history and update what this client believes it holds."""
-        if fn == "semaphore":
+        if fn in ("semaphore", "waitlist"):
             assert isinstance(result, dict)
             return result
         if fn == "claim":
