@@ -284,6 +284,7 @@ class OverHttp:
         path: str = "claim",
         rate: str = "",
         cpus: set[int] | None = None,
+        log_level: str = "warning",
     ) -> None:
         self.raw = raw
         self.path = path
@@ -301,7 +302,7 @@ class OverHttp:
         self.server = subprocess.Popen(
             [sys.executable, "-m", "dibs.service", "serve", "--store", url, "--keys",
              str(keys_file), "--port", str(self.port), "--rate", "1e9", "--burst", "1000000000",
-             "--log-level", "warning", "--sweep-interval", "3600", "--lot", f"bench:{LOT_SIZE}"],
+             "--log-level", log_level, "--sweep-interval", "3600", "--lot", f"bench:{LOT_SIZE}"],
             stderr=subprocess.DEVNULL,
             env=env,
         )  # fmt: skip
@@ -509,6 +510,12 @@ def main() -> None:
         help="CPU lists, e.g. 0:1: each service on the first, this process (load generator "
         "and in-process sides) on the second; PostgreSQL stays on every CPU",
     )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["info", "warning"],
+        help="the servers' --log-level: info writes an access-log line per request",
+    )
     args = parser.parse_args()
     server_cpus: set[int] | None = None
     client_cpus: set[int] | None = None
@@ -550,7 +557,16 @@ def main() -> None:
         )
         sides["HTTP"] = stack.enter_context(
             closing(
-                OverHttp(url("http"), clients, tmp, raw=raw, path=path, rate=rate, cpus=server_cpus)
+                OverHttp(
+                    url("http"),
+                    clients,
+                    tmp,
+                    raw=raw,
+                    path=path,
+                    rate=rate,
+                    cpus=server_cpus,
+                    log_level=args.log_level,
+                )
             )
         )
         if args.old_ref:
@@ -558,7 +574,14 @@ def main() -> None:
             sides["HTTP old"] = stack.enter_context(
                 closing(
                     OverHttp(
-                        url("old"), args.clients, tmp, old, raw=raw, path=path, cpus=server_cpus
+                        url("old"),
+                        args.clients,
+                        tmp,
+                        old,
+                        raw=raw,
+                        path=path,
+                        cpus=server_cpus,
+                        log_level=args.log_level,
                     )
                 )
             )
@@ -579,7 +602,7 @@ def main() -> None:
     print(
         f"store={args.store} clients={args.clients} {unit}/side/round={total} "
         f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client} "
-        f"path={args.path} pin={args.pin or 'none'}"
+        f"path={args.path} pin={args.pin or 'none'} log-level={args.log_level}"
     )
     print(
         f"{'':18} {unit + '/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "

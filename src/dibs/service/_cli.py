@@ -179,6 +179,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(args.log_level.upper())
+    # Record fields JsonFormatter never writes, not looked up for every record
+    # (~3.5 us of each access-log line): this process's logging is ours.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(

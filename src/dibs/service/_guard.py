@@ -327,15 +327,25 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate if self.rate > 0 else math.inf
 
 
+_ENCODE_LOG = json.JSONEncoder(default=str).encode  # json.dumps(doc, default=str), built once
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the record's extras."""
 
     # uvicorn adds color_message: the message again, with ANSI colour codes for terminals.
     _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
 
+    # The formatted second of the last record: an access-log line per request
+    # would otherwise format the same second again and again (~3 us each).
+    _second: tuple[int, str] = (-1, "")
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if self._second[0] != second:
+            self._second = (second, self.formatTime(record, "%Y-%m-%dT%H:%M:%S"))
         doc: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "time": f"{self._second[1]}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -345,7 +355,7 @@ class JsonFormatter(logging.Formatter):
                 doc[name] = value
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return _ENCODE_LOG(doc)
 
     def converter(self, seconds: float | None) -> time.struct_time:
         """Times in UTC."""
