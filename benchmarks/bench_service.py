@@ -43,6 +43,13 @@ a sidecar's caller would.
                                        [--claims 2000] [--rounds 5] [--old-ref REV]
                                        [--url postgresql://...] [--http-client raw|httplib]
                                        [--path claim|park|permit|rate] [--rate 1000/s]
+                                       [--pin 0:1] [--log-level warning|info]
+
+``--pin SERVER:CLIENTS`` runs each ``dibs serve`` on the first CPU list and this
+process (the load generator and both in-process sides) on the second, so that
+the clients do not take the server's core; the private PostgreSQL stays on
+every CPU. ``--log-level info`` has the servers write their access log
+(``dibs serve``'s default), to /dev/null.
 
 ``--store postgresql`` (the default) starts a private server (fsync off) unless
 ``--url`` names one; each side gets a schema of its own in it.
