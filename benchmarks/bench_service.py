@@ -43,6 +43,13 @@ a sidecar's caller would.
                                        [--claims 2000] [--rounds 5] [--old-ref REV]
                                        [--url postgresql://...] [--http-client raw|httplib]
                                        [--path claim|park|permit|rate] [--rate 1000/s]
+                                       [--pin 0:1] [--log-level warning|info]
+
+``--pin SERVER:CLIENTS`` runs each ``dibs serve`` on the first CPU list and this
+process (the load generator and both in-process sides) on the second, so that
+the clients do not take the server's core; the private PostgreSQL stays on
+every CPU. ``--log-level info`` has the servers write their access log
+(``dibs serve``'s default), to /dev/null.
 
 ``--store postgresql`` (the default) starts a private server (fsync off) unless
 ``--url`` names one; each side gets a schema of its own in it.
@@ -283,6 +290,8 @@ class OverHttp:
         raw: bool = True,
         path: str = "claim",
         rate: str = "",
+        cpus: set[int] | None = None,
+        log_level: str = "warning",
     ) -> None:
         self.raw = raw
         self.path = path
@@ -294,13 +303,18 @@ class OverHttp:
         env = dict(os.environ)
         if src is not None:
             env["PYTHONPATH"] = str(src)
+        mine = os.sched_getaffinity(0) if cpus else None
+        if cpus:  # the child inherits this thread's CPUs; its own threads inherit its
+            os.sched_setaffinity(0, cpus)
         self.server = subprocess.Popen(
             [sys.executable, "-m", "dibs.service", "serve", "--store", url, "--keys",
              str(keys_file), "--port", str(self.port), "--rate", "1e9", "--burst", "1000000000",
-             "--log-level", "warning", "--sweep-interval", "3600", "--lot", f"bench:{LOT_SIZE}"],
+             "--log-level", log_level, "--sweep-interval", "3600", "--lot", f"bench:{LOT_SIZE}"],
             stderr=subprocess.DEVNULL,
             env=env,
         )  # fmt: skip
+        if mine:
+            os.sched_setaffinity(0, mine)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -497,7 +511,25 @@ def main() -> None:
         "take and release a semaphore's permit, or one rate-limit decision",
     )
     parser.add_argument("--rate", default="10000/s", help="the rate of --path rate")
+    parser.add_argument(
+        "--pin",
+        metavar="SERVER:CLIENTS",
+        help="CPU lists, e.g. 0:1: each service on the first, this process (load generator "
+        "and in-process sides) on the second; PostgreSQL stays on every CPU",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["info", "warning"],
+        help="the servers' --log-level: info writes an access-log line per request",
+    )
     args = parser.parse_args()
+    server_cpus: set[int] | None = None
+    client_cpus: set[int] | None = None
+    if args.pin:
+        server_part, _, client_part = args.pin.partition(":")
+        server_cpus = {int(c) for c in server_part.split(",")}
+        client_cpus = {int(c) for c in client_part.split(",")}
     raw = args.http_client == "raw"
     per_client = max(1, args.claims // args.clients)
     with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
@@ -519,6 +551,8 @@ def main() -> None:
                 return f"{pg}{'&' if '?' in pg else '?'}schema={schema}&pool_max={args.clients}"
             return f"sqlite:///{tmp / name}.db"
 
+        if client_cpus:  # after PostgreSQL started, before any thread: all inherit it
+            os.sched_setaffinity(0, client_cpus)
         sides: dict[str, InProcess | InProcessAsync | OverHttp] = {}
         path = args.path
         clients, rate = args.clients, args.rate
@@ -529,12 +563,34 @@ def main() -> None:
             closing(InProcessAsync(url("aio"), path, clients, rate))
         )
         sides["HTTP"] = stack.enter_context(
-            closing(OverHttp(url("http"), clients, tmp, raw=raw, path=path, rate=rate))
+            closing(
+                OverHttp(
+                    url("http"),
+                    clients,
+                    tmp,
+                    raw=raw,
+                    path=path,
+                    rate=rate,
+                    cpus=server_cpus,
+                    log_level=args.log_level,
+                )
+            )
         )
         if args.old_ref:
             old = _old_source(args.old_ref, tmp)
             sides["HTTP old"] = stack.enter_context(
-                closing(OverHttp(url("old"), args.clients, tmp, old, raw=raw, path=path))
+                closing(
+                    OverHttp(
+                        url("old"),
+                        args.clients,
+                        tmp,
+                        old,
+                        raw=raw,
+                        path=path,
+                        cpus=server_cpus,
+                        log_level=args.log_level,
+                    )
+                )
             )
         rates: dict[str, list[float]] = {name: [] for name in sides}
         lats: dict[str, list[float]] = {name: [] for name in sides}
@@ -553,7 +609,7 @@ def main() -> None:
     print(
         f"store={args.store} clients={args.clients} {unit}/side/round={total} "
         f"rounds={args.rounds} cpus={os.cpu_count()} http-client={args.http_client} "
-        f"path={args.path}"
+        f"path={args.path} pin={args.pin or 'none'} log-level={args.log_level}"
     )
     print(
         f"{'':18} {unit + '/s':>9} {'range':>13} {'p50 ms':>7} {'p99 ms':>7} "

@@ -503,8 +503,14 @@ def test_json_logs_carry_request_ids(svc: Running, caplog: pytest.LogCaptureFixt
 
     with caplog.at_level(logging.INFO, logger="dibs.service.access"), svc.client("alice") as c:
         r = c.get("/v1/claims", headers={"X-Request-ID": "trace-42"})
-    assert r.headers["x-request-id"] == "trace-42"
-    (record,) = [x for x in caplog.records if getattr(x, "request_id", None) == "trace-42"]
+        assert r.headers["x-request-id"] == "trace-42"
+
+        def logged() -> list[logging.LogRecord]:
+            return [x for x in caplog.records if getattr(x, "request_id", None) == "trace-42"]
+
+        # The line is written once the answer is out: the client may read it first.
+        eventually(lambda: bool(logged()), "the access-log line is written")
+    (record,) = logged()
     line = json.loads(JsonFormatter().format(record))
     assert line["request_id"] == "trace-42" and line["status"] == 200
     assert line["route"] == "/v1/claims" and line["holder"] == "alice"

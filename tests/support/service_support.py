@@ -27,6 +27,7 @@ from conformance import Conformance
 from dibs.aio import AsyncStore
 from dibs.service import KeyRing, Service, ServiceConfig, create_app
 from dibs.service._cli import HTTP_PARSER
+from dibs.service._http11 import protocol
 from dibs.service._stores import SharedFace
 from dibs.stores.base import Store
 from dibs.stores.memory import MemoryStore
@@ -132,7 +133,7 @@ def serve_in_thread(
             log_config=None,
             access_log=False,
             lifespan="on",
-            http=http,
+            http=protocol(http),
         )
     )
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)

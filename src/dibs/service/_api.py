@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, target_to_json
 from dibs.aio import AsyncStore
@@ -50,7 +50,13 @@ from dibs.exceptions import (
     StoreUnavailable,
 )
 from dibs.service._config import ServiceConfig
-from dibs.service._guard import ApiError, RateLimiter, invalid, parse_idempotency_key
+from dibs.service._guard import (
+    ApiError,
+    JSONResponse,
+    RateLimiter,
+    invalid,
+    parse_idempotency_key,
+)
 from dibs.service._ids import ClaimIds, stored_secret
 from dibs.service._keys import ApiKey, KeyRing
 from dibs.service._metrics import Metrics
@@ -90,9 +96,12 @@ def _not_found() -> ApiError:
     return ApiError(404, "not_found", "you have no such claim")
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps's, built once
+
+
 def body_digest(body: object) -> str:
     """The fingerprint of a request's meaning, to tell a duplicate from a reuse."""
-    return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(_COMPACT(body).encode()).hexdigest()
 
 
 def _media_type_is_json(header: str | None) -> bool:

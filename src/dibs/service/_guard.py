@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse as _StarletteJSON
 
 from dibs.exceptions import HoldLostReason, InvalidInput
 from dibs.service._schema import (
@@ -47,6 +47,7 @@ __all__ = [
     "PROBLEMS",
     "PROBLEM_JSON",
     "ApiError",
+    "JSONResponse",
     "JsonFormatter",
     "RateLimiter",
     "new_request_id",
@@ -66,6 +67,17 @@ MAX_KEY_HEADER = 2 * MAX_KEY + 2
 
 
 PROBLEM_JSON = "application/problem+json"
+
+# Starlette's JSONResponse encoding, with the encoder built once instead of per response.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+class JSONResponse(_StarletteJSON):
+    """Starlette's ``JSONResponse``, byte for byte, with one encoder for every response."""
+
+    def render(self, content: Any) -> bytes:
+        return _ENCODE(content).encode("utf-8")
+
 
 PROBLEMS: dict[str, tuple[str, str]] = {
     "invalid": ("Invalid input", "A value is not valid; `field` names it."),
@@ -315,15 +327,25 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate if self.rate > 0 else math.inf
 
 
+_ENCODE_LOG = json.JSONEncoder(default=str).encode  # json.dumps(doc, default=str), built once
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the record's extras."""
 
     # uvicorn adds color_message: the message again, with ANSI colour codes for terminals.
     _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"color_message"}
 
+    # The formatted second of the last record: an access-log line per request
+    # would otherwise format the same second again and again (~3 us each).
+    _second: tuple[int, str] = (-1, "")
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if self._second[0] != second:
+            self._second = (second, self.formatTime(record, "%Y-%m-%dT%H:%M:%S"))
         doc: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "time": f"{self._second[1]}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -333,7 +355,7 @@ class JsonFormatter(logging.Formatter):
                 doc[name] = value
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return _ENCODE_LOG(doc)
 
     def converter(self, seconds: float | None) -> time.struct_time:
         """Times in UTC."""
