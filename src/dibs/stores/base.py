@@ -660,6 +660,7 @@ def stored_claim(
     taken_over: bool,
     *,
     dead: bool,
+    mode: str | None = None,
 ) -> Claim:
     """A SQL store's claim row as a :class:`Claim`; ``dead`` says a held row's expiry passed.
 
@@ -670,7 +671,7 @@ def stored_claim(
         claim_state = ClaimState.EXPIRED
     return make_claim(
         id, holder, targets_from_text(targets), claim_state, fence, expires_at, request_id,
-        created_at, updated_at, bool(taken_over),
+        created_at, updated_at, bool(taken_over), mode or "exclusive",
     )  # fmt: skip
 
 
