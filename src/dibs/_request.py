@@ -38,7 +38,8 @@ class ClaimRequest:
 
     ``targets`` is a tuple of distinct :class:`~dibs.Unit` and
     :class:`~dibs.Span` values; ``ttl`` is None (confirmed at once) or seconds
-    as a float; ``mode`` is ``"exclusive"`` or ``"shared"``, for every target. Two requests are equal when their input is, which is when a
+    as a float; ``mode`` is ``"exclusive"`` or ``"shared"``, for every target.
+    Two requests are equal when their input is, which is when a
     request ID may replay one for the other. Immutable. Raises
     :class:`~dibs.InvalidInput` naming the bad value.
     """

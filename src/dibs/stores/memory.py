@@ -353,9 +353,7 @@ class MemoryStore(Store):
             and not self._closed
             and mode == EXCLUSIVE
         ):
-            return super().claim(
-                targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode
-            )
+            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode)
         if type(targets) is not Unit:
             if (
                 (type(targets) is list or type(targets) is tuple)
@@ -784,25 +782,21 @@ class MemoryStore(Store):
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 # The unit's exclusive claim excludes any claim; its readers, a writer.
-                current = units.get(target)
-                around = (
-                    readers.get(target, ())
-                    if exclusive and readers
-                    else ()
-                )
-                for current in (current, *around) if around else (current,):
-                    if current is None:
+                writer = units.get(target)
+                around = readers.get(target, ()) if exclusive and readers else ()
+                for other in (writer, *around) if around else (writer,):
+                    if other is None:
                         continue
-                    if _live(current, now):
+                    if _live(other, now):
                         if taken is None or blockers is None:
                             taken, blockers = [], {}
                         if target not in taken:
                             taken.append(target)
-                        blockers[current["id"]] = current
-                    elif _takeable(current):
+                        blockers[other["id"]] = other
+                    elif _takeable(other):
                         if dead is None:
                             dead = []
-                        dead.append(current)
+                        dead.append(other)
             else:
                 assert isinstance(target, Span)
                 for span, current in self._spans.get(target.resource, ()):
@@ -867,15 +861,15 @@ class MemoryStore(Store):
                         # Every reader here was dead and is now taken over.
                         readers.pop(target, None)
                     continue
-                current = units.get(target)
-                if current is not None and not _indexed(current):
+                writer = units.get(target)
+                if writer is not None and not _indexed(writer):
                     del units[target]  # a dead writer this reader took over
-                entries = readers.get(target)
-                if entries is None:
+                others = readers.get(target)
+                if others is None:
                     readers[target] = [record]
                 else:
-                    entries[:] = [e for e in entries if _indexed(e)]
-                    entries.append(record)
+                    others[:] = [e for e in others if _indexed(e)]
+                    others.append(record)
             else:
                 entries = self._spans.get(target.resource)
                 if entries is None:

@@ -114,9 +114,7 @@ class StoreStateMachine(RuleBasedStateMachine):
         normalized = normalize_targets(targets)
         expected: ModelOutcome | DibsError
         try:
-            expected = self.model.claim(
-                normalized, holder, request_id, ttl, self.clock.now(), mode
-            )
+            expected = self.model.claim(normalized, holder, request_id, ttl, self.clock.now(), mode)
         except DibsError as exc:
             expected = exc
         try:

@@ -8,6 +8,7 @@ a :class:`~dibs.FakeClock`). A store without shared holds must refuse
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -326,8 +327,7 @@ def _contend(store: Store, *, threads: int, rounds: int) -> list[tuple[int, str,
             if mode == "shared":
                 time.sleep(0.0005)
 
-    run: list[Callable[[], None]] = [lambda n=n: work(n) for n in range(threads)]
-    _join(run)
+    _join([functools.partial(work, n) for n in range(threads)])
     return events
 
 
@@ -337,7 +337,7 @@ def _join(run: list[Callable[[], None]]) -> None:
     def guarded(fn: Callable[[], None]) -> None:
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 (re-raised in the main thread)
+        except BaseException as exc:  # re-raised in the main thread
             errors.append(exc)
 
     workers = [threading.Thread(target=guarded, args=(fn,)) for fn in run]

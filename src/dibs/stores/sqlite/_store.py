@@ -295,9 +295,7 @@ class SQLiteStore(Store):
         fp = request.fingerprint if request_id is not None else None
         shared = request.mode == SHARED
         single = (
-            targets[0]
-            if len(targets) == 1 and type(targets[0]) is Unit and not shared
-            else None
+            targets[0] if len(targets) == 1 and type(targets[0]) is Unit and not shared else None
         )
 
         # The dead holds this claim took over, logged once its transaction committed:
@@ -825,7 +823,8 @@ class SQLiteStore(Store):
                     return str(row[1])
                 # Readers: the oldest live one answers.
                 row = conn.execute(
-                    "SELECT c.holder FROM dibs_readers r JOIN dibs_claims_v2 c ON c.fence = r.fence "
+                    "SELECT c.holder FROM dibs_readers r "
+                    "JOIN dibs_claims_v2 c ON c.fence = r.fence "
                     f"WHERE r.resource = :resource AND r.slot = :slot AND {LIVE} "
                     "ORDER BY r.fence LIMIT 1",
                     {"resource": target.resource, "slot": target.slot, "now": now},
