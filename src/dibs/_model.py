@@ -24,6 +24,8 @@ from dibs.limits import (
 )
 
 __all__ = [
+    "EXCLUSIVE",
+    "SHARED",
     "Claim",
     "ClaimResult",
     "ClaimState",
@@ -34,6 +36,17 @@ __all__ = [
 ]
 
 SpanBound: TypeAlias = int | float | datetime
+
+EXCLUSIVE = "exclusive"
+"""A claim's default mode: it excludes every other live claim on its targets."""
+SHARED = "shared"
+"""A reader's mode: it coexists with other shared claims and excludes exclusive ones."""
+MODES = (EXCLUSIVE, SHARED)
+
+
+def conflicts(mode: str, other: str) -> bool:
+    """Whether a claim in ``mode`` and a live one in ``other`` on one target exclude each other."""
+    return mode != SHARED or other != SHARED
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -218,7 +231,9 @@ class Claim:
     ``expires_at`` is set for holds and judged on the store's clock; a held
     claim whose ``expires_at`` has passed is dead even before a sweep marks it
     expired. ``fence`` is strictly greater than the fence of every earlier
-    claim on any of the same targets.
+    claim on any of the same targets. ``mode`` is ``"exclusive"`` (the
+    default) or ``"shared"`` (a reader: it coexists with other shared claims
+    on its targets and excludes exclusive ones); it applies to every target.
     """
 
     id: str
@@ -231,6 +246,8 @@ class Claim:
     created_at: datetime
     updated_at: datetime
     taken_over: bool = False
+    # A store's record of an exclusive claim carries no mode: it reads this default.
+    mode: str = EXCLUSIVE
 
     def __getstate__(self) -> dict[str, Any]:
         # The public fields only, times as datetimes: a pickle never carries the
@@ -337,9 +354,12 @@ def make_claim(
     created_at: datetime,
     updated_at: datetime,
     taken_over: bool = False,
+    mode: str = EXCLUSIVE,
 ) -> Claim:
     """Build a :class:`Claim` without the frozen-dataclass ``__init__`` overhead."""
     claim: Claim = _new(Claim)
+    if mode != EXCLUSIVE:
+        claim.__dict__["mode"] = mode
     claim.__dict__.update(
         id=id,
         holder=holder,
@@ -359,7 +379,8 @@ def claim_from_micros(values: dict[str, Any]) -> Claim:
     """A :class:`Claim` from a dict of its fields with times in whole microseconds.
 
     ``values`` holds ``id``, ``holder``, ``targets``, ``state``, ``fence``,
-    ``request_id``, ``taken_over`` and, in place of the three datetimes,
+    ``request_id``, ``taken_over`` (and ``mode`` unless exclusive) and, in place of the
+    three datetimes,
     ``_expires_at_us`` (or None), ``_created_at_us`` and ``_updated_at_us``
     (microseconds since the epoch). The datetimes are made when first read, so
     a store that keeps integer times (memory://) builds a claim with one dict
@@ -468,6 +489,17 @@ def check_request_id(request_id: object) -> str | None:
     if request_id is not None:
         _check_id("request_id", request_id)
     return request_id  # type: ignore[return-value]
+
+
+def check_mode(mode: object) -> str:
+    """Return ``mode`` (``"exclusive"`` or ``"shared"``), or raise :class:`InvalidInput`."""
+    if mode == EXCLUSIVE and type(mode) is str:
+        return EXCLUSIVE
+    if mode == SHARED and type(mode) is str:
+        return SHARED
+    raise InvalidInput(
+        f"mode must be 'exclusive' or 'shared', got {shown(mode)}", field="mode", value=mode
+    )
 
 
 def check_ttl(ttl: object, *, allow_none: bool = True) -> float | None:
@@ -589,8 +621,14 @@ def targets_from_text(text: str) -> tuple[Target, ...]:
     return tuple(target_from_json(item) for item in json.loads(text))
 
 
-def fingerprint(holder: str, targets: Sequence[Target], ttl: float | None) -> str:
-    """A stable digest of a claim's input, to tell a replay from a conflicting reuse."""
+def fingerprint(
+    holder: str, targets: Sequence[Target], ttl: float | None, mode: str = EXCLUSIVE
+) -> str:
+    """A stable digest of a claim's input, to tell a replay from a conflicting reuse.
+
+    An exclusive claim's digest is the one dibs always wrote (stored request
+    records still replay); a shared claim's adds its mode.
+    """
     encoded = [
         [
             _canonical(x) if i >= 2 and isinstance(x, int | float) else x
@@ -598,7 +636,10 @@ def fingerprint(holder: str, targets: Sequence[Target], ttl: float | None) -> st
         ]
         for t in targets
     ]
-    text = json.dumps([holder, encoded, ttl], separators=(",", ":"))
+    parts: list[Any] = [holder, encoded, ttl]
+    if mode != EXCLUSIVE:
+        parts.append(mode)
+    text = json.dumps(parts, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

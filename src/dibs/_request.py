@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from typing import Any, NoReturn, Self
 
 from dibs._model import (
+    EXCLUSIVE,
     Target,
     Unit,
     check_holder,
+    check_mode,
     check_request_id,
     check_ttl,
     fingerprint,
@@ -26,27 +28,29 @@ from dibs.limits import TTL_MAX, TTL_MIN
 
 __all__ = ["ClaimRequest"]
 
-_FIELDS = ("targets", "holder", "request_id", "ttl")
+_FIELDS = ("targets", "holder", "request_id", "ttl", "mode")
 _new = object.__new__
 _set = object.__setattr__
 
 
 class ClaimRequest:
-    """One claim's input, checked and normalized: targets, holder, request ID and TTL.
+    """One claim's input, checked and normalized: targets, holder, request ID, TTL and mode.
 
     ``targets`` is a tuple of distinct :class:`~dibs.Unit` and
     :class:`~dibs.Span` values; ``ttl`` is None (confirmed at once) or seconds
-    as a float. Two requests are equal when their input is, which is when a
+    as a float; ``mode`` is ``"exclusive"`` or ``"shared"``, for every target.
+    Two requests are equal when their input is, which is when a
     request ID may replay one for the other. Immutable. Raises
     :class:`~dibs.InvalidInput` naming the bad value.
     """
 
-    __slots__ = ("_fingerprint", "holder", "request_id", "targets", "ttl")
+    __slots__ = ("_fingerprint", "holder", "mode", "request_id", "targets", "ttl")
 
     targets: tuple[Target, ...]
     holder: str
     request_id: str | None
     ttl: float | None
+    mode: str
     _fingerprint: str | None
 
     def __init__(
@@ -56,6 +60,7 @@ class ClaimRequest:
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = EXCLUSIVE,
     ) -> None:
         # Fast paths for the common well-formed call; the checkers raise otherwise.
         normalized = (targets,) if type(targets) is Unit else normalize_targets(targets)
@@ -67,10 +72,13 @@ class ClaimRequest:
             request_id = check_request_id(request_id)
         if ttl is not None and (type(ttl) is not float or not TTL_MIN <= ttl <= TTL_MAX):
             ttl = check_ttl(ttl)
+        if mode is not EXCLUSIVE:
+            mode = check_mode(mode)
         _set(self, "targets", normalized)
         _set(self, "holder", holder)
         _set(self, "request_id", request_id)
         _set(self, "ttl", ttl)
+        _set(self, "mode", mode)
         _set(self, "_fingerprint", None)
 
     @classmethod
@@ -80,6 +88,7 @@ class ClaimRequest:
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = EXCLUSIVE,
     ) -> Self:
         """A request from values already checked and normalized (a store's own, or a replay's).
 
@@ -90,18 +99,19 @@ class ClaimRequest:
         _set(request, "holder", holder)
         _set(request, "request_id", request_id)
         _set(request, "ttl", ttl)
+        _set(request, "mode", mode)
         _set(request, "_fingerprint", None)
         return request
 
     @property
     def fingerprint(self) -> str:
-        """A stable digest of the input a request ID replays: holder, targets and TTL.
+        """A stable digest of the input a request ID replays: holder, targets, TTL and mode.
 
         Computed once, on first use, and the same in every process and store.
         """
         found = self._fingerprint
         if found is None:
-            found = fingerprint(self.holder, self.targets, self.ttl)
+            found = fingerprint(self.holder, self.targets, self.ttl, self.mode)
             _set(self, "_fingerprint", found)
         return found
 
@@ -111,7 +121,7 @@ class ClaimRequest:
         return ClaimRequest(values.pop("targets"), **values)
 
     def _key(self) -> tuple[object, ...]:
-        return (self.targets, self.holder, self.request_id, self.ttl)
+        return (self.targets, self.holder, self.request_id, self.ttl, self.mode)
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not ClaimRequest:
@@ -124,7 +134,7 @@ class ClaimRequest:
     def __repr__(self) -> str:
         return (
             f"ClaimRequest(targets={self.targets!r}, holder={self.holder!r}, "
-            f"request_id={self.request_id!r}, ttl={self.ttl!r})"
+            f"request_id={self.request_id!r}, ttl={self.ttl!r}, mode={self.mode!r})"
         )
 
     def __setattr__(self, name: str, value: object) -> NoReturn:

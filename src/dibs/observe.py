@@ -298,11 +298,14 @@ class InstrumentedStore(Store):
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = "exclusive",
     ) -> ClaimResult:
         """Traced :meth:`dibs.Store.claim`."""
         return self._traced(
             "claim",
-            lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+            lambda: self.store.claim(
+                targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode
+            ),
             _claim_outcome,
             _count(targets),
         )
@@ -463,11 +466,14 @@ class InstrumentedAsyncStore(AsyncStore):
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = "exclusive",
     ) -> ClaimResult:
         """Traced :meth:`dibs.aio.AsyncStore.claim`."""
         return await self._traced(
             "claim",
-            lambda: self.store.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+            lambda: self.store.claim(
+                targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode
+            ),
             _claim_outcome,
             _count(targets),
         )

@@ -370,6 +370,30 @@ def test_a_populated_version_1_file_is_upgraded_in_place_with_every_claim(
     conn.close()
 
 
+def test_readers_on_an_upgraded_file_meet_its_old_writers(tmp_path: Path) -> None:
+    # Version 3 adds shared claims: every claim from before is exclusive, and a
+    # reader is refused where an old claim lives and takes over where one died.
+    path = tmp_path / "v1.db"
+    _populated_v1(path)
+    clock = FakeClock(T0 + 100)
+    with SQLiteStore(path, clock=clock) as store:
+        log = store.claim_log()
+        assert log is not None
+        assert {c.mode for c in log.claims()} == {"exclusive"}
+        for live in (_seat(1), _seat(2), Unit("row", "1"), ROOM_A):
+            assert not store.claim(live, holder="reader", mode="shared"), live
+        assert store.claim(_seat(3), holder="reader", mode="shared")  # carol's dead hold
+        old = store.get("3")
+        assert old is not None and old.taken_over
+        assert store.claim(Span("room", 30, 35), holder="reader", mode="shared")  # jack's
+        assert store.claim(_seat(3), holder="another", mode="shared")
+        assert not store.claim(_seat(3), holder="writer")
+        with pytest.raises(RequestConflict):  # an old request ID keeps its fingerprint
+            store.claim(_seat(2), holder="bob", ttl=300.0, request_id="r-held", mode="shared")
+        assert store.claim(_seat(2), holder="bob", ttl=300.0, request_id="r-held").replayed
+        assert store.integrity_check() == "ok"
+
+
 def test_a_version_1_process_on_an_upgraded_file_fails_loudly(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _populated_v1(path)
@@ -513,7 +537,7 @@ def test_a_second_opener_waits_for_an_upgrade_in_progress_and_finds_it_done(
     tmp_path: Path,
 ) -> None:
     # The upgrade holds the write lock (BEGIN IMMEDIATE) until it commits; another
-    # process opening the file meanwhile waits for it (busy_timeout), then finds version 2.
+    # process opening the file meanwhile waits for it (busy_timeout), then finds it current.
     path = tmp_path / "v1.db"
     build_v1(path, 100)
     upgrading = sqlite3.connect(path, isolation_level=None)
@@ -527,7 +551,7 @@ def test_a_second_opener_waits_for_an_upgrade_in_progress_and_finds_it_done(
     upgrading.execute("COMMIT")
     upgrading.close()
     opener.join(60)
-    assert opened == ["version 2, claim 20 held by holder-20"]
+    assert opened == [f"version {SCHEMA_VERSION}, claim 20 held by holder-20"]
 
 
 def _open_or_error(path: Path) -> object:

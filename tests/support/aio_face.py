@@ -62,6 +62,8 @@ class SyncFace:
         """The clock the async store was opened with (the contract moves it)."""
         self.request_retention = request_retention
         """The retention the async store was opened with."""
+        self.shared_holds = store.shared_holds
+        """Whether the async store takes ``mode="shared"`` claims."""
 
     def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coroutine, _shared_loop()).result()

@@ -381,7 +381,7 @@ class Api:
         key = self.authorize(request)
         idempotency_key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
         parsed = self.parse(claim_request(self.config.max_targets), await self.read_body(request))
-        targets, ttl = parsed["targets"], parsed["ttl"]
+        targets, ttl, mode = parsed["targets"], parsed["ttl"], parsed["mode"]
         holder = key.holder
         request_id = None if idempotency_key is None else request_id_for(holder, idempotency_key)
         await self.load_ids()  # before the claim: a claim made must get its answer
@@ -389,7 +389,7 @@ class Api:
         async def claim() -> ClaimResult:
             return await self.call(
                 "claim",
-                self.aio.claim(targets, holder=holder, request_id=request_id, ttl=ttl),
+                self.aio.claim(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode),
                 targets,
             )
 
@@ -397,7 +397,14 @@ class Api:
         if idempotency_key is None:
             result = await claim()
         else:
-            digest = body_digest([[target_to_json(t) for t in targets], ttl])
+            # An exclusive claim's digest is the one the service always made.
+            digest = body_digest(
+                [
+                    [target_to_json(t) for t in targets],
+                    ttl,
+                    *([mode] if mode != "exclusive" else []),
+                ]
+            )
             result, shared = await self.once("claim", holder, idempotency_key, digest, claim)
         # Idempotent-Replayed says only "this key answered before": a waiter
         # that shared the first request's flight, or the store's request record

@@ -27,6 +27,7 @@ from dibs.exceptions import InvalidInput
 __all__ = [
     "Array",
     "Boolean",
+    "Choice",
     "Components",
     "Const",
     "Enum",
@@ -288,6 +289,24 @@ class Enum(Schema):
 
     def body(self, components: Components) -> Json:
         return {"enum": list(self.values)}
+
+
+@dataclass(eq=False)
+class Choice(Schema):
+    """One of a few strings, in a request: anything else is refused, naming the choices."""
+
+    values: tuple[str, ...]
+    description: str | None = None
+
+    def parse(self, value: Any, where: str) -> Any:
+        if type(value) is str and value in self.values:
+            return value
+        raise InvalidInput(
+            f"{where} must be one of {', '.join(map(repr, self.values))}", field=where, value=value
+        )
+
+    def body(self, components: Components) -> Json:
+        return {"type": "string", "enum": list(self.values)}
 
 
 @dataclass(eq=False)

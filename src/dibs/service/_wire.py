@@ -29,6 +29,7 @@ from dibs.service._ids import WIRE_ID_PATTERN
 from dibs.service._schema import (
     Array,
     Boolean,
+    Choice,
     Components,
     Enum,
     Integer,
@@ -333,9 +334,23 @@ def claim_request(max_targets: int) -> Obj:
         description="Seconds to hold before confirming; null or absent: confirmed now.",
     )
     return Obj(
-        {"targets": Targets(max_targets), "ttl": Prop(ttl, required=False, default=None)},
+        {
+            "targets": Targets(max_targets),
+            "ttl": Prop(ttl, required=False, default=None),
+            "mode": Prop(MODE, required=False, default="exclusive"),
+        },
         name="ClaimRequest",
     )
+
+
+MODE = Choice(
+    ("exclusive", "shared"),
+    description=(
+        "exclusive (the default): no other live claim on the targets; shared: a reader, "
+        "beside other shared claims and no exclusive one. Stores without shared claims "
+        "refuse shared with 400."
+    ),
+)
 
 
 @functools.cache
@@ -556,6 +571,7 @@ CLAIM = Obj(
         "created_at": TIME,
         "updated_at": TIME,
         "taken_over": Boolean(),
+        "mode": Enum(("exclusive", "shared")),
     },
     name="Claim",
 )
@@ -580,6 +596,7 @@ def claim_to_wire(claim: Claim, wire_id: str) -> dict[str, Any]:
         "created_at": time_to_wire(claim.created_at),
         "updated_at": time_to_wire(claim.updated_at),
         "taken_over": claim.taken_over,
+        "mode": claim.mode,
     }
 
 

@@ -105,6 +105,10 @@ class Store(abc.ABC):
     the store's file after each kill), ``terminate`` and ``restart`` (server sessions that
     verify names per client, lists and ends, and a server it can restart)."""
 
+    shared_holds: ClassVar[bool] = False
+    """Whether this store takes ``mode="shared"`` claims; one that does not refuses them
+    with :class:`~dibs.InvalidInput` (never treats a reader as a writer, or the reverse)."""
+
     _lease_class: ClassVar[type[Lease]]
     """What :meth:`lease` builds: :class:`dibs.lease.Lease`, set when :mod:`dibs.lease` loads
     (``import dibs`` loads it). The lease is a pattern built on this interface, so the store
@@ -182,13 +186,16 @@ class Store(abc.ABC):
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = "exclusive",
     ) -> ClaimResult:
         """Claim every target or none, atomically, and answer who won.
 
         With ``ttl=None`` the claim is confirmed at once; with a TTL in seconds
         it is a hold that must be confirmed before it expires. A request ID
         makes the call replayable: the same ID with the same input returns the
-        first outcome with ``replayed=True``.
+        first outcome with ``replayed=True``. ``mode="shared"`` makes a reader's
+        claim: it coexists with other shared claims on its targets, while an
+        exclusive claim (the default) excludes every live claim on them.
 
         Raises :class:`~dibs.InvalidInput` for bad input,
         :class:`~dibs.RequestConflict` when ``request_id`` was used with
@@ -197,7 +204,9 @@ class Store(abc.ABC):
         """
         if self._closed:
             self._check_open()
-        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl)
+        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode)
+        if request.mode != "exclusive" and not self.shared_holds:
+            raise shared_refused(self.scheme)
         try:
             return self._claim(request)
         except Exception as exc:
@@ -569,6 +578,13 @@ def adapt_old_claim(cls: type) -> None:
 # --- errors every backend raises, worded once -------------------------------------------------
 
 
+def shared_refused(scheme: str) -> InvalidInput:
+    """The error for ``mode="shared"`` on a store that does not take shared claims."""
+    return InvalidInput(
+        f"{scheme}:// does not take mode='shared' claims", field="mode", value="shared"
+    )
+
+
 def claim_not_found(claim_id: str) -> ClaimNotFound:
     """The error for an unknown claim ID."""
     return ClaimNotFound(f"no claim with ID {claim_id!r}", claim_id=claim_id)
@@ -644,6 +660,7 @@ def stored_claim(
     taken_over: bool,
     *,
     dead: bool,
+    mode: str | None = None,
 ) -> Claim:
     """A SQL store's claim row as a :class:`Claim`; ``dead`` says a held row's expiry passed.
 
@@ -654,7 +671,7 @@ def stored_claim(
         claim_state = ClaimState.EXPIRED
     return make_claim(
         id, holder, targets_from_text(targets), claim_state, fence, expires_at, request_id,
-        created_at, updated_at, bool(taken_over),
+        created_at, updated_at, bool(taken_over), mode or "exclusive",
     )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ from dibs.stores.base import (
     extend_args,
     log_lost,
     log_sweep,
+    shared_refused,
     target_arg,
     transition_args,
 )
@@ -73,6 +74,10 @@ class AsyncStore(abc.ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         adapt_old_claim(cls)
+
+    shared_holds: ClassVar[bool] = False
+    """Whether this store takes ``mode="shared"`` claims; one that does not refuses them
+    with :class:`~dibs.InvalidInput` (never treats a reader as a writer, or the reverse)."""
 
     _lease_class: ClassVar[type[AsyncLease]]
     """What :meth:`lease` builds: :class:`dibs.lease.AsyncLease`, set when :mod:`dibs.lease`
@@ -167,11 +172,14 @@ class AsyncStore(abc.ABC):
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = "exclusive",
     ) -> ClaimResult:
         """Claim every target or none, atomically, and answer who won: :meth:`dibs.Store.claim`."""
         if self._closed:
             self._check_open()
-        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl)
+        request = ClaimRequest(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode)
+        if request.mode != "exclusive" and not self.shared_holds:
+            raise shared_refused(self.scheme)
         if not self._opened:
             await self.open()
         elif self._loop is not asyncio.get_running_loop():

@@ -9,7 +9,8 @@ sits on the claim path.
 
 What guards what:
 
-* ``_units[unit]`` and the ``_spans[resource]`` list: the stripe of that key.
+* ``_units[unit]``, ``_readers[unit]`` and the ``_spans[resource]`` list: the
+  stripe of that key.
 * ``_requests[request_id]``: the stripe of that request ID (any stripe may be
   shared by several keys; sharing only serializes more), taken together
   with the claim's stripes, so the record is written in the claim's atomic step.
@@ -45,6 +46,13 @@ that a :class:`~dibs.Claim` snapshot copies in one step (see
 ``dibs._model.claim_from_micros``): its times stay integer microseconds until a
 caller reads one.
 
+Shared claims (``mode="shared"``): a unit's exclusive claim is ``_units[unit]``
+and its shared ones are the list ``_readers[unit]``; a span entry carries its
+record, whose ``mode`` key is set only for a shared claim. A claim is decided
+under the same stripes whatever its mode, so readers and writers on one target
+serialize there. The exclusive inline paths look at ``_readers`` only when it
+is not empty.
+
 The reason rule (docs/stores.md): a hold that the sweep marked expired keeps
 its unit and span entries until it is purged, so that a later claimant that
 takes one of its targets can still mark it ``taken_over``.
@@ -59,10 +67,12 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from operator import attrgetter
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
+    EXCLUSIVE,
+    SHARED,
     Claim,
     ClaimResult,
     ClaimState,
@@ -72,6 +82,7 @@ from dibs._model import (
     Unit,
     check_retention,
     claim_from_micros,
+    conflicts,
     make_result,
 )
 from dibs._request import ClaimRequest
@@ -132,11 +143,12 @@ class _Record(TypedDict):
     _expires_at_us: int | None
     _created_at_us: int
     _updated_at_us: int
+    mode: NotRequired[str]  # set for a shared claim only
 
 
-# A request record: (holder, targets, ttl, claim ID or None, taken, created at µs).
+# A request record: (holder, targets, ttl, claim ID or None, taken, created at µs, mode).
 # A plain tuple: one is made per claim with a request ID.
-_Request = tuple[str, tuple[Target, ...], float | None, str | None, tuple[Target, ...], int]
+_Request = tuple[str, tuple[Target, ...], float | None, str | None, tuple[Target, ...], int, str]
 
 
 def _live(record: _Record, now: int) -> bool:
@@ -190,6 +202,7 @@ class MemoryStore(Store):
     """Claims in this process's memory, safe for many threads; lost on exit."""
 
     scheme = "memory"
+    shared_holds = True
     in_process = True
     local_clock = True
 
@@ -210,6 +223,7 @@ class MemoryStore(Store):
         self._locks = [threading.Lock() for _ in range(stripes)]
         self._nstripes = stripes
         self._units: dict[Unit, _Record] = {}
+        self._readers: dict[Unit, list[_Record]] = {}
         self._spans: dict[str, list[tuple[Span, _Record]]] = {}
         self._requests: dict[str, _Request] = {}
         self._claims: dict[str, _Record] = {}
@@ -323,8 +337,9 @@ class MemoryStore(Store):
         holder: Any,
         request_id: Any = None,
         ttl: Any = None,
+        mode: Any = EXCLUSIVE,
     ) -> ClaimResult:
-        # One unit, a plain ASCII holder and request ID, a TTL in range: everything
+        # One exclusive unit, a plain ASCII holder and request ID, a TTL in range: everything
         # inline. Any other call (and any bad input) takes Store.claim, which
         # checks the input and raises the same errors on every store.
         if not (
@@ -349,8 +364,9 @@ class MemoryStore(Store):
             )
             and self._fast_claim
             and not self._closed
+            and mode == EXCLUSIVE
         ):
-            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+            return super().claim(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode)
         if type(targets) is not Unit:
             if (
                 (type(targets) is list or type(targets) is tuple)
@@ -406,6 +422,8 @@ class MemoryStore(Store):
                 values["granted"] = False
                 values["taken"] = claimed
                 return lost
+            if self._readers and targets in self._readers:
+                return self._claim_locked(claimed, holder, request_id, ttl, now)  # readers
             fence = self._newest_fence = next(self._fences)
             claim_id = self._id_prefix + str(fence)
             record: _Record = {
@@ -434,7 +452,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, claimed, ttl, claim_id, (), now)
+                self._requests[request_id] = (holder, claimed, ttl, claim_id, (), now, EXCLUSIVE)
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -470,10 +488,11 @@ class MemoryStore(Store):
                 else round(self._clock_now() * 1000000)
             )
             index = self._units
+            readers = self._readers
             if request_id is not None and request_id in self._requests:
                 return self._claim_locked(units, holder, request_id, ttl, now)  # replay
             for unit in units:
-                if unit in index:
+                if unit in index or (readers and unit in readers):
                     # Taken, or a dead hold to take over: the general step decides.
                     return self._claim_locked(units, holder, request_id, ttl, now)
             fence = self._newest_fence = next(self._fences)
@@ -504,7 +523,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, units, ttl, claim_id, (), now)
+                self._requests[request_id] = (holder, units, ttl, claim_id, (), now, EXCLUSIVE)
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -617,7 +636,7 @@ class MemoryStore(Store):
         ):
             return super().release(claim_id, holder=holder, fence=fence)
         targets = record["targets"]
-        if len(targets) != 1 or type(targets[0]) is not Unit:
+        if len(targets) != 1 or type(targets[0]) is not Unit or "mode" in record:
             return self._release_group(record)
         unit = targets[0]
         lock = self._locks[unit._hash % self._nstripes]
@@ -668,8 +687,8 @@ class MemoryStore(Store):
             record["_updated_at_us"] = now
             index = self._units
             for target in record["targets"]:
-                if type(target) is not Unit:
-                    self._detach(record)  # spans too: the general way
+                if type(target) is not Unit or "mode" in record:
+                    self._detach(record)  # spans or readers: the general way
                     break
                 if index.get(target) is record:
                     del index[target]
@@ -705,7 +724,9 @@ class MemoryStore(Store):
         for i in stripes:
             locks[i].acquire()
         try:
-            return self._claim_locked(targets, holder, request_id, ttl, self._now_us())
+            return self._claim_locked(
+                targets, holder, request_id, ttl, self._now_us(), request.mode
+            )
         finally:
             for i in reversed(stripes):
                 locks[i].release()
@@ -717,6 +738,7 @@ class MemoryStore(Store):
         request_id: str | None,
         ttl: float | None,
         now: int,
+        mode: str = EXCLUSIVE,
     ) -> ClaimResult:
         """Decide a claim and record its request; the caller holds all its stripes.
 
@@ -727,13 +749,13 @@ class MemoryStore(Store):
         if request_id is not None:
             prior = self._requests.get(request_id)
             if prior is not None and prior[5] + self._retention_us > now:
-                if (prior[0], prior[1], prior[2]) != (holder, targets, ttl):
+                if (prior[0], prior[1], prior[2], prior[6]) != (holder, targets, ttl, mode):
                     raise RequestConflict(
                         f"request ID {request_id!r} was already used with different input",
                         request_id=request_id,
                     )
                 return self._replay(prior, now)
-        result = self._decide(targets, holder, request_id, ttl, now)
+        result = self._decide(targets, holder, request_id, ttl, now, mode)
         if request_id is not None:
             self._requests[request_id] = (
                 holder,
@@ -742,6 +764,7 @@ class MemoryStore(Store):
                 result.claim.id if result.claim is not None else None,
                 result.taken,
                 now,
+                mode,
             )
         return result
 
@@ -759,8 +782,11 @@ class MemoryStore(Store):
         request_id: str | None,
         ttl: float | None,
         now: int,
+        mode: str = EXCLUSIVE,
     ) -> ClaimResult:
         units = self._units
+        readers = self._readers
+        exclusive = mode == EXCLUSIVE
         # Allocated only when needed: throwaway objects on the hot path cost
         # more in garbage collection than in their own construction.
         taken: list[Target] | None = None
@@ -768,25 +794,31 @@ class MemoryStore(Store):
         dead: list[_Record] | None = None
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
-                current = units.get(target)
-                if current is None:
-                    continue
-                if _live(current, now):
-                    if taken is None or blockers is None:
-                        taken, blockers = [], {}
-                    taken.append(target)
-                    blockers[current["id"]] = current
-                elif _takeable(current):
-                    if dead is None:
-                        dead = []
-                    dead.append(current)
+                # The unit's exclusive claim excludes any claim; its readers, a writer.
+                writer = units.get(target)
+                around = readers.get(target, ()) if exclusive and readers else ()
+                for other in (writer, *around) if around else (writer,):
+                    if other is None:
+                        continue
+                    if _live(other, now):
+                        if taken is None or blockers is None:
+                            taken, blockers = [], {}
+                        if target not in taken:
+                            taken.append(target)
+                        blockers[other["id"]] = other
+                    elif _takeable(other):
+                        if dead is None:
+                            dead = []
+                        dead.append(other)
             else:
                 assert isinstance(target, Span)
                 for span, current in self._spans.get(target.resource, ()):
                     # A span of the other kind would block any span here had it
                     # been live, so a dead one is taken over like an overlap.
                     switch = span.kind != target.kind
-                    if not switch and not span.overlaps(target):
+                    if not switch and not (
+                        span.overlaps(target) and conflicts(mode, current.get("mode", EXCLUSIVE))
+                    ):
                         continue
                     if _live(current, now):
                         if switch:
@@ -805,7 +837,11 @@ class MemoryStore(Store):
             if len(blockers) == 1:
                 (mine,) = blockers.values()
                 # Natural key: the holder re-claiming exactly what it holds.
-                if mine["holder"] == holder and mine["targets"] == targets:
+                if (
+                    mine["holder"] == holder
+                    and mine["targets"] == targets
+                    and mine.get("mode", EXCLUSIVE) == mode
+                ):
                     return make_result(True, _snapshot(mine, now), (), replayed=True)
             return make_result(False, None, tuple(taken))
 
@@ -823,6 +859,8 @@ class MemoryStore(Store):
             "_created_at_us": now,
             "_updated_at_us": now,
         }
+        if not exclusive:
+            record["mode"] = SHARED
         if dead is not None:
             for old in dead:
                 _kill(old, now, taken_over=True)
@@ -830,7 +868,21 @@ class MemoryStore(Store):
                 self._log_takeover(old["id"])
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
-                units[target] = record
+                if exclusive:
+                    units[target] = record
+                    if readers:
+                        # Every reader here was dead and is now taken over.
+                        readers.pop(target, None)
+                    continue
+                writer = units.get(target)
+                if writer is not None and not _indexed(writer):
+                    del units[target]  # a dead writer this reader took over
+                others = readers.get(target)
+                if others is None:
+                    readers[target] = [record]
+                else:
+                    others[:] = [e for e in others if _indexed(e)]
+                    others.append(record)
             else:
                 entries = self._spans.get(target.resource)
                 if entries is None:
@@ -957,6 +1009,11 @@ class MemoryStore(Store):
             if isinstance(target, Unit):
                 if self._units.get(target) is record:
                     del self._units[target]
+                readers = self._readers.get(target)
+                if readers is not None:
+                    readers[:] = [e for e in readers if e is not record and _indexed(e)]
+                    if not readers:
+                        del self._readers[target]
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
@@ -985,7 +1042,13 @@ class MemoryStore(Store):
             now = self._now_us()
             if isinstance(target, Unit):
                 record = self._units.get(target)
-                return record["holder"] if record is not None and _live(record, now) else None
+                if record is not None and _live(record, now):
+                    return record["holder"]
+                # Readers: the oldest live one answers.
+                for record in self._readers.get(target, ()):
+                    if _live(record, now):
+                        return record["holder"]
+                return None
             for span, record in self._spans.get(target.resource, ()):
                 if span.overlaps(target) and _live(record, now):
                     return record["holder"]
@@ -1106,6 +1169,7 @@ class MemoryStore(Store):
 
     def _clear(self) -> None:
         self._units.clear()
+        self._readers.clear()
         self._spans.clear()
         self._requests.clear()
         self._claims.clear()

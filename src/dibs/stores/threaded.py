@@ -151,6 +151,7 @@ class ThreadedStore(AsyncStore):
         else:
             cls = type(store)
         self.scheme = cls.scheme  # type: ignore[misc]  # per instance: the wrapped store's
+        self.shared_holds = cls.shared_holds  # type: ignore[misc]
         super().__init__()
         self._logger = logging.getLogger(_logger_name(cls))  # the sync face's logger
         if threads is None:

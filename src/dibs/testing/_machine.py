@@ -108,15 +108,18 @@ class StoreStateMachine(RuleBasedStateMachine):
         )
         holder = data.draw(st.sampled_from(self.holders), "holder")
         request_id = data.draw(st.one_of(st.none(), st.sampled_from(self.request_ids)), "id")
+        # Readers beside writers on stores that take shared claims.
+        modes = ["exclusive", "shared"] if self.store.shared_holds else ["exclusive"]
+        mode = data.draw(st.sampled_from(modes), "mode")
         normalized = normalize_targets(targets)
         expected: ModelOutcome | DibsError
         try:
-            expected = self.model.claim(normalized, holder, request_id, ttl, self.clock.now())
+            expected = self.model.claim(normalized, holder, request_id, ttl, self.clock.now(), mode)
         except DibsError as exc:
             expected = exc
         try:
             actual: ClaimResult | DibsError = self.store.claim(
-                targets, holder=holder, request_id=request_id, ttl=ttl
+                targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode
             )
         except DibsError as exc:
             actual = exc
@@ -224,6 +227,7 @@ class StoreStateMachine(RuleBasedStateMachine):
         assert claim.targets == expected.targets
         assert claim.state is self.model.state_of(key, now), (claim, expected)
         assert claim.taken_over == expected.taken_over, (claim, expected)
+        assert claim.mode == expected.mode, (claim, expected)
         if expected.state is ClaimState.HELD:
             assert claim.expires_at is not None and expected.expires_at is not None
             assert claim.expires_at == _EPOCH + timedelta(microseconds=expected.expires_at)

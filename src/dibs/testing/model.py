@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dibs._model import ClaimState, Span, Target, Unit
+from dibs._model import EXCLUSIVE, ClaimState, Span, Target, Unit, conflicts
 from dibs.exceptions import (
     ClaimNotFound,
     HoldLost,
@@ -40,6 +40,7 @@ class ModelClaim:
     taken_over: bool = False
     updated_at: int = 0
     purged: bool = False
+    mode: str = EXCLUSIVE
 
     def live(self, now: int) -> bool:
         return self.state is ClaimState.CONFIRMED or (
@@ -52,13 +53,20 @@ class ModelClaim:
     def covers(self, target: Target) -> bool:
         return any(_conflicts(mine, target) for mine in self.targets)
 
-    def would_block(self, target: Target) -> bool:
-        """Whether this claim, were it live, would block a claim of ``target``.
+    def excludes(self, target: Target, mode: str) -> bool:
+        """Whether this claim, live, blocks a claim of ``target`` in ``mode`` (readers share)."""
+        return conflicts(mode, self.mode) and self.covers(target)
 
-        Wider than :meth:`covers`: any span of the other kind on the same
-        resource blocks (a live one raises SpanKindMismatch).
+    def would_block(self, target: Target, mode: str = EXCLUSIVE) -> bool:
+        """Whether this claim, were it live, would block a claim of ``target`` in ``mode``.
+
+        Wider than :meth:`excludes`: any span of the other kind on the same
+        resource blocks (a live one raises SpanKindMismatch), whatever the modes.
         """
-        return any(_conflicts(mine, target) or _kind_switch(mine, target) for mine in self.targets)
+        return any(
+            (conflicts(mode, self.mode) and _conflicts(mine, target)) or _kind_switch(mine, target)
+            for mine in self.targets
+        )
 
     def takeable(self) -> bool:
         """Whether a later grant that it would have blocked takes it over (the reason rule)."""
@@ -118,8 +126,9 @@ class ModelStore:
         request_id: str | None,
         ttl: float | None,
         now: float,
+        mode: str = EXCLUSIVE,
     ) -> ModelOutcome:
-        return self._claim(targets, holder, request_id, ttl, us(now))
+        return self._claim(targets, holder, request_id, ttl, us(now), mode)
 
     def _claim(
         self,
@@ -128,20 +137,26 @@ class ModelStore:
         request_id: str | None,
         ttl: float | None,
         now: int,
+        mode: str = EXCLUSIVE,
     ) -> ModelOutcome:
         if request_id is not None and request_id in self.requests:
             fp, outcome, at = self.requests[request_id]
             if at + us(self.retention) > now:
-                if fp != (holder, targets, ttl):
+                if fp != (holder, targets, ttl, mode):
                     raise RequestConflict("conflict", request_id=request_id)
                 return ModelOutcome(outcome.granted, outcome.key, outcome.taken, True)
-        outcome = self._decide(targets, holder, ttl, now)
+        outcome = self._decide(targets, holder, ttl, now, mode)
         if request_id is not None:
-            self.requests[request_id] = ((holder, targets, ttl), outcome, now)
+            self.requests[request_id] = ((holder, targets, ttl, mode), outcome, now)
         return outcome
 
     def _decide(
-        self, targets: tuple[Target, ...], holder: str, ttl: float | None, now: int
+        self,
+        targets: tuple[Target, ...],
+        holder: str,
+        ttl: float | None,
+        now: int,
+        mode: str = EXCLUSIVE,
     ) -> ModelOutcome:
         for target in targets:
             if isinstance(target, Span):
@@ -153,12 +168,16 @@ class ModelStore:
                         for s in other.targets
                     ):
                         raise SpanKindMismatch("mixed", field="targets", value=target)
-        taken = tuple(t for t in targets if any(c.live(now) and c.covers(t) for c in self.claims))
+        taken = tuple(
+            t for t in targets if any(c.live(now) and c.excludes(t, mode) for c in self.claims)
+        )
         if taken:
-            blockers = {c.key for t in taken for c in self.claims if c.live(now) and c.covers(t)}
+            blockers = {
+                c.key for t in taken for c in self.claims if c.live(now) and c.excludes(t, mode)
+            }
             if len(blockers) == 1:
                 mine = self.claims[blockers.pop()]
-                if mine.holder == holder and mine.targets == targets:
+                if mine.holder == holder and mine.targets == targets and mine.mode == mode:
                     return ModelOutcome(True, mine.key, (), True)
             return ModelOutcome(False, None, taken, False)
         # The reason rule: every dead hold this grant would have been blocked
@@ -167,7 +186,7 @@ class ModelStore:
             if (
                 not other.live(now)
                 and other.takeable()
-                and any(other.would_block(t) for t in targets)
+                and any(other.would_block(t, mode) for t in targets)
             ):
                 other.state = ClaimState.EXPIRED
                 other.taken_over = True
@@ -181,6 +200,7 @@ class ModelStore:
             fence=self.last_fence,
             expires_at=None if ttl is None else now + us(ttl),
             updated_at=now,
+            mode=mode,
         )
         self.claims.append(claim)
         return ModelOutcome(True, claim.key, (), False)

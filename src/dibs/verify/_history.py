@@ -108,10 +108,11 @@ class LogRow:
     expires_at: int | None
     updated_at: int
     taken_over: bool
+    mode: str = "exclusive"
 
     def to_json(self) -> dict[str, Any]:
-        """The row as a history line."""
-        return {
+        """The row as a history line (``mode`` only for a shared claim)."""
+        return ({"mode": self.mode} if self.mode != "exclusive" else {}) | {
             "e": "log",
             "id": self.id,
             "fence": self.fence,
@@ -227,6 +228,7 @@ def assemble(events: Iterable[dict[str, Any]]) -> History:
                     expires_at=event["expires_at"],
                     updated_at=int(event["updated_at"]),
                     taken_over=bool(event["taken_over"]),
+                    mode=event.get("mode", "exclusive"),
                 )
             )
         elif kind == "log-empty":

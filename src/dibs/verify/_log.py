@@ -116,6 +116,7 @@ def dump_log(store: Store) -> list[LogRow]:
             expires_at=None if claim.expires_at is None else micros(claim.expires_at),
             updated_at=micros(claim.updated_at),
             taken_over=claim.taken_over,
+            mode=claim.mode,
         )
         for claim in claims
     ]
@@ -133,6 +134,11 @@ def _live_end(row: LogRow) -> float:
 
 def _keys(row: LogRow) -> list[tuple[Any, ...]]:
     return [("u", t[1], t[2]) if t[0] == "u" else ("s", t[1]) for t in row.targets]
+
+
+def _excludes(a: LogRow, b: LogRow) -> bool:
+    """Whether two claims on one target exclude each other: unless both are shared."""
+    return a.mode == "exclusive" or b.mode == "exclusive"
 
 
 def _overlap(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -314,7 +320,9 @@ def replay_log(
 
     # 2-4. One pass in fence order.
     seen_fences: dict[int, LogRow] = {}
-    last_on_unit: dict[tuple[Any, ...], LogRow] = {}
+    # A unit's last exclusive claim and the shared ones after it: a writer must follow
+    # all of them, a reader only the writer (readers overlap one another).
+    on_unit: dict[tuple[Any, ...], list[LogRow]] = {}
     spans_on: dict[str, list[tuple[tuple[Any, ...], LogRow]]] = {}
     for row in rows:
         twin = seen_fences.get(row.fence)
@@ -326,17 +334,19 @@ def replay_log(
         for target in row.targets:
             if target[0] == "u":
                 key = ("u", target[1], target[2])
-                prev = last_on_unit.get(key)
-                if prev is not None:
-                    _compare(prev, row, f"unit {target[1]}/{target[2]}", anomalies, on_claim, calls)
-                last_on_unit[key] = row
+                before = on_unit.get(key, [])
+                for prev in before:
+                    if _excludes(prev, row):
+                        where = f"unit {target[1]}/{target[2]}"
+                        _compare(prev, row, where, anomalies, on_claim, calls)
+                on_unit[key] = [row] if row.mode == "exclusive" else [*before, row]
             else:
                 entries = spans_on.setdefault(target[1], [])
                 entries[:] = [
                     e for e in entries if _live_end(e[1]) + _SPAN_HORIZON > row.created_at
                 ]
                 for span, prev in entries:
-                    if prev.id != row.id and _overlap(span, target):
+                    if prev.id != row.id and _overlap(span, target) and _excludes(prev, row):
                         _compare(prev, row, f"span {target[1]}", anomalies, on_claim, calls)
                 entries.append((target, row))
         if row.state == "released" and not any(

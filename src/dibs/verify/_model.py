@@ -26,6 +26,11 @@ Within a window, outcomes change only where some expiry bound lies, so the
 search tries the earliest possible time in each such region: an earlier time
 leaves a lower floor for what follows and the same state otherwise.
 
+Shared claims (an op's ``mode`` argument, ``"shared"``; absent: exclusive) are
+readers: two of them never block each other, and a claim blocks another only
+when either is exclusive (:func:`excludes`). The mode is part of a request
+ID's input and of a claim's natural key.
+
 The reason rule (docs/stores.md). A grant takes over every dead hold that
 would have blocked it had it been live (:func:`would_block`); from then on the
 hold answers ``taken_over``, and until then ``expired``. ``sweep()`` marking a
@@ -83,6 +88,7 @@ class Rec(NamedTuple):
     taken_over: bool
     created: int | None = None
     updated: int | None = None
+    mode: str = "exclusive"
 
 
 class Request(NamedTuple):
@@ -181,6 +187,15 @@ def kind_switch(a: Target, b: Target) -> bool:
 def would_block(a: Target, b: Target) -> bool:
     """Whether a live claim of ``a`` would stop a claim of ``b``: taken, or a kind mismatch."""
     return conflicts(a, b) or kind_switch(a, b)
+
+
+def excludes(rec: Rec, target: Target, mode: str) -> bool:
+    """Whether ``rec``, were it live, would stop a claim of ``target`` in ``mode``."""
+    return any(
+        kind_switch(u, target)
+        or ((mode == "exclusive" or rec.mode == "exclusive") and conflicts(u, target))
+        for u in rec.targets
+    )
 
 
 def op_targets(op: Op) -> tuple[Target, ...]:
@@ -349,7 +364,8 @@ def _claim(
 ) -> Iterator[State]:
     a, v, status = op.args, op.value, op.status
     holder, rid, ttl = a["holder"], a.get("rid"), a.get("ttl")
-    fp = (holder, targets, ttl)
+    mode = a.get("mode", "exclusive")
+    fp = (holder, targets, ttl, mode)
     if rid is not None and rid in state.requests:
         prior = state.requests[rid]
         if prior.fingerprint != fp:
@@ -373,8 +389,7 @@ def _claim(
     relevant = [
         cid
         for cid, rec in state.claims.items()
-        if rec.state in (_HELD, _CONFIRMED)
-        and any(would_block(u, t) for t in targets for u in rec.targets)
+        if rec.state in (_HELD, _CONFIRMED) and any(excludes(rec, t, mode) for t in targets)
     ]
     for live in _judgements(state, relevant, now):
         blockers = [cid for cid in relevant if live[cid]]
@@ -397,8 +412,8 @@ def _claim(
             )
             if len(blockers) == 1:
                 mine = state.claims[blockers[0]]
-                if mine.holder == holder and mine.targets == targets:
-                    # Natural key: the holder re-claiming exactly what it holds.
+                if mine.holder == holder and mine.targets == targets and mine.mode == mode:
+                    # Natural key: the holder re-claiming exactly what it holds, as it holds it.
                     if status == UNKNOWN:
                         yield _remember(state.copy(), rid, fp, blockers[0], frozenset())
                     elif status == OK and v.get("granted") and v.get("replayed"):
@@ -438,6 +453,7 @@ def _claim(
                 exp,
                 math.inf if ttl is None else hi + ttl * 1_000_000,
                 False,
+                mode=mode,
             )
             yield _remember(new, rid, fp, cid, frozenset())
             continue
@@ -454,8 +470,12 @@ def _claim(
         state_now = _CONFIRMED if ttl is None else _HELD
         if v.get("state", state_now) != state_now or v.get("holder", holder) != holder:
             continue
+        if v.get("mode", "exclusive") != mode:
+            continue  # a grant in the other mode than asked
         created, updated = int(v["created_at"]), int(v["updated_at"])
-        new.claims[cid] = Rec(holder, targets, state_now, fence, exp, exp, False, created, updated)
+        new.claims[cid] = Rec(
+            holder, targets, state_now, fence, exp, exp, False, created, updated, mode
+        )
         yield _remember(new, rid, fp, cid, frozenset())
 
 

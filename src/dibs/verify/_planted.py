@@ -45,6 +45,7 @@ from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
 from dibs.verify._planted_replay import REPLAY_PLANTS, replay_plant
+from dibs.verify._planted_shared import SHARED_PLANTS, shared_plants
 from dibs.verify._waitlist import WAITLIST_PLANTS
 from dibs.verify._workload import RACE_WINDOW
 
@@ -67,7 +68,9 @@ SEMAPHORE_PLANTS = ("semaphore-n-plus-one",)
 semaphore admits one holder too many (its ``semaphore`` ops are turned on)."""
 RATE_PLANTS = ("rate-over-limit",)
 """Plants in the clients' rate limits, on any store: the rate check must catch them."""
-ALL_PLANTS = PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS
+ALL_PLANTS = (
+    PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS + SHARED_PLANTS
+)
 """Every built-in plant a ``--plant`` name may give."""
 
 
@@ -191,6 +194,7 @@ _CLASSES: dict[tuple[str, str], type[Store]] = {
     ("confirm-unfenced", "sqlite"): _UnfencedSQLite,
     ("client-clock", "memory"): MemoryStore,
     ("client-clock", "sqlite"): SQLiteStore,
+    **shared_plants(),
 }
 
 

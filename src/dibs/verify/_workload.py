@@ -84,6 +84,9 @@ OP_KINDS = tuple(kind for kind, _ in DEFAULT_MIX)
 RATE_KEYS = 2
 """How many rate-limit keys a run's ``rate`` ops share."""
 
+SHARED_SHARE = 0.35
+"""The share of fresh claims made ``mode="shared"`` on a store that takes them."""
+
 RACE_WINDOW = 0.0005
 """Seconds a planted check-then-act waits between its check and its act: real code
 does work there (a log line, an RPC)."""
@@ -200,7 +203,7 @@ class Client:
     rng: random.Random = field(init=False)
     name: str = field(init=False)
     mine: list[_Held] = field(default_factory=list)
-    requests: list[tuple[str | None, list[list[Any]], float | None, str]] = field(
+    requests: list[tuple[str | None, list[list[Any]], float | None, str, str]] = field(
         default_factory=list
     )
     seq: int = 0
@@ -248,10 +251,10 @@ class Client:
         kinds, weights = zip(*mix, strict=True)
         kind = rng.choices(kinds, weights)[0]
         if kind == "retry" and self.requests:
-            old_rid, old_targets, ttl, old_res = rng.choice(self.requests[-20:])
+            old_rid, old_targets, ttl, old_res, mode = rng.choice(self.requests[-20:])
             if rng.random() < 0.2:  # misuse: the same request ID with other input
                 ttl = 7.0 if ttl != 7.0 else 8.0
-            return self._claim(old_rid, old_targets, ttl, old_res)
+            return self._claim(old_rid, old_targets, ttl, old_res, mode)
         if kind == "get" and self.seen:
             cid, res, targets = rng.choice(self.seen[-20:])
             args = {"res": res, "targets": targets, "claim_id": cid}
@@ -274,7 +277,12 @@ class Client:
             rid = None
             if rng.random() < 0.8:
                 rid = f"{self.workload.run}-{self.name}.{self.incarnation}.r{self.seq}"
-            return self._claim(rid, [target_to_json(t) for t in ordered], self._ttl(), res)
+            # Readers beside writers, on a store that takes shared claims (drawn only
+            # there, so a run on any other store keeps its seed's ops).
+            shared = getattr(self.store, "shared_holds", False) and rng.random() < SHARED_SHARE
+            mode = "shared" if shared else "exclusive"
+            ttl = self._ttl()
+            return self._claim(rid, [target_to_json(t) for t in ordered], ttl, res, mode)
         if kind == "transition":
             now_us = (time.time() + self.skew) * 1_000_000
             believed = [h for h in self.mine if h.expires_at is None or h.expires_at > now_us]
@@ -291,16 +299,23 @@ class Client:
         )
 
     def _claim(
-        self, rid: str | None, targets: list[list[Any]], ttl: float | None, res: str
+        self,
+        rid: str | None,
+        targets: list[list[Any]],
+        ttl: float | None,
+        res: str,
+        mode: str = "exclusive",
     ) -> tuple[str, dict[str, Any], Callable[[], Any]]:
         objs = [target_from_json(t) for t in targets]
         if rid is not None:
-            self.requests.append((rid, targets, ttl, res))
+            self.requests.append((rid, targets, ttl, res, mode))
         args = {"res": res, "targets": targets, "holder": self.name, "rid": rid, "ttl": ttl}
+        if mode != "exclusive":
+            args["mode"] = mode
         return (
             "claim",
             args,
-            lambda: self.store.claim(objs, holder=self.name, request_id=rid, ttl=ttl),
+            lambda: self.store.claim(objs, holder=self.name, request_id=rid, ttl=ttl, mode=mode),
         )
 
     def _permit(self) -> dict[str, Any]:
@@ -498,7 +513,7 @@ def _us_or_none(claim: Claim) -> int | None:
 
 
 def _claim_json(claim: Claim) -> dict[str, Any]:
-    return {
+    shown = {
         "fence": claim.fence,
         "state": claim.state.value,
         "created_at": micros(claim.created_at),
@@ -506,6 +521,9 @@ def _claim_json(claim: Claim) -> dict[str, Any]:
         "expires_at": _us_or_none(claim),
         "holder": claim.holder,
     }
+    if claim.mode != "exclusive":
+        shown["mode"] = claim.mode
+    return shown
 
 
 def _full_claim_json(claim: Claim) -> dict[str, Any]:

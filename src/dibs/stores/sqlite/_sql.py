@@ -1,4 +1,4 @@
-"""The SQLite claim tables' statements and rows as claims (schema version 2)."""
+"""The SQLite claim tables' statements and rows as claims (schema version 3)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ NEXT_FENCE = (
 )
 UNIT_COLS = "fence, holder, state, expires_at, request_id, created_at, updated_at, resource, slot"
 CLAIM_COLS = (
-    "fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken_over"
+    "fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken_over, "
+    "mode"
 )
 INSERT_UNIT = (
     "INSERT INTO dibs_units_v2 (resource, slot, fence, state, holder, expires_at, request_id, "
@@ -60,12 +61,12 @@ def dt(value: int | None) -> datetime | None:
 
 def claim_from_row(row: tuple[Any, ...], now: int) -> Claim:
     """A claim row (``CLAIM_COLS``) as a :class:`Claim`; a held one past ``now`` reads expired."""
-    fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken = row
+    fence, holder, targets, state, expires_at, request_id, created_at, updated_at, taken, mode = row
     created, updated = dt(created_at), dt(updated_at)
     assert created is not None and updated is not None
     return stored_claim(
         str(fence), holder, targets, state, fence, dt(expires_at), request_id, created, updated,
-        taken, dead=state == "held" and expires_at <= now,
+        taken, dead=state == "held" and expires_at <= now, mode=mode,
     )  # fmt: skip
 
 

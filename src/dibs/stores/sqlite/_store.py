@@ -32,6 +32,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from dibs._clock import Clock
 from dibs._model import (
+    EXCLUSIVE,
+    SHARED,
     Claim,
     ClaimResult,
     ClaimState,
@@ -139,6 +141,7 @@ class SQLiteStore(Store):
     """Claims in a SQLite file (WAL mode); safe across threads and processes on one machine."""
 
     scheme = "sqlite"
+    shared_holds = True
     local_clock = True
     verify_faults = frozenset({"integrity"})
 
@@ -290,7 +293,10 @@ class SQLiteStore(Store):
             request.ttl,
         )
         fp = request.fingerprint if request_id is not None else None
-        single = targets[0] if len(targets) == 1 and type(targets[0]) is Unit else None
+        shared = request.mode == SHARED
+        single = (
+            targets[0] if len(targets) == 1 and type(targets[0]) is Unit and not shared else None
+        )
 
         # The dead holds this claim took over, logged once its transaction committed:
         # a work may run again (busy, or a batch that a driver error voided), and a
@@ -311,7 +317,9 @@ class SQLiteStore(Store):
             else:
                 conn.execute("SAVEPOINT dibs_claim")
                 try:
-                    result = self._claim_rows(conn, targets, holder, request_id, ttl, now, took)
+                    result = self._claim_rows(
+                        conn, targets, holder, request_id, ttl, now, took, shared
+                    )
                 except _Lost as lost:
                     conn.execute("ROLLBACK TO dibs_claim")
                     took.clear()
@@ -409,6 +417,8 @@ class SQLiteStore(Store):
         The caller's claim must then be granted in the same transaction (or rolled back).
         """
         fence, state, holder, expires_at, request_id, fp, created_at, updated_at = row
+        if fence == 0:  # the readers' marker
+            return self._vacate_readers(conn, unit, now, took)
         if state is None:  # a unit of a group or span claim
             claim = conn.execute(
                 "SELECT holder, targets, state, expires_at FROM dibs_claims_v2 WHERE fence = ?",
@@ -440,6 +450,30 @@ class SQLiteStore(Store):
             )
         return None
 
+    def _vacate_readers(
+        self, conn: sqlite3.Connection, unit: Unit, now: int, took: list[str]
+    ) -> tuple[int, str, str] | None:
+        """Free a unit held by readers for a writer, or return a live reader (as ``_vacate``).
+
+        Every reader there is dead when none is live: each is taken over (the
+        reason rule) and its reader row goes; the caller replaces the marker.
+        """
+        rows = conn.execute(
+            f"SELECT c.fence, c.holder, c.targets, {LIVE} FROM dibs_readers r "
+            "JOIN dibs_claims_v2 c ON c.fence = r.fence "
+            "WHERE r.resource = :resource AND r.slot = :slot ORDER BY r.fence",
+            {"resource": unit.resource, "slot": unit.slot, "now": now},
+        ).fetchall()
+        for fence, holder, targets, live in rows:
+            if live:
+                return fence, holder, _natural(targets, SHARED)
+        for fence, *_ in rows:
+            self._take_over(conn, fence, now, took)
+        conn.execute(
+            "DELETE FROM dibs_readers WHERE resource = ? AND slot = ?", (unit.resource, unit.slot)
+        )
+        return None
+
     def _claim_rows(
         self,
         conn: sqlite3.Connection,
@@ -449,19 +483,26 @@ class SQLiteStore(Store):
         ttl: float | None,
         now: int,
         took: list[str],
+        shared: bool = False,
     ) -> ClaimResult:
-        """A group or span claim: a claim row, and unit or span rows pointing at it."""
+        """A group, span or shared claim: a claim row, and unit or span rows pointing at it."""
         text = targets_to_text(targets)
         expires = None if ttl is None else now + micros(ttl)
         (fence,) = conn.execute(
             "INSERT INTO dibs_claims_v2 (fence, holder, targets, state, expires_at, request_id, "
-            f"created_at, updated_at) VALUES ({NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) RETURNING fence",
-            (holder, text, "confirmed" if ttl is None else "held", expires, request_id, now, now),
-        ).fetchone()
+            f"created_at, updated_at, mode) VALUES ({NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "RETURNING fence",
+            (
+                holder, text, "confirmed" if ttl is None else "held", expires, request_id, now,
+                now, SHARED if shared else None,
+            ),
+        ).fetchone()  # fmt: skip
         taken: list[Target] = []
         blockers: dict[int, tuple[str, str]] = {}
         for target in targets:
-            if isinstance(target, Unit):
+            if shared and isinstance(target, Unit):
+                self._claim_reader(conn, target, fence, now, taken, blockers, took)
+            elif isinstance(target, Unit):
                 # Linearization point for a unit: the insert against the primary key.
                 inserted = conn.execute(
                     "INSERT INTO dibs_units_v2 (resource, slot, fence) VALUES (?, ?, ?) "
@@ -483,12 +524,14 @@ class SQLiteStore(Store):
                     (fence, target.resource, target.slot, old[0]),
                 )
             else:
-                self._claim_span(conn, target, fence, now, taken, blockers, took)
+                self._claim_span(conn, target, fence, now, taken, blockers, took, shared)
         if taken:
             if len(blockers) == 1:
                 ((other, (other_holder, other_targets)),) = blockers.items()
-                # Natural key: the holder re-claiming exactly what it holds.
-                if other_holder == holder and other_targets == text:
+                # Natural key: the holder re-claiming exactly what it holds, as it holds it.
+                if other_holder == holder and other_targets == _natural(
+                    text, SHARED if shared else EXCLUSIVE
+                ):
                     claim = self._read(conn, other, now)
                     assert claim is not None
                     raise _Lost(make_result(True, claim, (), True))
@@ -497,9 +540,47 @@ class SQLiteStore(Store):
         assert created is not None
         claim = make_claim(
             str(fence), holder, targets, ClaimState.CONFIRMED if ttl is None else ClaimState.HELD,
-            fence, dt(expires), request_id, created, created,
+            fence, dt(expires), request_id, created, created, False,
+            SHARED if shared else EXCLUSIVE,
         )  # fmt: skip
         return make_result(True, claim, (), False)
+
+    def _claim_reader(
+        self,
+        conn: sqlite3.Connection,
+        unit: Unit,
+        fence: int,
+        now: int,
+        taken: list[Target],
+        blockers: dict[int, tuple[str, str]],
+        took: list[str],
+    ) -> None:
+        """One unit of a shared claim: join its readers, unless a live writer holds it."""
+        # Linearization point for a reader: the marker's insert against the primary key,
+        # or the writer's row found below, inside the one write transaction.
+        inserted = conn.execute(
+            "INSERT INTO dibs_units_v2 (resource, slot, fence) VALUES (?, ?, 0) "
+            "ON CONFLICT DO NOTHING",
+            (unit.resource, unit.slot),
+        ).rowcount
+        if not inserted:
+            old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
+            if old[0] != 0:
+                blocker = self._vacate(conn, unit, old, now, took)
+                if blocker is not None:
+                    taken.append(unit)
+                    blockers[blocker[0]] = blocker[1:]
+                    return
+                conn.execute(
+                    "UPDATE dibs_units_v2 SET fence = 0, state = NULL, holder = NULL, "
+                    "expires_at = NULL, request_id = NULL, fingerprint = NULL, created_at = NULL, "
+                    "updated_at = NULL WHERE resource = ? AND slot = ? AND fence = ?",
+                    (unit.resource, unit.slot, old[0]),
+                )
+        conn.execute(
+            "INSERT INTO dibs_readers (resource, slot, fence) VALUES (?, ?, ?)",
+            (unit.resource, unit.slot, fence),
+        )
 
     def _claim_span(
         self,
@@ -510,18 +591,22 @@ class SQLiteStore(Store):
         taken: list[Target],
         blockers: dict[int, tuple[str, str]],
         took: list[str],
+        shared: bool = False,
     ) -> None:
         lo, hi = span_bound_to_number(span.start), span_bound_to_number(span.end)
         # Inside the write transaction no other writer can insert between this
         # query and our insert: SQLite's writer lock materializes the conflict.
         rows = conn.execute(
-            f"SELECT s.rowid, s.kind, s.fence, {LIVE}, c.holder, c.targets FROM dibs_spans_v2 s "
+            f"SELECT s.rowid, s.kind, s.fence, {LIVE}, c.holder, c.targets, s.shared "
+            "FROM dibs_spans_v2 s "
             "LEFT JOIN dibs_claims_v2 c ON c.fence = s.fence "
             "WHERE s.resource = :resource AND (s.kind != :kind OR (s.lo < :hi AND s.hi > :lo))",
             {"resource": span.resource, "kind": span.kind, "lo": lo, "hi": hi, "now": now},
         ).fetchall()
         blocked = False
-        for rowid, kind, other, live, other_holder, other_targets in rows:
+        for rowid, kind, other, live, other_holder, other_targets, other_shared in rows:
+            if kind == span.kind and shared and other_shared:
+                continue  # readers beside readers, live or dead: neither blocks the other
             if not live:
                 # A dead span of the other kind would have blocked this one had
                 # it been live: taken over like an overlap (the reason rule).
@@ -531,13 +616,17 @@ class SQLiteStore(Store):
                 raise span_kind_mismatch(span, kind)
             else:
                 blocked = True
-                blockers[other] = (other_holder, other_targets)
+                blockers[other] = (
+                    other_holder,
+                    _natural(other_targets, SHARED if other_shared else EXCLUSIVE),
+                )
         if blocked:
             taken.append(span)
         else:
             conn.execute(
-                "INSERT INTO dibs_spans_v2 (resource, lo, hi, kind, fence) VALUES (?, ?, ?, ?, ?)",
-                (span.resource, lo, hi, span.kind, fence),
+                "INSERT INTO dibs_spans_v2 (resource, lo, hi, kind, fence, shared) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (span.resource, lo, hi, span.kind, fence, int(shared)),
             )
 
     def _take_over(self, conn: sqlite3.Connection, fence: int, now: int, took: list[str]) -> None:
@@ -653,21 +742,32 @@ class SQLiteStore(Store):
                     (now, fence),
                 )
                 return True
-            (targets,) = conn.execute(
+            targets, mode = conn.execute(
                 "UPDATE dibs_claims_v2 SET state = 'released', expires_at = NULL, "
-                "updated_at = ? WHERE fence = ? RETURNING targets",
+                "updated_at = ? WHERE fence = ? RETURNING targets, mode",
                 (now, fence),
             ).fetchone()
-            self._detach(conn, fence, targets)
+            self._detach(conn, fence, targets, mode)
             return True
 
         return self._write(work)
 
     @staticmethod
-    def _detach(conn: sqlite3.Connection, fence: int, targets: str) -> None:
+    def _detach(conn: sqlite3.Connection, fence: int, targets: str, mode: str | None) -> None:
         """Delete a claim row's unit and span rows, found by primary key from its targets."""
         for target in targets_from_text(targets):
-            if isinstance(target, Unit):
+            if isinstance(target, Unit) and mode == SHARED:
+                conn.execute(
+                    "DELETE FROM dibs_readers WHERE resource = ? AND slot = ? AND fence = ?",
+                    (target.resource, target.slot, fence),
+                )
+                # The last reader out takes the marker with it.
+                conn.execute(
+                    "DELETE FROM dibs_units_v2 WHERE resource = ?1 AND slot = ?2 AND fence = 0 "
+                    "AND NOT EXISTS (SELECT 1 FROM dibs_readers WHERE resource = ?1 AND slot = ?2)",
+                    (target.resource, target.slot),
+                )
+            elif isinstance(target, Unit):
                 conn.execute(
                     "DELETE FROM dibs_units_v2 WHERE resource = ? AND slot = ? AND fence = ? "
                     "AND state IS NULL",
@@ -717,11 +817,19 @@ class SQLiteStore(Store):
                     "WHERE u.resource = ? AND u.slot = ?",
                     (target.resource, target.slot),
                 ).fetchone()
-                if row is None or not (
+                if row is not None and (
                     row[0] == "confirmed" or (row[0] == "held" and row[2] > now)
                 ):
-                    return None
-                return str(row[1])
+                    return str(row[1])
+                # Readers: the oldest live one answers.
+                row = conn.execute(
+                    "SELECT c.holder FROM dibs_readers r "
+                    "JOIN dibs_claims_v2 c ON c.fence = r.fence "
+                    f"WHERE r.resource = :resource AND r.slot = :slot AND {LIVE} "
+                    "ORDER BY r.fence LIMIT 1",
+                    {"resource": target.resource, "slot": target.slot, "now": now},
+                ).fetchone()
+                return None if row is None else str(row[0])
             row = conn.execute(
                 "SELECT c.holder FROM dibs_spans_v2 s JOIN dibs_claims_v2 c ON c.fence = s.fence "
                 f"WHERE s.resource = :resource AND s.kind = :kind AND s.lo < :hi "
@@ -783,14 +891,14 @@ class SQLiteStore(Store):
                 ).rowcount
                 # Never the highest fence: the next claim would get it again.
                 ended = conn.execute(
-                    "SELECT fence, targets FROM dibs_claims_v2 "
+                    "SELECT fence, targets, mode FROM dibs_claims_v2 "
                     "WHERE state IN ('released', 'expired') AND updated_at <= ? "
                     f"AND fence < {NEXT_FENCE} - 1 LIMIT ?",
                     (cutoff, batch),
                 ).fetchall()
-                for fence, targets in ended:
+                for fence, targets, mode in ended:
                     conn.execute("DELETE FROM dibs_claims_v2 WHERE fence = ?", (fence,))
-                    self._detach(conn, fence, targets)
+                    self._detach(conn, fence, targets, mode)
             # Counted once committed: a busy retry runs the step again.
             totals["expired"] += len(dead)
             totals["purged_requests"] += purged_requests
@@ -888,6 +996,11 @@ class SQLiteStore(Store):
 
     def _close(self) -> None:
         self._pool.close()
+
+
+def _natural(targets: str, mode: str) -> str:
+    """A claim's natural key: its targets, as it holds them (a reader's differ from a writer's)."""
+    return targets if mode == EXCLUSIVE else f"{mode}:{targets}"
 
 
 class _DataVersion:
