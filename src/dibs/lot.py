@@ -23,9 +23,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Literal
 
-from dibs._model import Claim, ClaimResult, Unit
+from dibs._model import Claim, ClaimResult, Unit, checked_unit, is_plain_name
 from dibs.exceptions import ClaimNotFound, DibsError, InvalidInput
 from dibs.stores.base import Store
 
@@ -35,6 +36,7 @@ Fit = Literal["first", "best"]
 # How often one park may find its vehicle unit taken and then free again
 # (concurrent parks and removes of the same vehicle) before it gives up.
 _VEHICLE_RACES = 8
+_unit_key = attrgetter("resource", "slot")  # the order a store keeps a claim's units in
 
 
 class NotParked(DibsError, LookupError):
@@ -129,6 +131,10 @@ class _Row:
             )
         self._resource = f"lot:{name}" if resource is None else resource
         self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
+        # A park claims its run and its vehicle unit sorted by (resource, slot), as
+        # the store keeps them: "slot:10" sorts before "slot:9", so a run that
+        # crosses a power of ten is sorted (the vehicle unit sorts after "slot:").
+        self._digits = [len(str(i)) for i in range(size)]
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
         # candidates, so a stale entry costs one lost claim or one fresh
@@ -252,7 +258,17 @@ class _Row:
                     self._parked_at[i] = None
 
     def _vehicle_unit(self, vehicle_id: str) -> Unit:
-        return Unit(self._resource, f"vehicle:{vehicle_id}")
+        slot = "vehicle:" + vehicle_id
+        if is_plain_name(slot):  # the resource is the slots' own: checked when they were made
+            return checked_unit(self._resource, slot)
+        return Unit(self._resource, slot)  # checks the name, raising InvalidInput for a bad one
+
+    def _group(self, start: int, length: int, me: Unit) -> tuple[Unit, ...]:
+        """A park's units: its run and the vehicle's, sorted as a store keeps them."""
+        run = self._slots[start : start + length]
+        if self._digits[start] != self._digits[start + length - 1]:
+            return (*sorted(run, key=_unit_key), me)
+        return (*run, me)
 
     def _index(self, unit: Unit) -> int:
         return int(unit.slot.removeprefix("slot:"))
@@ -344,8 +360,7 @@ class Lot(_Row):
                 return (
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
-            slots = self._slots[start : start + length]
-            result = self._take([*slots, me], vehicle_id)
+            result = self._take(self._group(start, length, me), vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
@@ -433,8 +448,15 @@ class Lot(_Row):
 
     # --- end of the generated part ---
 
-    def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
-        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+    def _take(self, units: tuple[Unit, ...], vehicle_id: str) -> ClaimResult:
+        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation).
+
+        The units are the lot's own, sorted, so a plain vehicle ID (a checked
+        holder) takes the store's path for checked input; any other ID the
+        public claim, which checks it.
+        """
+        if is_plain_name(vehicle_id):
+            return self.store._claim_checked(units, vehicle_id)
         return self.store.claim(units, holder=vehicle_id)
 
     def _free(self, claim: Claim, vehicle_id: str) -> bool:

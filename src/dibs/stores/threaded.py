@@ -371,6 +371,13 @@ class ThreadedStore(AsyncStore):
             return store.claims_of(holder)
         return await super().claims_of(holder)
 
+    async def _claim_checked(self, units: tuple[Unit, ...], holder: str) -> ClaimResult:
+        """Claim units a pattern built from checked names: :meth:`dibs.Store._claim_checked`."""
+        store = self._inline_store()
+        if store is not None:
+            return store._claim_checked(units, holder)
+        return await super()._claim_checked(units, holder)
+
     async def _claim(self, request: ClaimRequest) -> ClaimResult:
         return await self._run(self._store()._claim, request)
 
