@@ -216,12 +216,20 @@ class _Row:
     def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
         """Pick a start in the snapshot by the fit policy, or None if no run fits."""
         if self.fit == "first":
-            run = 0
-            for i, taken in enumerate(occupied):
-                run = 0 if taken else run + 1
-                if run == length:
-                    return i - length + 1
-            return None
+            # The leftmost free slot, then whether the run from it fits; if not, on
+            # from just past the last taken slot of that run (the scans are list
+            # methods, in C: a busy row is searched in a few calls).
+            end = len(occupied) - length
+            i = 0
+            while True:
+                try:
+                    i = occupied.index(False, i, end + 1)
+                except ValueError:
+                    return None
+                run = occupied[i : i + length]
+                if True not in run:
+                    return i
+                i += length - list(reversed(run)).index(True)
         fits = [(start, n) for start, n in _free_runs(occupied) if n >= length]
         if not fits:
             return None
@@ -239,23 +247,25 @@ class _Row:
 
     def _remember(self, vehicle_id: str, claim: Claim, start: int, length: int) -> None:
         """Note this instance's granted park: the slots are taken, and by which claim."""
+        hint, parked, parked_at = self._hint, self._parked, self._parked_at
         with self._hint_lock:
             for i in range(start, start + length):
-                self._hint[i] = True
-                before = self._parked_at[i]
+                hint[i] = True
+                before = parked_at[i]
                 if before is not None and before != vehicle_id:
-                    self._parked.pop(before, None)  # its claim no longer holds slot i
-                self._parked_at[i] = vehicle_id
-            self._parked[vehicle_id] = (claim, start, length)
+                    parked.pop(before, None)  # its claim no longer holds slot i
+                parked_at[i] = vehicle_id
+            parked[vehicle_id] = (claim, start, length)
 
     def _forget(self, vehicle_id: str, start: int, length: int) -> None:
         """Note a removal: the slots are free and no longer this vehicle's."""
+        hint, parked_at = self._hint, self._parked_at
         with self._hint_lock:
             self._parked.pop(vehicle_id, None)
             for i in range(start, start + length):
-                self._hint[i] = False
-                if self._parked_at[i] == vehicle_id:
-                    self._parked_at[i] = None
+                hint[i] = False
+                if parked_at[i] == vehicle_id:
+                    parked_at[i] = None
 
     def _vehicle_unit(self, vehicle_id: str) -> Unit:
         slot = "vehicle:" + vehicle_id
@@ -364,7 +374,7 @@ class Lot(_Row):
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
-            if result:
+            if result.granted:
                 if result.replayed:
                     self._learn((i, True) for i in range(start, start + length))
                 else:

@@ -83,7 +83,7 @@ class Lot(_Row):
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
-            if result:
+            if result.granted:
                 if result.replayed:
                     self._learn((i, True) for i in range(start, start + length))
                 else:
