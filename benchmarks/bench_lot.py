@@ -2,8 +2,10 @@
 
 Both lots run the same workload in the same process and the same run: T
 threads, each parking a vehicle of a mixed length (1, 1, 2 or 3 slots) and
-removing it again, N times, on a lot of S slots. The figure printed is pairs
-per second and the ratio dibs / baseline. The baseline is the in-process
+removing it again, N times, on a lot of S slots. The figures printed are pairs
+per second (the best round of each), the ratio of the bests dibs / baseline,
+and the median and range of the ratios round by round (each round runs every
+contender once, so a ratio compares neighbours in time). The baseline is the in-process
 design from the seed (one lock per slot taken in increasing order, a metadata
 lock for the vehicle index); it cannot cross processes or survive a crash, so
 the ratio is the price of putting the decision in a store.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -168,23 +171,41 @@ def main(argv: list[str] | None = None) -> None:
         series: list[dict[str, object]] = []
         for threads in thread_counts:
             best = dict.fromkeys(contenders, 0.0)
+            per_round: dict[str, list[float]] = {name: [] for name in contenders}
             # Interleave the contenders round by round so a noisy neighbour on the
             # machine slows all of them alike instead of one.
             for _ in range(args.repeat):
+                rates = {}
                 for name, make in contenders.items():
                     seconds, completed = run(make(), threads, args.pairs)
-                    best[name] = max(best[name], completed / seconds)
+                    rates[name] = completed / seconds
+                    best[name] = max(best[name], rates[name])
+                for name, rate in rates.items():
+                    per_round[name].append(rate / rates["baseline ParkingLot"])
             baseline = best["baseline ParkingLot"]
             for name, rate in best.items():
                 latencies: list[float] = []
                 run(contenders[name](), threads, args.pairs, latencies)
                 latencies.sort()
                 p99 = latencies[int(len(latencies) * 0.99)] * 1000
+                ratios = per_round[name]
                 print(
                     f"  {threads} threads  {name:<24} {rate:>10,.0f} pairs/s   "
-                    f"ratio to baseline {rate / baseline:6.3f}   p99 {p99:.3f} ms"
+                    f"ratio to baseline {rate / baseline:6.3f} (rounds: median "
+                    f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f})"
+                    f"   p99 {p99:.3f} ms"
                 )
-                series.append({"name": name, "clients": threads, "throughput": rate, "p99_ms": p99})
+                series.append(
+                    {
+                        "name": name,
+                        "clients": threads,
+                        "throughput": rate,
+                        "p99_ms": p99,
+                        "ratio_median": statistics.median(ratios),
+                        "ratio_min": min(ratios),
+                        "ratio_max": max(ratios),
+                    }
+                )
     if args.json:
         args.json.write_text(
             json.dumps(

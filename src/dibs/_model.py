@@ -343,6 +343,23 @@ _CLAIM_FIELDS = tuple(f.name for f in fields(Claim))
 _new = object.__new__
 
 
+def checked_unit(resource: str, slot: str) -> Unit:
+    """``Unit(resource, slot)`` for names the caller has checked: ``resource`` taken
+    from a Unit already made, ``slot`` non-empty and :func:`is_plain_name`.
+
+    The same object, equal and hashing alike, without checking the names again
+    (``dibs.Lot`` makes a vehicle's unit on every park).
+    """
+    unit: Unit = _new(Unit)
+    _set_field(unit, "resource", resource)
+    _set_field(unit, "slot", slot)
+    _set_field(unit, "_hash", hash((resource, slot)))
+    return unit
+
+
+_set_field = object.__setattr__
+
+
 def make_claim(
     id: str,
     holder: str,

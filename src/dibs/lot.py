@@ -23,9 +23,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Literal
 
-from dibs._model import Claim, ClaimResult, Unit
+from dibs._model import Claim, ClaimResult, Unit, checked_unit, is_plain_name
 from dibs.exceptions import ClaimNotFound, DibsError, InvalidInput
 from dibs.stores.base import Store
 
@@ -35,6 +36,7 @@ Fit = Literal["first", "best"]
 # How often one park may find its vehicle unit taken and then free again
 # (concurrent parks and removes of the same vehicle) before it gives up.
 _VEHICLE_RACES = 8
+_unit_key = attrgetter("resource", "slot")  # the order a store keeps a claim's units in
 
 
 class NotParked(DibsError, LookupError):
@@ -129,6 +131,10 @@ class _Row:
             )
         self._resource = f"lot:{name}" if resource is None else resource
         self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
+        # A park claims its run and its vehicle unit sorted by (resource, slot), as
+        # the store keeps them: "slot:10" sorts before "slot:9", so a run that
+        # crosses a power of ten is sorted (the vehicle unit sorts after "slot:").
+        self._digits = [len(str(i)) for i in range(size)]
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
         # candidates, so a stale entry costs one lost claim or one fresh
@@ -210,12 +216,20 @@ class _Row:
     def _choose(self, occupied: Sequence[bool], length: int) -> int | None:
         """Pick a start in the snapshot by the fit policy, or None if no run fits."""
         if self.fit == "first":
-            run = 0
-            for i, taken in enumerate(occupied):
-                run = 0 if taken else run + 1
-                if run == length:
-                    return i - length + 1
-            return None
+            # The leftmost free slot, then whether the run from it fits; if not, on
+            # from just past the last taken slot of that run (the scans are list
+            # methods, in C: a busy row is searched in a few calls).
+            end = len(occupied) - length
+            i = 0
+            while True:
+                try:
+                    i = occupied.index(False, i, end + 1)
+                except ValueError:
+                    return None
+                run = occupied[i : i + length]
+                if True not in run:
+                    return i
+                i += length - list(reversed(run)).index(True)
         fits = [(start, n) for start, n in _free_runs(occupied) if n >= length]
         if not fits:
             return None
@@ -233,26 +247,38 @@ class _Row:
 
     def _remember(self, vehicle_id: str, claim: Claim, start: int, length: int) -> None:
         """Note this instance's granted park: the slots are taken, and by which claim."""
+        hint, parked, parked_at = self._hint, self._parked, self._parked_at
         with self._hint_lock:
             for i in range(start, start + length):
-                self._hint[i] = True
-                before = self._parked_at[i]
+                hint[i] = True
+                before = parked_at[i]
                 if before is not None and before != vehicle_id:
-                    self._parked.pop(before, None)  # its claim no longer holds slot i
-                self._parked_at[i] = vehicle_id
-            self._parked[vehicle_id] = (claim, start, length)
+                    parked.pop(before, None)  # its claim no longer holds slot i
+                parked_at[i] = vehicle_id
+            parked[vehicle_id] = (claim, start, length)
 
     def _forget(self, vehicle_id: str, start: int, length: int) -> None:
         """Note a removal: the slots are free and no longer this vehicle's."""
+        hint, parked_at = self._hint, self._parked_at
         with self._hint_lock:
             self._parked.pop(vehicle_id, None)
             for i in range(start, start + length):
-                self._hint[i] = False
-                if self._parked_at[i] == vehicle_id:
-                    self._parked_at[i] = None
+                hint[i] = False
+                if parked_at[i] == vehicle_id:
+                    parked_at[i] = None
 
     def _vehicle_unit(self, vehicle_id: str) -> Unit:
-        return Unit(self._resource, f"vehicle:{vehicle_id}")
+        slot = "vehicle:" + vehicle_id
+        if is_plain_name(slot):  # the resource is the slots' own: checked when they were made
+            return checked_unit(self._resource, slot)
+        return Unit(self._resource, slot)  # checks the name, raising InvalidInput for a bad one
+
+    def _group(self, start: int, length: int, me: Unit) -> tuple[Unit, ...]:
+        """A park's units: its run and the vehicle's, sorted as a store keeps them."""
+        run = self._slots[start : start + length]
+        if self._digits[start] != self._digits[start + length - 1]:
+            return (*sorted(run, key=_unit_key), me)
+        return (*run, me)
 
     def _index(self, unit: Unit) -> int:
         return int(unit.slot.removeprefix("slot:"))
@@ -344,12 +370,11 @@ class Lot(_Row):
                 return (
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
-            slots = self._slots[start : start + length]
-            result = self._take([*slots, me], vehicle_id)
+            result = self._take(self._group(start, length, me), vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
-            if result:
+            if result.granted:
                 if result.replayed:
                     self._learn((i, True) for i in range(start, start + length))
                 else:
@@ -433,8 +458,15 @@ class Lot(_Row):
 
     # --- end of the generated part ---
 
-    def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
-        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation)."""
+    def _take(self, units: tuple[Unit, ...], vehicle_id: str) -> ClaimResult:
+        """A park's group claim (:class:`dibs.aio.Lot`'s waits out a cancellation).
+
+        The units are the lot's own, sorted, so a plain vehicle ID (a checked
+        holder) takes the store's path for checked input; any other ID the
+        public claim, which checks it.
+        """
+        if is_plain_name(vehicle_id):
+            return self.store._claim_checked(units, vehicle_id)
         return self.store.claim(units, holder=vehicle_id)
 
     def _free(self, claim: Claim, vehicle_id: str) -> bool:

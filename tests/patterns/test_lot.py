@@ -381,3 +381,50 @@ def test_a_lot_remembers_at_most_one_park_per_slot(store: Store) -> None:
         theirs.remove(f"car-{i}")  # behind mine's back: mine's memory goes stale
     assert len(mine._parked) <= 4
     assert mine.occupancy().free == 4
+
+
+def test_a_parking_claim_keeps_its_units_in_the_stores_order(store: Store) -> None:
+    """A park claims its run through the store's path for checked input: sorted as claim() would.
+
+    "slot:10" sorts before "slot:8", so a run across a power of ten is the case
+    where the lot's own order and the store's differ.
+    """
+    lot = Lot(store, "tens", 12)
+    assert lot.park("front", 8) == 0
+    assert lot.park("across", 3) == 8
+    (claim,) = store.claims_of("across")
+    units = (
+        *(Unit("lot:tens", f"slot:{i}") for i in (8, 9, 10)),
+        Unit("lot:tens", "vehicle:across"),
+    )
+    assert claim.units == tuple(sorted(units))
+    assert store.get(claim.id) == claim
+    assert not store.claim(units, holder="other")  # the store knows each unit as taken
+    assert lot.position_of("across") == 8 and lot.remove("across") == 8
+    assert lot.occupancy().slots[8:] == (None,) * 4
+
+
+@pytest.mark.parametrize(
+    "vehicle",
+    ["café", "🚗", "v" * 1000, "é" * 500, "x y\t"],
+    ids=["latin", "emoji", "long-ascii", "long-utf8", "blanks"],
+)
+def test_vehicle_ids_past_plain_ascii_park_as_plain_ones_do(store: Store, vehicle: str) -> None:
+    lot = Lot(store, "names", 4)
+    assert lot.park(vehicle, 2) == 0
+    assert store.holder_of(Unit("lot:names", "vehicle:" + vehicle)) == vehicle
+    assert lot.position_of(vehicle) == 0 and lot.remove(vehicle) == 0
+
+
+@pytest.mark.parametrize(
+    "vehicle",
+    ["a\x00b", "\ud800", "v" * 1020, "é" * 510],
+    ids=["nul", "surrogate", "too-long-ascii", "too-long-utf8"],
+)
+def test_a_vehicle_id_no_unit_can_name_is_refused_and_takes_nothing(
+    store: Store, vehicle: str
+) -> None:
+    lot = Lot(store, "bad-names", 4)
+    with pytest.raises(InvalidInput):
+        lot.park(vehicle)
+    assert lot.occupancy().free == 4

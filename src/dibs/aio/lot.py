@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from dibs._model import Claim, ClaimResult, Unit
+from dibs._model import Claim, ClaimResult, Unit, is_plain_name
 from dibs.exceptions import ClaimNotFound
 from dibs.lot import _VEHICLE_RACES, Fit, Occupancy, _Row
 from dibs.stores.base_async import AsyncStore
@@ -79,12 +79,11 @@ class Lot(_Row):
                 return (
                     None if existing is None else self._same_vehicle(existing, vehicle_id, length)
                 )
-            slots = self._slots[start : start + length]
-            result = await self._take([*slots, me], vehicle_id)
+            result = await self._take(self._group(start, length, me), vehicle_id)
             # Linearization point: the store's group claim. Granted means the
             # slots and the vehicle unit are this vehicle's, all or none; a
             # replay means it already held exactly these.
-            if result:
+            if result.granted:
                 if result.replayed:
                     self._learn((i, True) for i in range(start, start + length))
                 else:
@@ -176,9 +175,16 @@ class Lot(_Row):
     # are not cancelled with the lot's call: it waits for them (one store call,
     # bounded by the store's own timeouts) before the cancellation goes on.
 
-    async def _take(self, units: list[Unit], vehicle_id: str) -> ClaimResult:
-        """A park's group claim; a cancelled park ends once it has, and holds nothing."""
-        claim = self.store.claim(units, holder=vehicle_id)
+    async def _take(self, units: tuple[Unit, ...], vehicle_id: str) -> ClaimResult:
+        """A park's group claim; a cancelled park ends once it has, and holds nothing.
+
+        As :meth:`dibs.Lot._take`: a plain vehicle ID takes the store's path for
+        checked input, any other the public claim.
+        """
+        if is_plain_name(vehicle_id):
+            claim = self.store._claim_checked(units, vehicle_id)
+        else:
+            claim = self.store.claim(units, holder=vehicle_id)
         if self.store._inline:  # it cannot outlive its await: no task needed
             return await claim
         call = asyncio.ensure_future(claim)

@@ -377,6 +377,10 @@ class AsyncStore(abc.ABC):
     async def _open(self) -> None:
         """Connect and make the schema ready; raises like :func:`dibs.open`."""
 
+    async def _claim_checked(self, units: tuple[Unit, ...], holder: str) -> ClaimResult:
+        """Claim units a pattern built from checked names: :meth:`dibs.Store._claim_checked`."""
+        return await self.claim(units, holder=holder)
+
     @abc.abstractmethod
     async def _claim(self, request: ClaimRequest) -> ClaimResult:
         """Claim the request's targets: :meth:`dibs.Store._claim`."""

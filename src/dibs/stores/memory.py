@@ -531,6 +531,12 @@ class MemoryStore(Store):
                 locks[i].release()
         return _granted(claim)
 
+    def _claim_checked(self, units: tuple[Unit, ...], holder: str) -> ClaimResult:
+        """:meth:`Store._claim_checked`: input checked already, so straight to the group step."""
+        if self._fast_claim and not self._closed:
+            return self._claim_units(units, holder, None, None)
+        return self.claim(units, holder=holder)
+
     def confirm(self, claim_id: Any, *, holder: Any, fence: Any) -> Claim:
         # The common call inline: the ID is one of ours, the holder and the fence
         # are the claim's, so all three are known well-formed. Anything else
