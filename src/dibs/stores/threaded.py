@@ -330,12 +330,15 @@ class ThreadedStore(AsyncStore):
         holder: str,
         request_id: str | None = None,
         ttl: float | None = None,
+        mode: str = "exclusive",
     ) -> ClaimResult:
         """Claim every target or none, atomically, and answer who won: :meth:`dibs.Store.claim`."""
         store = self._inline_store()
         if store is not None:
-            return store.claim(targets, holder=holder, request_id=request_id, ttl=ttl)
-        return await super().claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+            return store.claim(targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode)
+        return await super().claim(
+            targets, holder=holder, request_id=request_id, ttl=ttl, mode=mode
+        )
 
     async def confirm(self, claim_id: str, *, holder: str, fence: int) -> Claim:
         """Turn a live hold into a confirmed claim: :meth:`dibs.Store.confirm`."""
