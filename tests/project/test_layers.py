@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
         "dibs.ratelimit",
         "dibs.paths",
         "dibs.semaphore",
+        "dibs.renewal",
     },
     {"dibs.stores"},
     {"dibs._request", "dibs._model", "dibs._clock"},

@@ -23,6 +23,7 @@ from dibs.aio import booking
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
 from dibs.aio.ratelimit import RateLimit
+from dibs.aio.renewal import renew
 from dibs.semaphore import AsyncSemaphore as Semaphore
 from dibs.singleflight import AsyncSingleFlight
 from dibs.stores.base_async import AsyncStore
@@ -38,6 +39,7 @@ __all__ = [
     "booking",
     "match",
     "open",
+    "renew",
 ]
 
 
