@@ -335,6 +335,11 @@ class _Watch:
             self._polling = True
             return None
 
+    @property
+    def watching(self) -> bool:
+        """Whether a feed is open (for :meth:`close` to close)."""
+        return self._feed is not None
+
     def close(self) -> None:
         """Close the feed, if one is open."""
         feed, self._feed = self._feed, None
@@ -433,6 +438,11 @@ class _AsyncWatch:
             await self.close()
             self._polling = True
             return None
+
+    @property
+    def watching(self) -> bool:
+        """Whether a feed is open (for :meth:`close` to close)."""
+        return self._feed is not None
 
     async def close(self) -> None:
         """Close the feed, if one is open."""
@@ -656,7 +666,13 @@ class AsyncLease(_LeaseFace):
                 await to_the_end(_abandon_async(self._store, self._terms, attempt.unanswered))
             raise
         finally:
-            await to_the_end(self._watch.close())
+            if self._watch.watching:  # its connection is closed even if we are cancelled
+                closing = asyncio.ensure_future(self._watch.close())
+                try:
+                    await asyncio.shield(closing)
+                except asyncio.CancelledError:
+                    _keep(closing)
+                    raise
         hold = self._hold = _Hold(self._terms, claim, attempt.sent, self._on_lost)
         self._task = task
         self._cancelling = task.cancelling()
