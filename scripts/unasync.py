@@ -41,6 +41,8 @@ NAMES = {
     "traced_async": "traced",
     "_abandon_async": "_abandon",
     "_call_async": "_call",
+    "_AsyncWatch": "_Watch",
+    "AsyncChangeFeed": "ChangeFeed",
     "adrive": "drive",
 }
 
@@ -63,6 +65,7 @@ FILES = [
     ("aio/booking.py", "booking.py"),
     ("aio/ratelimit.py", "ratelimit.py"),
     ("aio/waitlist.py", "waitlist.py"),
+    ("aio/renewal.py", "renewal.py"),
     ("observe.py", "observe.py"),
     ("lease.py", "lease.py"),
     ("stores/etcd/_wire.py", "stores/etcd/_wire.py"),

@@ -38,6 +38,7 @@ from dibs.lot import AlreadyParked, Lot, NotParked, Occupancy, VehicleBlocked
 from dibs.matching import Match, match
 from dibs.paths import PathsExhausted, ReservedPath, reserve_path
 from dibs.ratelimit import Decision, Rate, RateLimit
+from dibs.renewal import renew
 from dibs.semaphore import Semaphore
 from dibs.singleflight import AsyncSingleFlight, FlightResult, SingleFlight
 from dibs.stores import open_store as open
@@ -93,6 +94,7 @@ __all__ = [
     "idempotent",
     "match",
     "open",
+    "renew",
     "reserve_path",
 ]
 

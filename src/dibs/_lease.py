@@ -64,6 +64,10 @@ class _Terms:
     ttl: float
     wait: float | None
     renew_every: float
+    max_hold: float | None = None
+    """Seconds after the claim was sent past which the lease renews no more (None: no limit)."""
+    monotonic: Callable[[], float] = time.monotonic
+    """The clock renewals, overdue holds and ``max_hold`` are timed on (tests inject a fake)."""
 
     @property
     def margin(self) -> float:
@@ -72,7 +76,13 @@ class _Terms:
 
 
 def _terms(
-    targets: object, holder: object, ttl: object, wait: object, renew_every: object
+    targets: object,
+    holder: object,
+    ttl: object,
+    wait: object,
+    renew_every: object,
+    max_hold: object = None,
+    monotonic: Callable[[], float] | None = None,
 ) -> _Terms:
     """The lease's arguments, checked like ``claim()``'s; raises :class:`~dibs.InvalidInput`."""
     if (
@@ -106,8 +116,37 @@ def _terms(
             field="renew_every",
             value=renew_every,
         )
+    if max_hold is not None and (
+        isinstance(max_hold, bool)
+        or not isinstance(max_hold, int | float)
+        or not 0 < max_hold <= TTL_MAX
+    ):
+        raise InvalidInput(
+            f"max_hold must be seconds above 0 and at most {TTL_MAX:g}, or None, got {max_hold!r}",
+            field="max_hold",
+            value=max_hold,
+        )
     every = seconds / 3 if renew_every is None else float(renew_every)
-    return _Terms(checked, holder_name, seconds, None if wait is None else float(wait), every)
+    return _Terms(
+        checked,
+        holder_name,
+        seconds,
+        None if wait is None else float(wait),
+        every,
+        None if max_hold is None else float(max_hold),
+        time.monotonic if monotonic is None else monotonic,
+    )
+
+
+def check_on_lost(on_lost: object) -> Callable[[HoldLost], object] | None:
+    """``on_lost`` if it is None or callable; raises :class:`~dibs.InvalidInput`."""
+    if on_lost is not None and not callable(on_lost):
+        raise InvalidInput(
+            f"on_lost must be a callable taking the HoldLost, or None, got {on_lost!r}",
+            field="on_lost",
+            value=on_lost,
+        )
+    return on_lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +158,7 @@ class _ClaimStep:
 class _ExtendStep:
     claim: Claim
     deadline: float
-    """``time.monotonic()`` past which an answer comes too late (the async face stops waiting)."""
+    """The lease clock's time past which an answer is too late (the async face stops waiting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +207,9 @@ class _Attempt:
     unanswered: str | None = None
     """The request ID of a claim sent whose outcome is not known yet."""
     sent: float = 0.0
-    """``time.monotonic()`` just before the current request ID was first sent."""
+    """``clock()`` just before the current request ID was first sent."""
+    clock: Callable[[], float] = time.monotonic
+    """The lease's clock (``_Terms.monotonic``)."""
 
 
 _random = random.Random()  # our own, so that a lease never moves the global random state
@@ -216,7 +257,7 @@ def _claim_policy(terms: _Terms, attempt: _Attempt) -> _Policy[Claim]:
 
 def _dead_on_arrival(terms: _Terms, attempt: _Attempt) -> bool:
     """Whether a hold granted to ``attempt`` already counts as overdue (see ``_Hold.overdue``)."""
-    return time.monotonic() >= attempt.sent + terms.ttl - terms.margin
+    return terms.monotonic() >= attempt.sent + terms.ttl - terms.margin
 
 
 def _drop(terms: _Terms, claim: Claim) -> _Policy[None]:
@@ -231,8 +272,9 @@ def _claim_once(request_id: str, attempt: _Attempt, give_up: float | None) -> _P
     """One claim, retried with the same request ID while the store is unavailable."""
     delay = _FIRST_PAUSE
     attempt.unanswered = request_id
-    # Whichever try makes the hold, it expires no sooner than ttl after the first was sent.
-    attempt.sent = time.monotonic()
+    # Whichever try makes the hold, it expires no sooner than ttl after the first was sent
+    # (on the lease's clock: ``attempt.clock``, which tests may fake).
+    attempt.sent = attempt.clock()
     while True:
         try:
             result: ClaimResult = yield _ClaimStep(request_id)
@@ -273,16 +315,28 @@ def _describe(targets: tuple[Target, ...]) -> str:
 class _Hold:
     """The live state of one lease's hold, written by its renewal and read by the block."""
 
-    def __init__(self, terms: _Terms, claim: Claim, sent: float) -> None:
+    def __init__(
+        self,
+        terms: _Terms,
+        claim: Claim,
+        sent: float,
+        on_lost: Callable[[HoldLost], object] | None = None,
+    ) -> None:
         self.terms = terms
         self.claim = claim
+        self.began = sent  # max_hold counts from here: the hold began no sooner
         # The store set the expiry at least this late (it answered after we sent).
         self.alive_until = sent + terms.ttl
         self.renewals = 0
         self.error: HoldLost | None = None
         self.failure: BaseException | None = None  # the last renewal's error, if it failed
         self.ended = False  # released: time passing no longer makes it overdue
-        self._lock = threading.Lock()  # guards error: the renewal and the block both latch it
+        self.ran_out = False  # max_hold reached: renewals stopped on purpose
+        self.on_lost = on_lost
+        self._told = False  # on_lost was called, or the exit was clean: never call it (again)
+        self._lock = threading.Lock()  # guards error and _told: renewal, block and exit race
+        self.telling = threading.Lock()
+        """Held while the sync face runs ``on_lost``, so that its exit waits for the call."""
 
     def renewed(self, claim: Claim, sent: float) -> None:
         self.claim = claim
@@ -305,16 +359,50 @@ class _Hold:
         if (
             self.error is None
             and not self.ended
-            and time.monotonic() >= self.alive_until - self.terms.margin
+            and self.terms.monotonic() >= self.alive_until - self.terms.margin
         ):
-            lost = _lost(self.claim.id, "was not renewed in time and may have expired")
-            lost.__cause__ = self.failure
-            self.lose(lost)
+            self.lose(self._expired())
         return self.error is not None
+
+    def _expired(self) -> HoldLost:
+        if self.ran_out:
+            assert self.terms.max_hold is not None
+            return _lost(
+                self.claim.id,
+                f"reached its max_hold of {self.terms.max_hold:g}s and was renewed no more",
+            )
+        lost = _lost(self.claim.id, "was not renewed in time and may have expired")
+        lost.__cause__ = self.failure
+        return lost
+
+    def to_tell(self) -> HoldLost | None:
+        """The loss to pass to ``on_lost``, the first time it is asked after a loss; else None."""
+        with self._lock:
+            if self._told or self.error is None or self.on_lost is None:
+                return None
+            self._told = True
+            return self.error
+
+    def clean(self) -> None:
+        """The lease ended without a loss: ``on_lost`` is never called after this."""
+        with self._lock:
+            self._told = True
 
 
 def _lost(claim_id: str, why: str, reason: HoldLostReason = HoldLostReason.EXPIRED) -> HoldLost:
     return HoldLost(f"lease {claim_id!r} {why}", claim_id=claim_id, reason=reason)
+
+
+def _call_on_lost(on_lost: Callable[[HoldLost], object], lost: HoldLost) -> object:
+    """Call ``on_lost``; its result (an awaitable, for the async face to await), or None.
+
+    An exception from it is logged, never raised: the lease's own work goes on.
+    """
+    try:
+        return on_lost(lost)
+    except Exception:
+        _logger.exception("lease %s: on_lost raised", lost.claim_id)
+        return None
 
 
 def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
@@ -323,6 +411,8 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
     Each pause is also timed against the hold's deadline (``alive_until`` less the
     margin): a hold whose claim was granted late, or whose last renewal took long,
     is renewed when half the time it has left is gone, not ``renew_every`` later.
+    Once ``max_hold`` has passed since the claim was sent, no renewal is sent: the
+    hold runs out at its last TTL, and the lease counts it lost at the margin.
     """
     terms = hold.terms
     delay = _FIRST_PAUSE
@@ -331,7 +421,9 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
         yield _SleepStep(pause, renewal=True)
         if hold.error is not None:
             return hold.error  # check() found it overdue
-        sent = time.monotonic()
+        sent = terms.monotonic()
+        if terms.max_hold is not None and sent >= hold.began + terms.max_hold:
+            return (yield from _run_out(hold))
         try:
             claim = yield _ExtendStep(hold.claim, hold.alive_until - terms.margin)
         except HoldLost as exc:
@@ -342,7 +434,7 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
             return lost
         except StoreUnavailable as exc:
             hold.failure = exc
-            left = hold.alive_until - terms.margin - time.monotonic()
+            left = hold.alive_until - terms.margin - terms.monotonic()
             if left <= 0:
                 lost = _lost(hold.claim.id, f"could not be renewed before it could expire: {exc}")
                 lost.__cause__ = exc
@@ -355,9 +447,20 @@ def _renewal_policy(hold: _Hold) -> _Policy[HoldLost]:
         delay = _FIRST_PAUSE
 
 
+def _run_out(hold: _Hold) -> _Policy[HoldLost]:
+    """Renew no more (``max_hold`` passed): wait until the hold counts as overdue; the loss."""
+    hold.ran_out = True
+    # In short pauses, against the lease's clock: a faked clock moved on is seen soon.
+    while not hold.overdue():
+        left = hold.alive_until - hold.terms.margin - hold.terms.monotonic()
+        yield _SleepStep(max(0.0, min(left, hold.terms.renew_every)), renewal=True)
+    assert hold.error is not None
+    return hold.error
+
+
 def _renewal_pause(hold: _Hold) -> float:
     """Seconds to the next renewal: ``renew_every``, or half the time the hold has left."""
-    left = hold.alive_until - hold.terms.margin - time.monotonic()
+    left = hold.alive_until - hold.terms.margin - hold.terms.monotonic()
     return min(hold.terms.renew_every, max(0.0, left / 2))
 
 

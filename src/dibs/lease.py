@@ -16,10 +16,10 @@ differ, and only that: the sync face renews in a thread that a
 ``threading.Event`` stops, since a thread cannot be interrupted, while the async
 face renews in a task that cancels the block's task on a loss; an extend stuck
 past the hold's deadline is cut off by ``asyncio.timeout`` on the async face
-and by a bounded join on the sync one; and only the sync face watches the
-store's change feed while waiting (the async face polls: its stores' feeds,
-:meth:`dibs.aio.AsyncStore.change_feed`, came later and are not wired in yet).
-The policy:
+and by a bounded join on the sync one; and ``on_lost`` is called from the
+renewal thread on the sync face, and awaited in the renewal task on the async
+one. Both watch the store's change feed while waiting (``_Watch``, generated
+from ``_AsyncWatch``). The policy:
 
 * **Claiming.** Each attempt carries a fresh request ID. An attempt that fails
   with :class:`~dibs.StoreUnavailable` is retried with the *same* ID, so the
@@ -46,6 +46,16 @@ The policy:
   that finds the claim released under its fence after an unanswered try counts
   as the lease's own release. An unexpected error from it never replaces the
   block's exception (it becomes a note).
+* **Lifetime.** With ``max_hold``, no renewal is sent once ``max_hold``
+  seconds have passed since the claim was sent (on the lease's monotonic
+  clock): the hold runs out at its last TTL, and the lease counts it lost
+  (reason ``expired``) when it is overdue, as for any renewal that stopped.
+* **on_lost.** Called once with the :class:`~dibs.HoldLost`, as soon as the
+  lease knows of the loss: from the renewal thread (sync) or task (async,
+  which awaits what it returns if that is awaitable, after cancelling the
+  block's task), or from the exit when the loss shows only there. An
+  exception from it is logged on ``dibs.lease``, never raised. Never called
+  after an exit that released the hold cleanly; an exit waits for a call under way.
 * **Loss.** The async face cancels the block's task and turns that
   cancellation into :class:`~dibs.HoldLost` when the block exits; an outside
   cancellation still propagates as :class:`asyncio.CancelledError`. The sync
@@ -59,9 +69,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -73,6 +84,7 @@ from dibs._lease import (
     RENEW_EVERY_MIN,
     UNAVAILABLE_RETRY,
     _adrive,
+    _call_on_lost,
     _ChangeStep,
     _ClaimStep,
     _describe,
@@ -89,6 +101,7 @@ from dibs._lease import (
     _Step,
     _terms,
     _unexpected,
+    check_on_lost,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
 from dibs._queue import QCall, QPause
@@ -101,7 +114,7 @@ from dibs.stores.capabilities import UnchangingFeed
 
 if TYPE_CHECKING:
     from dibs._lease import _Terms
-    from dibs.stores.capabilities import ChangeFeed
+    from dibs.stores.capabilities import AsyncChangeFeed, ChangeFeed
 
 __all__ = ["LEASE_TTL_MIN", "RENEW_EVERY_MIN", "UNAVAILABLE_RETRY", "AsyncLease", "Lease"]
 
@@ -117,8 +130,12 @@ class _LeaseFace:
         ttl: float,
         wait: float | None,
         renew_every: float | None,
+        on_lost: Callable[[HoldLost], object] | None,
+        max_hold: float | None,
+        monotonic: Callable[[], float] | None,
     ) -> None:
-        self._terms = _terms(targets, holder, ttl, wait, renew_every)
+        self._terms = _terms(targets, holder, ttl, wait, renew_every, max_hold, monotonic)
+        self._on_lost = check_on_lost(on_lost)
         self._hold: _Hold | None = None
         self._entered = False
 
@@ -146,6 +163,11 @@ class _LeaseFace:
     def ttl(self) -> float:
         """Seconds each renewal pushes the hold's expiry to, on the store's clock."""
         return self._terms.ttl
+
+    @property
+    def max_hold(self) -> float | None:
+        """Seconds after its claim was sent past which the lease renews no more, or None."""
+        return self._terms.max_hold
 
     @property
     def claim(self) -> Claim:
@@ -269,6 +291,68 @@ def _abandon(store: Store, terms: _Terms, request_id: str) -> None:
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
 
 
+class _Watch:
+    """A waiting lease's view of the store's change feed, opened on its first wait.
+
+    Without a feed (memory://, a store that offers none, or one that failed) a
+    wait is a plain sleep. Closed by the lease once it has its claim.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._feed: ChangeFeed | None = None
+        self._token: object = None
+        self._polling = False
+
+    def wait(self, seconds: float, hurried: float) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves."""
+        end = time.monotonic() + seconds
+        if self._feed is None and not self._polling:
+            try:
+                self._feed = self._store.change_feed()
+            except Exception:  # the feed only hurries a retry; polling does without it
+                _logger.debug("lease: no change feed; polling", exc_info=True)
+            if self._feed is None or isinstance(self._feed, UnchangingFeed):
+                self._polling = True  # nothing to watch: every change comes through here
+            else:
+                self._token = self._read()  # the first wait: changes since go unseen
+        if self._polling:
+            time.sleep(seconds)
+            return
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(_FEED_POLL, left))
+            if self._polling or self._read() != self._token:
+                time.sleep(max(0.0, min(end - time.monotonic(), hurried)))
+                return
+
+    def mark(self) -> None:
+        """Take the feed's token now: called after each claim, whose own write is no news."""
+        if self._feed is not None:
+            self._token = self._read()
+
+    def _read(self) -> object:
+        assert self._feed is not None
+        try:
+            return self._feed.read()
+        except Exception:  # the feed only hurries a retry; polling does without it
+            _logger.debug("lease: change feed failed; polling instead", exc_info=True)
+            self.close()
+            self._polling = True
+            return None
+
+    @property
+    def watching(self) -> bool:
+        """Whether a feed is open (for :meth:`close` to close)."""
+        return self._feed is not None
+
+    def close(self) -> None:
+        """Close the feed, if one is open."""
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            with contextlib.suppress(Exception):
+                feed.close()
+
+
 # --- end of the generated part ---
 
 
@@ -313,6 +397,68 @@ async def _abandon_async(store: AsyncStore, terms: _Terms, request_id: str) -> N
         _logger.warning("lease request %s: abandoned claim left to expire (%s)", request_id, exc)
 
 
+class _AsyncWatch:
+    """A waiting lease's view of the store's change feed, opened on its first wait.
+
+    Without a feed (memory://, a store that offers none, or one that failed) a
+    wait is a plain sleep. Closed by the lease once it has its claim.
+    """
+
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
+        self._feed: AsyncChangeFeed | None = None
+        self._token: object = None
+        self._polling = False
+
+    async def wait(self, seconds: float, hurried: float) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves."""
+        end = time.monotonic() + seconds
+        if self._feed is None and not self._polling:
+            try:
+                self._feed = self._store.change_feed()
+            except Exception:  # the feed only hurries a retry; polling does without it
+                _logger.debug("lease: no change feed; polling", exc_info=True)
+            if self._feed is None or isinstance(self._feed, UnchangingFeed):
+                self._polling = True  # nothing to watch: every change comes through here
+            else:
+                self._token = await self._read()  # the first wait: changes since go unseen
+        if self._polling:
+            await asyncio.sleep(seconds)
+            return
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(_FEED_POLL, left))
+            if self._polling or await self._read() != self._token:
+                await asyncio.sleep(max(0.0, min(end - time.monotonic(), hurried)))
+                return
+
+    async def mark(self) -> None:
+        """Take the feed's token now: called after each claim, whose own write is no news."""
+        if self._feed is not None:
+            self._token = await self._read()
+
+    async def _read(self) -> object:
+        assert self._feed is not None
+        try:
+            return await self._feed.read()
+        except Exception:  # the feed only hurries a retry; polling does without it
+            _logger.debug("lease: change feed failed; polling instead", exc_info=True)
+            await self.close()
+            self._polling = True
+            return None
+
+    @property
+    def watching(self) -> bool:
+        """Whether a feed is open (for :meth:`close` to close)."""
+        return self._feed is not None
+
+    async def close(self) -> None:
+        """Close the feed, if one is open."""
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            with contextlib.suppress(Exception):
+                await feed.close()
+
+
 # --- end of the shared part ---
 
 
@@ -336,17 +482,28 @@ class Lease(_LeaseFace):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        super().__init__(
+            targets,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            monotonic=monotonic,
+        )
         self._store = store
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
-        self._feed: ChangeFeed | None = None
-        self._token: object = None
+        self._watch = _Watch(store)
 
     def __enter__(self) -> Self:
         self._enter()
-        attempt = FairAttempt()
+        attempt = FairAttempt(clock=self._terms.monotonic)
         try:
             claim = _drive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # gave up, interrupted...: a claim sent may have made a hold
@@ -357,10 +514,8 @@ class Lease(_LeaseFace):
                     _drive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
             raise
         finally:
-            if self._feed is not None:
-                self._feed.close()
-                self._feed = None
-        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+            self._watch.close()
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent, self._on_lost)
         self._renewer = threading.Thread(
             target=self._renew, args=(hold,), name=f"dibs-lease-{claim.id}", daemon=True
         )
@@ -378,12 +533,13 @@ class Lease(_LeaseFace):
         assert self._renewer is not None
         # A renewal stuck in an extend is waited for only while the hold can be alive:
         # the release is fenced, so an extend landing after it is refused.
-        self._renewer.join(max(0.0, hold.alive_until - time.monotonic()))
+        self._renewer.join(max(0.0, hold.alive_until - self._terms.monotonic()))
         hold.overdue()
         try:
             at_release = _drive(_release_policy(hold), self._perform)
         except Exception as failure:
             hold.ended = True
+            self._tell(hold)
             raised = _release_failed(hold, exc, failure)
             if raised is None:
                 return
@@ -393,8 +549,10 @@ class Lease(_LeaseFace):
         hold.ended = True
         lost = hold.error or at_release
         if lost is None:
+            hold.clean()
             return
         hold.lose(lost)
+        self._tell(hold)  # waits for a call the renewal thread is making, if any
         if exc is None:
             raise lost
         _note(exc, lost)
@@ -409,6 +567,15 @@ class Lease(_LeaseFace):
         if self._stop.is_set():
             return  # the block ended (and its exit may have released): the release judges
         hold.lose(lost)
+        self._tell(hold)
+
+    def _tell(self, hold: _Hold) -> None:
+        """Call ``on_lost`` with the loss, once; an exit waits here for a call under way."""
+        with hold.telling:
+            lost = hold.to_tell()
+            if lost is not None:
+                assert hold.on_lost is not None
+                _call_on_lost(hold.on_lost, lost)
 
     def _perform(self, step: _Step) -> Any:
         match step:
@@ -419,49 +586,16 @@ class Lease(_LeaseFace):
                     time.sleep(seconds)
                 return None
             case _ChangeStep(seconds, hurried):
-                self._await_change(seconds, hurried)
+                self._watch.wait(seconds, hurried)
                 return None
             case QPause(seconds, hurried):
-                self._await_change(seconds, hurried)
+                self._watch.wait(seconds, hurried)
                 return None
             case _ClaimStep() | QCall():
                 result = _call(self._store, self._terms, step)
-                if self._feed is not None:  # after the claim: its own write is no news
-                    self._token = self._read_feed()
+                self._watch.mark()
                 return result
         return _call(self._store, self._terms, step)
-
-    def _await_change(self, seconds: float, hurried: float) -> None:
-        """Sleep ``seconds``, cut to at most ``hurried`` more when the store's change feed moves."""
-        end = time.monotonic() + seconds
-        if self._feed is None:
-            try:
-                self._feed = self._store.change_feed()
-            except Exception:  # the feed only hurries a retry; polling does without it
-                _logger.debug("lease: no change feed; polling", exc_info=True)
-                self._feed = UnchangingFeed()
-            if self._feed is None:
-                self._feed = UnchangingFeed()
-            self._token = self._read_feed()  # the first wait: changes since the claim go unseen
-        if isinstance(self._feed, UnchangingFeed):  # memory://, or no feed: nothing to watch
-            time.sleep(seconds)
-            return
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(_FEED_POLL, left))
-            if self._read_feed() != self._token:
-                time.sleep(max(0.0, min(end - time.monotonic(), hurried)))
-                return
-
-    def _read_feed(self) -> object:
-        assert self._feed is not None
-        try:
-            return self._feed.read()
-        except Exception:  # the feed only hurries a retry; polling does without it
-            _logger.debug("lease: change feed failed; polling instead", exc_info=True)
-            with contextlib.suppress(Exception):
-                self._feed.close()
-            self._feed = UnchangingFeed()
-            return self._feed.read()
 
 
 class _Stopped(Exception):
@@ -507,21 +641,35 @@ class AsyncLease(_LeaseFace):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        super().__init__(
+            targets,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            monotonic=monotonic,
+        )
         self._store = store
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
         self._cancelled = False  # whether the renewal cancelled the block's task
         self._exiting = False
         self._renewer: asyncio.Task[None] | None = None
+        self._renewing = False  # the renewer still renews (else it is calling on_lost, or done)
+        self._watch = _AsyncWatch(store)
 
     async def __aenter__(self) -> Self:
         self._enter()
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("async with store.lease() must run in an asyncio task")
-        attempt = FairAttempt()
+        attempt = FairAttempt(clock=self._terms.monotonic)
         try:
             claim = await _adrive(fair_claim_policy(self._terms, attempt), self._perform)
         except BaseException:  # cancelled, gave up...: a claim sent may have made a hold
@@ -535,9 +683,18 @@ class AsyncLease(_LeaseFace):
                         _adrive(abandon_queue(attempt.queue, attempt.place), self._perform)  # type: ignore[arg-type]
                     )
             raise
-        hold = self._hold = _Hold(self._terms, claim, attempt.sent)
+        finally:
+            if self._watch.watching:  # its connection is closed even if we are cancelled
+                closing = asyncio.ensure_future(self._watch.close())
+                try:
+                    await asyncio.shield(closing)
+                except asyncio.CancelledError:
+                    _keep(closing)
+                    raise
+        hold = self._hold = _Hold(self._terms, claim, attempt.sent, self._on_lost)
         self._task = task
         self._cancelling = task.cancelling()
+        self._renewing = True
         self._renewer = asyncio.create_task(self._renew(hold), name=f"dibs-lease-{claim.id}")
         return self
 
@@ -577,8 +734,10 @@ class AsyncLease(_LeaseFace):
             )
         lost = hold.error or at_release
         if lost is None:
+            hold.clean()
             return
         hold.lose(lost)
+        await self._tell(hold)
         if exc is None:
             raise lost
         if isinstance(exc, asyncio.CancelledError) and self._cancelled and not outside:
@@ -587,7 +746,8 @@ class AsyncLease(_LeaseFace):
 
     async def _finish(self, hold: _Hold) -> HoldLost | None:
         assert self._renewer is not None
-        self._renewer.cancel()
+        if self._renewing:  # else it is calling on_lost: the exit waits for that call
+            self._renewer.cancel()
         await asyncio.wait([self._renewer])
         hold.overdue()
         return await _adrive(_release_policy(hold), self._perform)
@@ -597,11 +757,26 @@ class AsyncLease(_LeaseFace):
             lost = await _adrive(_renewal_policy(hold), self._perform)
         except Exception as exc:  # any failure ends the renewal: a lost hold
             lost = _unexpected(hold.claim.id, exc)
+        self._renewing = False
         hold.lose(lost)
         if not self._exiting:
             assert self._task is not None
             self._cancelled = True
             self._task.cancel(f"dibs: lease {hold.claim.id!r} lost")
+        await self._tell(hold)  # after the cancel: the block stops while on_lost runs
+
+    async def _tell(self, hold: _Hold) -> None:
+        """Call ``on_lost`` with the loss, once, awaiting what it returns if awaitable."""
+        lost = hold.to_tell()
+        if lost is None:
+            return
+        assert hold.on_lost is not None
+        result = _call_on_lost(hold.on_lost, lost)
+        if inspect.isawaitable(result):
+            try:
+                await result
+            except Exception:
+                _logger.exception("lease %s: on_lost raised", lost.claim_id)
 
     async def _perform(self, step: _Step) -> Any:
         match step:
@@ -609,18 +784,25 @@ class AsyncLease(_LeaseFace):
                 # Only a task can stop waiting for a stuck extend; the sync face's renewal
                 # thread cannot be interrupted, so its exit bounds the wait instead.
                 try:
-                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    async with asyncio.timeout(max(0.0, deadline - self._terms.monotonic())):
                         return await _call_async(self._store, self._terms, step)
                 except TimeoutError:
                     raise StoreUnavailable(
                         f"renewing lease {claim.id!r} got no answer in time"
                     ) from None
-            case _SleepStep(seconds) | _ChangeStep(seconds):  # this face polls (see above)
+            case _SleepStep(seconds):
                 await asyncio.sleep(seconds)
                 return None
-            case QPause(seconds):
-                await asyncio.sleep(seconds)
+            case _ChangeStep(seconds, hurried):
+                await self._watch.wait(seconds, hurried)
                 return None
+            case QPause(seconds, hurried):
+                await self._watch.wait(seconds, hurried)
+                return None
+            case _ClaimStep() | QCall():
+                result = await _call_async(self._store, self._terms, step)
+                await self._watch.mark()
+                return result
         return await _call_async(self._store, self._terms, step)
 
 

@@ -33,13 +33,13 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 from dibs._drive import adrive, drive
-from dibs._lease import _terms
+from dibs._lease import _terms, check_on_lost
 from dibs._model import Claim, ClaimResult, Unit
 from dibs._queue import Place, QCall, QPause, queue_name
 from dibs._queue import abandon as abandon_queue
@@ -440,12 +440,16 @@ class SemaphoreLease(_LeaseView):
         ttl: float,
         wait: float | None,
         renew_every: float | None,
+        on_lost: Callable[[HoldLost], object] | None,
+        max_hold: float | None,
     ) -> None:
-        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every)
+        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every, max_hold)
         super().__init__(semaphore.key, terms.holder, terms.ttl)
         self._semaphore = semaphore
         self._wait = terms.wait
         self._renew_every = renew_every
+        self._on_lost = check_on_lost(on_lost)
+        self._max_hold = max_hold
         self._pending: Lease | None = None
         self._place = Place()
 
@@ -484,7 +488,12 @@ class SemaphoreLease(_LeaseView):
         match step:
             case _Enter(unit):
                 lease = store.lease(
-                    unit, holder=self._holder, ttl=self._ttl, renew_every=self._renew_every
+                    unit,
+                    holder=self._holder,
+                    ttl=self._ttl,
+                    renew_every=self._renew_every,
+                    on_lost=self._on_lost,
+                    max_hold=self._max_hold,
                 )
                 try:
                     lease.__enter__()
@@ -518,15 +527,26 @@ class Semaphore(_Rules):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
     ) -> SemaphoreLease:
         """One permit for a ``with`` block, as a fenced, auto-renewing hold on a free slot.
 
         ``wait`` is how long entering waits for a permit (0: not at all; None:
         as long as it takes) before raising :class:`~dibs.ResourceBusy`.
-        Raises :class:`~dibs.InvalidInput` here for bad arguments, as
-        :meth:`dibs.Store.lease` does.
+        ``on_lost`` and ``max_hold`` act on the permit's hold as on
+        :meth:`dibs.Store.lease`'s. Raises :class:`~dibs.InvalidInput` here for
+        bad arguments, as :meth:`dibs.Store.lease` does.
         """
-        return SemaphoreLease(self, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        return SemaphoreLease(
+            self,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
+        )
 
     def holders(self) -> list[str]:
         """The holders of live permits, in slot order (a snapshot; one holder may hold several)."""
@@ -583,12 +603,16 @@ class AsyncSemaphoreLease(_LeaseView):
         ttl: float,
         wait: float | None,
         renew_every: float | None,
+        on_lost: Callable[[HoldLost], object] | None,
+        max_hold: float | None,
     ) -> None:
-        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every)
+        terms = _terms(Unit(semaphore.key, "0"), holder, ttl, wait, renew_every, max_hold)
         super().__init__(semaphore.key, terms.holder, terms.ttl)
         self._semaphore = semaphore
         self._wait = terms.wait
         self._renew_every = renew_every
+        self._on_lost = check_on_lost(on_lost)
+        self._max_hold = max_hold
         self._pending: AsyncLease | None = None
         self._place = Place()
 
@@ -629,7 +653,12 @@ class AsyncSemaphoreLease(_LeaseView):
         match step:
             case _Enter(unit):
                 lease = store.lease(
-                    unit, holder=self._holder, ttl=self._ttl, renew_every=self._renew_every
+                    unit,
+                    holder=self._holder,
+                    ttl=self._ttl,
+                    renew_every=self._renew_every,
+                    on_lost=self._on_lost,
+                    max_hold=self._max_hold,
                 )
                 try:
                     await lease.__aenter__()
@@ -661,9 +690,19 @@ class AsyncSemaphore(_Rules):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
     ) -> AsyncSemaphoreLease:
         """One permit for an ``async with`` block: :meth:`Semaphore.lease`."""
-        return AsyncSemaphoreLease(self, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every)
+        return AsyncSemaphoreLease(
+            self,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
+        )
 
     async def holders(self) -> list[str]:
         """The holders of live permits, in slot order: :meth:`Semaphore.holders`."""

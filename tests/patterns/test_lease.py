@@ -36,6 +36,7 @@ from dibs import (
 from dibs.aio import AsyncStore
 from dibs.testing import strategies
 from eventually import aeventually, eventually
+from monotonic import Monotonic
 
 UNIT = Unit("report", "2026-11-30")
 
@@ -268,6 +269,7 @@ class Flaky:
         self.lose_claim_replies = 0
         self.lose_release_replies = 0
         self.slow_replay = 0.0  # seconds the claim after a lost reply takes to answer
+        self.clock: Monotonic | None = None  # the lease's: a slow answer moves it, no sleep
         self.failing_extends = 0
         self.request_ids: list[str | None] = []
         self.claims: list[Any] = []
@@ -282,8 +284,11 @@ class Flaky:
                 self.lose_claim_replies -= 1
                 raise StoreUnavailable("the claim's reply was lost")
             slow, self.slow_replay = self.slow_replay, 0.0
-        # Real time: the lease judges a late answer on time.monotonic, not the store's clock.
-        time.sleep(slow)  # the replay's answer comes late, after the store came back
+        # The lease judges a late answer on its monotonic clock, not the store's.
+        if self.clock is not None:
+            self.clock.advance(slow)
+        else:
+            time.sleep(slow)  # the replay's answer comes late, after the store came back
         return result
 
     def release(self, *args: Any, **kwargs: Any) -> Any:
@@ -347,21 +352,29 @@ def test_a_release_whose_reply_was_lost_is_no_loss(store: Store) -> None:
     assert not lease.lost and lease.error is None
 
 
+# The lease's clock is frozen but for the late answer, so these hold under any load. A 600 s
+# TTL renews every 200 s: a renewal timed by renew_every alone would never come in time.
+LATE = 600.0 - 60.0 - 0.2  # answered with 0.2 s left before the margin: renew in 0.1 s
+TOO_LATE = 599.0  # answered past the margin: the hold may expire any moment
+
+
 def test_a_claim_answered_late_is_renewed_before_it_can_expire(store: Store) -> None:
     flaky = Flaky(store)
     flaky.lose_claim_replies = 1
-    flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
-    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+    flaky.slow_replay, flaky.clock = LATE, Monotonic()
+    lease = dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=600.0, monotonic=flaky.clock)  # type: ignore[arg-type]
+    with lease:
         assert lease.id == flaky.claims[0].id  # the replay answered the first claim
-        eventually(lambda: lease.renewals > 0 or lease.lost)
+        eventually(lambda: lease.renewals > 0, "renewed in the time the hold had left")
         lease.check()
 
 
 def test_a_claim_answered_too_late_to_renew_is_dropped_and_claimed_again(store: Store) -> None:
     flaky = Flaky(store)
     flaky.lose_claim_replies = 1
-    flaky.slow_replay = 1.9  # of a 2 s TTL: past the margin, the hold may expire any moment
-    with dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+    flaky.slow_replay, flaky.clock = TOO_LATE, Monotonic()
+    lease = dibs.lease.Lease(flaky, UNIT, holder="w1", ttl=600.0, monotonic=flaky.clock)  # type: ignore[arg-type]
+    with lease:
         first = flaky.claims[0]
         assert lease.id != first.id and lease.fence > first.fence
         lease.check()
@@ -872,6 +885,7 @@ class AsyncFlaky:
         self.lose_claim_replies = 0
         self.lose_release_replies = 0
         self.slow_replay = 0.0
+        self.clock: Monotonic | None = None
         self.claims: list[Any] = []
         self.release_fails: Exception | None = None
 
@@ -882,7 +896,10 @@ class AsyncFlaky:
             self.lose_claim_replies -= 1
             raise StoreUnavailable("the claim's reply was lost")
         slow, self.slow_replay = self.slow_replay, 0.0
-        await asyncio.sleep(slow)  # real time: the lease ages answers on time.monotonic
+        if self.clock is not None:  # the lease ages answers on its monotonic clock
+            self.clock.advance(slow)
+        else:
+            await asyncio.sleep(slow)
         return result
 
     async def release(self, *args: Any, **kwargs: Any) -> Any:
@@ -915,14 +932,15 @@ def test_async_a_claim_answered_late_is_renewed_before_it_can_expire(astore: Asy
     async def main(store: AsyncStore) -> None:
         flaky = AsyncFlaky(store)
         flaky.lose_claim_replies = 1
-        flaky.slow_replay = 1.4  # of a 2 s TTL: renew_every (2/3 s) after entry is too late
-        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        flaky.slow_replay, flaky.clock = LATE, Monotonic()
+        lease = dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=600.0, monotonic=flaky.clock)  # type: ignore[arg-type]
+        async with lease:
             assert lease.id == flaky.claims[0].id
 
-            async def renewed_or_lost() -> bool:
-                return lease.renewals > 0 or lease.lost
+            async def renewed() -> bool:
+                return lease.renewals > 0
 
-            await aeventually(renewed_or_lost)
+            await aeventually(renewed, "renewed in the time the hold had left")
             lease.check()
 
     arun(astore, main)
@@ -932,8 +950,9 @@ def test_async_a_claim_answered_too_late_to_renew_is_claimed_again(astore: Async
     async def main(store: AsyncStore) -> None:
         flaky = AsyncFlaky(store)
         flaky.lose_claim_replies = 1
-        flaky.slow_replay = 1.9
-        async with dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=2.0) as lease:  # type: ignore[arg-type]
+        flaky.slow_replay, flaky.clock = TOO_LATE, Monotonic()
+        lease = dibs.lease.AsyncLease(flaky, UNIT, holder="w1", ttl=600.0, monotonic=flaky.clock)  # type: ignore[arg-type]
+        async with lease:
             first = flaky.claims[0]
             assert lease.id != first.id and lease.fence > first.fence
             lease.check()

@@ -27,6 +27,7 @@ import dibs.aio
 from conftest import fresh_url
 from dibs import InvalidInput, ResourceBusy, Store, Unit
 from dibs.semaphore import PERMITS_MAX
+from eventually import eventually
 
 QUICK = True
 
@@ -112,12 +113,8 @@ def test_a_lost_permit_raises_hold_lost(store: Store) -> None:
     # Renewing often, the lease learns of the loss at its next renewal, not in 10 s.
     with pytest.raises(dibs.HoldLost), sem.lease(holder="a", ttl=30, renew_every=0.05) as permit:
         store.release(permit.id, holder="a", fence=permit.fence)
-        while not permit.lost:
-            try:
-                permit.check()
-            except dibs.HoldLost:
-                break
-            time.sleep(0.01)
+        eventually(lambda: permit.lost, "the renewal found the permit's hold released")
+        permit.check()
 
 
 class _Limits:

@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "dibs.ratelimit",
         "dibs.paths",
         "dibs.semaphore",
+        "dibs.renewal",
     },
     {"dibs.stores"},
     {"dibs._request", "dibs._model", "dibs._clock"},

@@ -23,6 +23,7 @@ from dibs.aio import booking
 from dibs.aio.lot import Lot
 from dibs.aio.matching import match
 from dibs.aio.ratelimit import RateLimit
+from dibs.aio.renewal import renew
 from dibs.aio.waitlist import Waitlist
 from dibs.semaphore import AsyncSemaphore as Semaphore
 from dibs.singleflight import AsyncSingleFlight
@@ -40,6 +41,7 @@ __all__ = [
     "booking",
     "match",
     "open",
+    "renew",
 ]
 
 

@@ -275,6 +275,8 @@ class Store(abc.ABC):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
     ) -> Lease:
         """Hold the targets for a ``with`` block, renewing the hold: a :class:`~dibs.lease.Lease`.
 
@@ -287,10 +289,20 @@ class Store(abc.ABC):
         block ends. Raises :class:`~dibs.InvalidInput` here for bad arguments,
         for a ``ttl`` under :data:`dibs.lease.LEASE_TTL_MIN`, and for a
         ``renew_every`` under :data:`dibs.lease.RENEW_EVERY_MIN` or over ``ttl / 2``.
+        ``on_lost(HoldLost)`` is called once, from the renewal thread, when the hold is
+        lost (never after a clean exit); with ``max_hold`` seconds the lease stops
+        renewing that long after its claim was sent, and the hold then runs out.
         """
         self._check_open()
         return self._lease_class(
-            self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every
+            self,
+            targets,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
         )
 
     def get(self, claim_id: str) -> Claim | None:

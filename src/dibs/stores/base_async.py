@@ -240,15 +240,26 @@ class AsyncStore(abc.ABC):
         ttl: float,
         wait: float | None = 0.0,
         renew_every: float | None = None,
+        on_lost: Callable[[HoldLost], object] | None = None,
+        max_hold: float | None = None,
     ) -> AsyncLease:
         """Hold the targets for an ``async with`` block, renewed: :meth:`dibs.Store.lease`.
 
         When renewal fails, the block's task is cancelled and ``async with``
         raises :class:`~dibs.HoldLost` (a :class:`~dibs.lease.AsyncLease`).
+        ``on_lost`` (a plain or a coroutine function) is called, and awaited, in the
+        renewal task; ``max_hold`` as on the sync face.
         """
         self._check_open()
         return self._lease_class(
-            self, targets, holder=holder, ttl=ttl, wait=wait, renew_every=renew_every
+            self,
+            targets,
+            holder=holder,
+            ttl=ttl,
+            wait=wait,
+            renew_every=renew_every,
+            on_lost=on_lost,
+            max_hold=max_hold,
         )
 
     async def get(self, claim_id: str) -> Claim | None:

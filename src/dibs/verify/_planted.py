@@ -12,6 +12,8 @@ anomalies every time; a checker that passes a plant is broken.
 * ``client-clock`` — expiry judged on each client's clock, skewed by ± the
   skew, instead of on the store's one clock (principle 4).
 
+``renew-ignores-fence`` breaks no store: see :mod:`dibs.verify._planted_lease`.
+
 ``rate-over-limit`` breaks no store: the clients' :class:`~dibs.RateLimit`
 keeps one slot more than its rate allows (an off-by-one in the limit), so
 some window admits ``limit + 1`` units; the rate check
@@ -44,6 +46,7 @@ from dibs.stores import store_class
 from dibs.stores.base import Store, claim_not_found, not_holder, parse_serial_id
 from dibs.stores.memory import MemoryStore
 from dibs.stores.sqlite import SQLiteStore
+from dibs.verify._planted_lease import RENEW_PLANTS
 from dibs.verify._planted_replay import REPLAY_PLANTS, replay_plant
 from dibs.verify._planted_shared import SHARED_PLANTS, shared_plants
 from dibs.verify._waitlist import WAITLIST_PLANTS
@@ -69,7 +72,13 @@ semaphore admits one holder too many (its ``semaphore`` ops are turned on)."""
 RATE_PLANTS = ("rate-over-limit",)
 """Plants in the clients' rate limits, on any store: the rate check must catch them."""
 ALL_PLANTS = (
-    PLANTS + REPLAY_PLANTS + SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS + SHARED_PLANTS
+    PLANTS
+    + REPLAY_PLANTS
+    + SEMAPHORE_PLANTS
+    + RATE_PLANTS
+    + WAITLIST_PLANTS
+    + SHARED_PLANTS
+    + RENEW_PLANTS
 )
 """Every built-in plant a ``--plant`` name may give."""
 
@@ -243,7 +252,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     :class:`~dibs.InvalidInput` for an unknown plant or a store it has no
     broken twin for.
     """
-    if plant is None or plant in SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS:
+    if plant is None or plant in SEMAPHORE_PLANTS + RATE_PLANTS + WAITLIST_PLANTS + RENEW_PLANTS:
         return dibs.open(url, **options)
     if ":" in plant:
         custom: Callable[..., Store] = plant_class(plant).from_url

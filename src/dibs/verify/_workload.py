@@ -44,6 +44,7 @@ from dibs.stores import redact
 from dibs.stores.base import Store
 from dibs.verify._history import write_events
 from dibs.verify._log import micros
+from dibs.verify._planted_lease import crowd, renew_for, transition_weights, wrong_fence_rate
 from dibs.verify._waitlist import WAITLIST_PLANTS, waitlist_op
 
 __all__ = [
@@ -212,6 +213,8 @@ class Client:
     rate_limit: Callable[[Store, str, str], RateLimit] = RateLimit
     """Makes the client's rate limits (the ``rate-over-limit`` plant passes a broken one)."""
     limits: dict[str, RateLimit] = field(default_factory=dict)
+    gen: list[int] = field(default_factory=lambda: [0])
+    """The last generation of the ``semaphore-n-plus-one`` plant's barrier this client saw."""
 
     def __post_init__(self) -> None:
         w = self.workload
@@ -288,7 +291,8 @@ class Client:
             believed = [h for h in self.mine if h.expires_at is None or h.expires_at > now_us]
             pool = believed if believed and rng.random() < 0.85 else self.mine
             held = rng.choice(pool)
-            fn = rng.choices(("confirm", "extend", "release"), (5, 2, 3))[0]
+            weights = transition_weights(self.workload.plant)
+            fn = rng.choices(("confirm", "extend", "release"), weights)[0]
             return self._transition(fn, held)
         res, items = self._span() if rng.random() < 0.2 else self._units()
         target = items[0]
@@ -335,6 +339,9 @@ class Client:
             with sem.lease(holder=f"{self.name}-sem", ttl=ttl, wait=w.ttl) as permit:
                 entered = time.monotonic()
                 time.sleep(w.ttl * self.rng.choice((0.05, 0.25)))
+                if w.plant == "semaphore-n-plus-one":  # the holds that breach it, for certain
+                    arrival = f"{self.name}-crowd"
+                    crowd(self.store, sem.key, arrival, SEMAPHORE_PERMITS + 1, self.gen)
                 left = time.monotonic()
                 slot = permit.slot
         except ResourceBusy:
@@ -357,7 +364,9 @@ class Client:
         return "rate", args, lambda: limit.acquire(cost)
 
     def _transition(self, fn: str, held: _Held) -> tuple[str, dict[str, Any], Callable[[], Any]]:
-        fence = held.fence + 1 if self.rng.random() < 0.03 else held.fence  # misuse: a wrong fence
+        plant = self.workload.plant
+        misuse = self.rng.random() < wrong_fence_rate(plant)
+        fence = held.fence + 1 if misuse else held.fence  # misuse: a wrong fence
         args: dict[str, Any] = {
             "res": held.res,
             "targets": held.targets,
@@ -371,7 +380,8 @@ class Client:
         if fn == "extend":
             ttl = self.workload.ttl
             args["ttl"] = ttl
-            return fn, args, lambda: store.extend(held.id, holder=self.name, fence=fence, ttl=ttl)
+            renew = renew_for(plant)  # by claim ID, as a watchdog renews: dibs.renew
+            return fn, args, lambda: renew(store, held.id, holder=self.name, fence=fence, ttl=ttl)
         return fn, args, lambda: store.release(held.id, holder=self.name, fence=fence)
 
     # --- running ---------------------------------------------------------------------------------
