@@ -187,8 +187,11 @@ def test_async_renew_extends_and_refuses_as_the_sync_face_does(
 _WATCHDOG = """
 import sys, dibs
 store = dibs.open(sys.argv[1])
+store.get("warm-up")  # connected and imported before the claim is made
+print("ready", flush=True)
+claim_id, fence = sys.stdin.readline().split()
 try:
-    claim = dibs.renew(store, sys.argv[2], holder="worker", fence=int(sys.argv[3]), ttl=60.0)
+    claim = dibs.renew(store, claim_id, holder="worker", fence=int(fence), ttl=60.0)
 except dibs.HoldLost as lost:
     print("HoldLost", lost.reason.value)
 else:
@@ -196,25 +199,34 @@ else:
 """
 
 
-def _watchdog(url: str, claim_id: str, fence: int) -> list[str]:
+def _start_watchdog(url: str) -> subprocess.Popen[str]:
+    """A watchdog process, ready to renew: its start-up is not raced against the TTL."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, "-c", _WATCHDOG, url, claim_id, str(fence)],
-        capture_output=True,
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
         env=env,
-        check=True,
     )
-    return done.stdout.split()
+    assert process.stdout is not None and process.stdout.readline().split() == ["ready"]
+    return process
+
+
+def _renew_in(process: subprocess.Popen[str], claim_id: str, fence: int) -> list[str]:
+    out, _ = process.communicate(f"{claim_id} {fence}\n", timeout=60)
+    assert process.returncode == 0
+    return out.split()
 
 
 @pytest.mark.parametrize("store_kind", SHARED_STORE_KINDS)
 def test_a_watchdog_process_keeps_a_workers_hold_past_its_ttl(make_store: Any) -> None:
     store = make_store()  # the real clock: the watchdog's process shares no fake one
     # The worker holds without renewing (a plain claim): only the watchdog extends it.
+    watchdog = _start_watchdog(make_store.url)
     work = store.claim(UNIT, holder="worker", ttl=2.0).claim
     assert work is not None and work.expires_at is not None
-    said = _watchdog(make_store.url, work.id, work.fence)
+    said = _renew_in(watchdog, work.id, work.fence)
     assert said[0] == "renewed" and float(said[1]) > work.expires_at.timestamp()
     # Past the hold's original expiry (on the clock every store here uses), it still holds.
     original = work.expires_at.timestamp()
@@ -223,6 +235,9 @@ def test_a_watchdog_process_keeps_a_workers_hold_past_its_ttl(make_store: Any) -
     assert now is not None and now.state is ClaimState.HELD
     assert not store.claim(UNIT, holder="thief", ttl=30.0)
     assert store.release(work.id, holder="worker", fence=work.fence)
-    assert _watchdog(make_store.url, work.id, work.fence) == ["HoldLost", "released"]
+    assert _renew_in(_start_watchdog(make_store.url), work.id, work.fence) == [
+        "HoldLost",
+        "released",
+    ]
     ended = store.get(work.id)
     assert ended is not None and ended.state is ClaimState.RELEASED
