@@ -11,6 +11,11 @@ ID, confirmed at once. The store decides that claim atomically, so:
   unit, the store grants one, and the other learns the vehicle's position;
 * a vehicle is removed whole, by releasing its one claim.
 
+The row's size is its shape, kept in the store once: the first call of a lot
+claims ``Unit("lot:<name>", "shape")`` for the holder ``dibs.lot-size-<size>``
+(never released), and a lot that finds another size there raises
+:class:`~dibs.InvalidInput` on every call, before it reads a slot.
+
 The search only picks candidates: from a hint of the row this ``Lot`` keeps
 (what its own parks, removes and lost claims taught it), and, before it
 refuses a vehicle, from a fresh snapshot (``holder_of`` per slot). The group
@@ -353,8 +358,9 @@ class Lot(_Row):
 
     ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
     start of the smallest run that fits, which leaves longer runs for longer
-    vehicles. Every process that opens a lot of one name must give it the
-    same size. ``resource`` names the resource of the lot's units (default
+    vehicles. The store keeps a row's size (its first lot's); a lot of that
+    name with another size raises :class:`~dibs.InvalidInput` (``size``) on
+    every call. ``resource`` names the resource of the lot's units (default
     ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
     :class:`dibs.aio.Lot` is the same lot for asyncio code.
     Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
