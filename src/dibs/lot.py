@@ -11,6 +11,11 @@ ID, confirmed at once. The store decides that claim atomically, so:
   unit, the store grants one, and the other learns the vehicle's position;
 * a vehicle is removed whole, by releasing its one claim.
 
+The row's size is its shape, kept in the store once: the first call of a lot
+claims ``Unit("lot:<name>", "shape")`` for the holder ``dibs.lot-size-<size>``
+(never released), and a lot that finds another size there raises
+:class:`~dibs.InvalidInput` on every call, before it reads a slot.
+
 The search only picks candidates: from a hint of the row this ``Lot`` keeps
 (what its own parks, removes and lost claims taught it), and, before it
 refuses a vehicle, from a fresh snapshot (``holder_of`` per slot). The group
@@ -37,6 +42,10 @@ Fit = Literal["first", "best"]
 # (concurrent parks and removes of the same vehicle) before it gives up.
 _VEHICLE_RACES = 8
 _unit_key = attrgetter("resource", "slot")  # the order a store keeps a claim's units in
+# The lot's shape (its size) is kept once per row, as the holder of a confirmed
+# claim on Unit(<resource>, "shape") that no one releases: "dibs.lot-size-<size>".
+_SHAPE_SLOT = "shape"
+_SHAPE_HOLDER = "dibs.lot-size-"
 
 
 class NotParked(DibsError, LookupError):
@@ -131,6 +140,10 @@ class _Row:
             )
         self._resource = f"lot:{name}" if resource is None else resource
         self._slots = tuple(Unit(self._resource, f"slot:{i}") for i in range(size))
+        # Whether this instance has seen its size stored as the row's (see _shape).
+        self._shape_unit = Unit(self._resource, _SHAPE_SLOT)
+        self._shape_holder = f"{_SHAPE_HOLDER}{size}"
+        self._shaped = False
         # A park claims its run and its vehicle unit sorted by (resource, slot), as
         # the store keeps them: "slot:10" sorts before "slot:9", so a run that
         # crosses a power of ten is sorted (the vehicle unit sorts after "slot:").
@@ -154,6 +167,35 @@ class _Row:
         return f"{type(self).__name__}({self.name!r}, size={self.size}, fit={self.fit!r})"
 
     # --- rules both faces apply around their store calls ----------------------------------------
+
+    def _shape(self, granted: bool, holder: str | None) -> bool:
+        """Whether the row's stored size is this lot's, from the shape claim and its holder.
+
+        ``granted`` is the outcome of this lot's claim of the shape unit (a
+        replay when it is stored already); ``holder`` the unit's holder when
+        it was not. False means the unit was freed meanwhile: claim it again.
+        Raises :class:`~dibs.InvalidInput` (field ``size``) when the row was
+        made with another size, and (field ``resource``) when something that
+        is not a lot holds the shape unit.
+        """
+        if granted or holder == self._shape_holder:
+            return True
+        if holder is None:
+            return False
+        stored = holder.removeprefix(_SHAPE_HOLDER)
+        if holder.startswith(_SHAPE_HOLDER) and stored.isdecimal():
+            raise InvalidInput(
+                f"lot {self.name!r} has size {int(stored)} in this store, not {self.size}: "
+                "every lot of one name must give it the same size",
+                field="size",
+                value=self.size,
+            )
+        raise InvalidInput(
+            f"lot {self.name!r} cannot use resource {self._resource!r}: its unit "
+            f"{_SHAPE_SLOT!r} is held by {holder!r}, which is not a lot",
+            field="resource",
+            value=self._resource,
+        )
 
     def _check_length(self, length: object) -> None:
         if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.size:
@@ -316,8 +358,9 @@ class Lot(_Row):
 
     ``fit="first"`` parks at the leftmost run that fits; ``fit="best"`` at the
     start of the smallest run that fits, which leaves longer runs for longer
-    vehicles. Every process that opens a lot of one name must give it the
-    same size. ``resource`` names the resource of the lot's units (default
+    vehicles. The store keeps a row's size (its first lot's); a lot of that
+    name with another size raises :class:`~dibs.InvalidInput` (``size``) on
+    every call. ``resource`` names the resource of the lot's units (default
     ``lot:<name>``), e.g. to keep them in a namespace other callers cannot claim.
     :class:`dibs.aio.Lot` is the same lot for asyncio code.
     Raises :class:`~dibs.InvalidInput` for a bad name, size, fit or resource.
@@ -354,6 +397,8 @@ class Lot(_Row):
         if type(length) is not int or not 1 <= length <= self.size:
             self._check_length(length)
         me = self._vehicle_unit(vehicle_id)
+        if not self._shaped:
+            self._own_shape()
         occupied = self._hinted()
         fresh = False
         races = 0
@@ -405,6 +450,8 @@ class Lot(_Row):
         """
         if type(vehicle_id) is not str or not vehicle_id:
             self._check_vehicle(vehicle_id)
+        if not self._shaped:
+            self._own_shape()
         # The release is conditional on the claim still being live: of two
         # concurrent removes, exactly one gets True. A vehicle has at most one
         # live parking here, so a remembered claim that is still live is it.
@@ -429,6 +476,8 @@ class Lot(_Row):
     def position_of(self, vehicle_id: str) -> int | None:
         """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
         self._check_vehicle(vehicle_id)
+        if not self._shaped:
+            self._own_shape()
         claim = self._claim_of(vehicle_id)
         return None if claim is None else self._placement(claim)[0]
 
@@ -441,6 +490,8 @@ class Lot(_Row):
         negative position or a length below 1.
         """
         self._check_is_free(position, length)
+        if not self._shaped:
+            self._own_shape()
         if position + length > self.size:
             return False
         for slot in self._slots[position : position + length]:
@@ -450,7 +501,24 @@ class Lot(_Row):
 
     def occupancy(self) -> Occupancy:
         """Who is in each slot, and the free runs; a snapshot for display."""
+        if not self._shaped:
+            self._own_shape()
         return Occupancy(self.size, tuple([self.store.holder_of(s) for s in self._slots]))
+
+    def _own_shape(self) -> None:
+        """Store this lot's size as the row's, or learn that it is; once per instance.
+
+        The confirmed claim of the shape unit is the compare-and-set: the first
+        lot of a name writes its size, and a later one of the same size replays
+        that claim. A lot of another size raises :class:`~dibs.InvalidInput`
+        before it reads or writes a slot, so no handle misreads the row.
+        """
+        while True:
+            result = self.store.claim(self._shape_unit, holder=self._shape_holder)
+            holder = None if result else self.store.holder_of(self._shape_unit)
+            if self._shape(bool(result), holder):
+                self._shaped = True
+                return
 
     def _claim_of(self, vehicle_id: str) -> Claim | None:
         """The vehicle's parking here, as the store has it now."""

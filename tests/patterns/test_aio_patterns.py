@@ -176,6 +176,9 @@ def lot_programs(draw: st.DrawFn) -> tuple[str, int, str, list[LotCall]]:
     return name, size, fit, draw(st.lists(calls, max_size=20))
 
 
+LOT_ROWS = itertools.count()
+
+
 @pool_uses_random
 @pytest.mark.timeout(600)
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -187,14 +190,17 @@ def test_lot_outcomes_match_the_sync_lot(
 ) -> None:
     sync_store, async_store = pair
     name, size, fit, calls = program
+    # The pair outlives the examples: a row of its own for each one, or an example
+    # would meet the last one's vehicles (or its lot of another size) under one name.
+    row = {"resource": f"lot-{next(LOT_ROWS)}"}
     try:
-        lot = dibs.Lot(sync_store, name, size, fit=fit)  # type: ignore[arg-type]
+        lot = dibs.Lot(sync_store, name, size, fit=fit, **row)  # type: ignore[arg-type]
     except InvalidInput as exc:
         with pytest.raises(InvalidInput) as info:
-            dibs.aio.Lot(async_store, name, size, fit=fit)  # type: ignore[arg-type]
+            dibs.aio.Lot(async_store, name, size, fit=fit, **row)  # type: ignore[arg-type]
         assert str(info.value) == str(exc)
         return
-    alot = dibs.aio.Lot(async_store, name, size, fit=fit)  # type: ignore[arg-type]
+    alot = dibs.aio.Lot(async_store, name, size, fit=fit, **row)  # type: ignore[arg-type]
     expected = [outcome(lambda c=c: getattr(lot, c[0])(*c[1:])) for c in calls]
 
     async def run() -> list[Any]:
@@ -742,6 +748,31 @@ def test_bad_lots_raise_the_same_errors_on_both_faces(
     with pytest.raises(InvalidInput) as async_error:
         dibs.aio.Lot(async_store, *args, **kwargs)
     assert str(sync_error.value) == str(async_error.value)
+
+
+def test_a_lot_of_another_size_is_refused_the_same_on_both_faces(
+    pair: tuple[Store, AsyncStore], loop: asyncio.Runner
+) -> None:
+    sync_store, async_store = pair
+    calls = [
+        ("park", "car"),
+        ("remove", "bus"),
+        ("position_of", "bus"),
+        ("is_free", 0),
+        ("occupancy",),
+    ]
+    assert dibs.Lot(sync_store, "yard", 8).park("bus", 5) == 0
+    small = dibs.Lot(sync_store, "yard", 2)
+    expected = [outcome(lambda c=c: getattr(small, c[0])(*c[1:])) for c in calls]
+    assert {e[:2] for e in expected} == {("raised", InvalidInput)}
+    assert all(e[3] == "size" and "size 8 in this store, not 2" in e[2] for e in expected)
+
+    async def run() -> list[Any]:
+        assert await dibs.aio.Lot(async_store, "yard", 8).park("bus", 5) == 0
+        asmall = dibs.aio.Lot(async_store, "yard", 2)
+        return [await aoutcome(lambda c=c: getattr(asmall, c[0])(*c[1:])) for c in calls]
+
+    assert loop.run(run()) == expected
 
 
 # Each memory:// store is a world of its own: only a file or a database is shared.

@@ -146,6 +146,59 @@ def test_bad_lot_arguments(store: Store, args: tuple[Any, ...], field: str) -> N
         Lot(store, "x", 3).park("", 1)
 
 
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except DibsError as exc:
+        return type(exc), getattr(exc, "field", None), str(exc)
+
+
+def test_a_lot_of_another_size_is_refused_by_every_call(store: Store) -> None:
+    big = Lot(store, "yard", 8)
+    assert big.park("bus", 5) == 0
+    small = Lot(store, "yard", 2, fit="best")  # the fit is the handle's own: only the size is shape
+    calls: list[Callable[[], Any]] = [
+        lambda: small.park("car"),
+        lambda: small.remove("bus"),  # was an IndexError: the bus's claim holds slots 0-4
+        lambda: small.position_of("bus"),
+        lambda: small.is_free(0),
+        small.occupancy,
+    ]
+    expected = (
+        InvalidInput,
+        "size",
+        "lot 'yard' has size 8 in this store, not 2: "
+        "every lot of one name must give it the same size",
+    )
+    assert [_outcome(call) for call in calls] == [expected] * len(calls)
+    assert big.position_of("bus") == 0 and str(big.occupancy()) == "#####..."
+    # Another handle of the same size shares the row; a fresh name has a shape of its own.
+    assert Lot(store, "yard", 8).remove("bus") == 0
+    assert Lot(store, "yard-2", 2).park("car") == 0
+
+
+def test_racing_first_lots_of_two_sizes_store_one(store: Store) -> None:
+    for round_ in range(8):
+        lots = [Lot(store, f"race-{round_}", 2 + i % 2) for i in range(8)]
+        outcomes = race(len(lots), lambda i, lots=lots: _outcome(lots[i].occupancy))
+        won = {lot.size for lot, got in zip(lots, outcomes, strict=True) if _is_view(got)}
+        assert len(won) == 1, outcomes
+        (size,) = won
+        for lot, got in zip(lots, outcomes, strict=True):
+            assert _is_view(got) if lot.size == size else got[:2] == (InvalidInput, "size")
+
+
+def _is_view(got: Any) -> bool:
+    return isinstance(got, dibs.Occupancy)
+
+
+def test_a_shape_unit_held_by_a_stranger_is_refused(store: Store) -> None:
+    assert store.claim(Unit("lot:taken", "shape"), holder="mallory")
+    with pytest.raises(InvalidInput) as info:
+        Lot(store, "taken", 3).park("car")
+    assert info.value.field == "resource" and "'mallory'" in str(info.value)
+
+
 @pytest.mark.usefixtures("fine_switching")
 def test_concurrent_parks_of_one_vehicle_get_one_place(store: Store) -> None:
     # Sixteen gate terminals retry the same truck at once while another thread

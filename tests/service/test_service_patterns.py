@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from dibs import Unit
+from dibs import Lot, Unit
 from dibs.service import ServiceConfig
 from dibs.service._config import LotSpec
 from service_support import Running, serve_in_thread
@@ -164,3 +164,23 @@ def test_a_park_blocked_outside_the_api_answers_409_at_once(svc: Running) -> Non
         assert r.status_code == 409 and r.json()["error"] == "vehicle_blocked"
         assert d.post("/v1/lots/row/vehicles", json={"vehicle": "van-2"}).status_code == 201
         assert d.delete("/v1/lots/row/vehicles/van-2").status_code == 200
+
+
+def test_a_lot_stored_with_another_size_answers_400_not_500() -> None:
+    # The store keeps a lot's size: a service configured with another one than a
+    # deployment before it (here a library lot on its units) refuses every lot call.
+    config = ServiceConfig(store_url="memory://", keys_file=None, lots=(LotSpec("yard", 5),))
+    with serve_in_thread(config) as running:
+        assert running.service is not None
+        store = running.service.store
+        assert Lot(store, "yard", 3, resource="dibs.lot:yard").park("x") == 0
+        with running.client("erin") as e:
+            for method, path, body in [
+                ("GET", "/v1/lots/yard", None),
+                ("POST", "/v1/lots/yard/vehicles", {"vehicle": "van"}),
+                ("GET", "/v1/lots/yard/vehicles/van", None),
+                ("DELETE", "/v1/lots/yard/vehicles/van", None),
+            ]:
+                r = e.request(method, path, json=body)
+                assert r.status_code == 400, (path, r.text)
+                assert r.json()["error"] == "invalid" and r.json()["field"] == "size", r.text

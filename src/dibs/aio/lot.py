@@ -63,6 +63,8 @@ class Lot(_Row):
         if type(length) is not int or not 1 <= length <= self.size:
             self._check_length(length)
         me = self._vehicle_unit(vehicle_id)
+        if not self._shaped:
+            await self._own_shape()
         occupied = self._hinted()
         fresh = False
         races = 0
@@ -114,6 +116,8 @@ class Lot(_Row):
         """
         if type(vehicle_id) is not str or not vehicle_id:
             self._check_vehicle(vehicle_id)
+        if not self._shaped:
+            await self._own_shape()
         # The release is conditional on the claim still being live: of two
         # concurrent removes, exactly one gets True. A vehicle has at most one
         # live parking here, so a remembered claim that is still live is it.
@@ -138,6 +142,8 @@ class Lot(_Row):
     async def position_of(self, vehicle_id: str) -> int | None:
         """Where ``vehicle_id`` is parked (its first slot), or None; a snapshot."""
         self._check_vehicle(vehicle_id)
+        if not self._shaped:
+            await self._own_shape()
         claim = await self._claim_of(vehicle_id)
         return None if claim is None else self._placement(claim)[0]
 
@@ -150,6 +156,8 @@ class Lot(_Row):
         negative position or a length below 1.
         """
         self._check_is_free(position, length)
+        if not self._shaped:
+            await self._own_shape()
         if position + length > self.size:
             return False
         for slot in self._slots[position : position + length]:
@@ -159,7 +167,24 @@ class Lot(_Row):
 
     async def occupancy(self) -> Occupancy:
         """Who is in each slot, and the free runs; a snapshot for display."""
+        if not self._shaped:
+            await self._own_shape()
         return Occupancy(self.size, tuple([await self.store.holder_of(s) for s in self._slots]))
+
+    async def _own_shape(self) -> None:
+        """Store this lot's size as the row's, or learn that it is; once per instance.
+
+        The confirmed claim of the shape unit is the compare-and-set: the first
+        lot of a name writes its size, and a later one of the same size replays
+        that claim. A lot of another size raises :class:`~dibs.InvalidInput`
+        before it reads or writes a slot, so no handle misreads the row.
+        """
+        while True:
+            result = await self.store.claim(self._shape_unit, holder=self._shape_holder)
+            holder = None if result else await self.store.holder_of(self._shape_unit)
+            if self._shape(bool(result), holder):
+                self._shaped = True
+                return
 
     async def _claim_of(self, vehicle_id: str) -> Claim | None:
         """The vehicle's parking here, as the store has it now."""
