@@ -10,7 +10,10 @@ for both systems):
 * **throughput**: ``--jobs`` no-op jobs are enqueued, then 1 or 3 worker
   processes (4 workers each: dibs threads, procrastinate ``concurrency=4`` on
   ``async def`` tasks) run them; jobs/s from the moment every process is ready
-  until every job is recorded finished. Commits per job: the database's
+  until every job is recorded finished; worker CPU per job: the worker
+  processes' user and system CPU (getrusage of the waited-for children,
+  start-up included) divided by the jobs, which the machine's load moves
+  less than the wall clock. Commits per job: the database's
   ``pg_stat_database.xact_commit`` delta over enqueue and run, minus the
   benchmark's own polling queries, divided by the jobs.
 * **enqueue**: ``--jobs`` jobs enqueued one call at a time from one thread
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sqlite3
 import statistics
@@ -285,6 +289,7 @@ class Bench:
         close()
         count = self.finished(name, url)
         polls = 0
+        cpu_before = _children_cpu()
         procs, _ = self.workers(name, url, "run", processes)
         began = time.perf_counter()
         while count() < jobs:
@@ -292,7 +297,11 @@ class Bench:
             time.sleep(0.005)
         elapsed = time.perf_counter() - began
         self.stop(name, procs)
-        result = {"throughput": jobs / elapsed}
+        # The worker processes' whole CPU (start-up and shutdown included), per job.
+        result = {
+            "throughput": jobs / elapsed,
+            "cpu_us": (_children_cpu() - cpu_before) / jobs * 1e6,
+        }
         if pg:
             time.sleep(1.0)  # exited backends have flushed their statistics
             result["commits_per_job"] = (self.commits(url) - before - polls - 2) / jobs
@@ -353,6 +362,12 @@ class Bench:
             "occurrences": len(span),
             "exactly_once": float(exact),
         }
+
+
+def _children_cpu() -> float:
+    """User and system CPU seconds of the child processes waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def summary(
@@ -481,6 +496,14 @@ def main() -> None:
                 field(key, "huey", "throughput"),
                 "huey",
                 True,
+            )
+            summary(
+                f"worker CPU per job, {n} process{'es' if n > 1 else ''}",
+                "µs",
+                field(key, "dibs-sqlite", "cpu_us"),
+                field(key, "huey", "cpu_us"),
+                "huey",
+                False,
             )
             for s, label in (
                 ("dibs-sqlite", "dibs - SQLite"),

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from conftest import StoreMaker, kinds_offering
 from dibs import InvalidInput, Store
 from dibs.stores.jobs import Job
+from dibs.stores.sqlite._jobs import SQLiteJobs
 from dibs.tasks import (
     JobFailed,
     JobNotFound,
@@ -589,6 +590,45 @@ def test_thread_and_async_jobs_share_batched_finishes_within_each_lanes_slots(
     assert [worker.result(i, timeout=GUARD) for i in ids] == expected
     assert sorted(ran) == sorted(ids)  # each ran once
     assert most["threads"] <= 2 and most["loop"] <= 3 and most["locked"] == 1
+
+
+def test_outcomes_queued_while_the_recording_waits_for_the_write_turn_share_its_transaction(
+    store: Store, processors: Callable[..., TaskProcessor]
+) -> None:
+    # On SQLite, the first outcome's recording waits for the file's write turn (here
+    # held by the test, as another process's transaction would hold it); the other
+    # workers' outcomes queue meanwhile, and all go in the one transaction it then
+    # makes. Gathered before the turn, the first transaction would hold one outcome.
+    if not isinstance(job_table(store), SQLiteJobs):
+        pytest.skip("only SQLite's job table has a write turn")
+    worker = processors(workers=4, poll=3600)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    @worker.task("wait")
+    def wait(n: int) -> int:
+        started.release()
+        assert release.wait(GUARD)
+        return n
+
+    runner = worker._durable
+    assert runner is not None
+    batches: list[int] = []
+    real = runner.jobs.finish_and_take
+
+    def spy(items: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append(len(items))
+        return real(items, *args, **kwargs)
+
+    runner.jobs.finish_and_take = spy  # type: ignore[method-assign]
+    ids = worker.enqueue_many("wait", [(n,) for n in range(4)])
+    for _ in ids:
+        assert started.acquire(timeout=GUARD)
+    with runner.jobs.turn():
+        release.set()
+        eventually(lambda: len(runner._to_record) == 4, "every outcome queued")
+    assert [worker.result(i, timeout=GUARD) for i in ids] == [0, 1, 2, 3]
+    assert batches[0] == 4, batches
 
 
 def test_async_tasks_are_cancelled_at_an_await_and_time_out(

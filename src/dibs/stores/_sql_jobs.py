@@ -37,6 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -333,6 +334,10 @@ class SQLJobs(abc.ABC):
         Raises :class:`~dibs.InvalidInput` for an object that is not this database's
         connection; translates driver errors like :meth:`_atomic`.
         """
+
+    def turn(self) -> AbstractContextManager[None]:
+        """Nothing here (PostgreSQL's rows lock one by one); SQLite holds its writer lock."""
+        return nullcontext()
 
     def _run(self, conn: Any, statement: Any, params: dict[str, Any]) -> Any:
         """Execute on ``conn``; returns the cursor."""

@@ -31,6 +31,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -366,6 +367,15 @@ class JobTable(Protocol):
         """
         ...
 
+    def turn(self) -> AbstractContextManager[None]:
+        """Hold this table's write turn across the calls inside (SQLite: the file's writer
+        lock; elsewhere nothing): writes from this thread then go without queueing again.
+
+        For gathering work once it is this process's turn to write: the outcomes
+        that queue while a recording waits for the lock go in its transaction.
+        """
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -432,6 +442,9 @@ class MemoryJobs:
 
     def close(self) -> None:
         pass  # the rows live as long as the store object
+
+    def turn(self) -> AbstractContextManager[None]:
+        return nullcontext()  # each call holds the lock for itself; none waits long
 
     def _now(self, now: float | None) -> float:
         return self._clock() if now is None else now

@@ -655,7 +655,10 @@ class DurableRunner:
         (:meth:`JobTable.finish_and_take`), taking jobs for every slot they free in
         the same transaction, and goes on until none is left. The others wait
         for theirs, as they would have waited for the write lock: under load one
-        transaction records several jobs.
+        transaction records several jobs. The leader gathers its batch once it holds
+        the table's write turn (:meth:`JobTable.turn`): on SQLite with several
+        processes the turn comes round after the others' transactions, and every
+        outcome queued meanwhile goes in the same one.
         """
         with self._record_lock:
             self._to_record.append(item)
@@ -663,41 +666,51 @@ class DurableRunner:
             self._recording = True
         while lead:
             with self._record_lock:
-                batch, self._to_record = self._to_record, []
-                if not batch:
+                if not self._to_record:
                     self._recording = False
                     break
-            self._record_batch(batch)
+            # Only the leader takes from the queue: once the turn is held it is not empty.
+            self._record_batch()
         item.done.wait()
         if item.error is not None:
             raise item.error
         return item.state
 
-    def _record_batch(self, batch: list[_Outcome]) -> None:
+    def _record_batch(self) -> None:
         # The transaction refills one lane: the worker threads' if any outcome
         # in the batch freed one of theirs, else the event loop's. The other
         # lane's freed slots are left to the poller (their outcomes' refilled
         # stays False, which wakes it).
-        is_async = all(b.running.token is not None for b in batch)
-        names = self._names(is_async)
-        with self._lock:
-            finishing = sum(1 for b in batch if (b.running.token is not None) is is_async)
-            free = self._free(is_async, finishing) if names else 0
-            self._reserved[is_async] += free  # so that the poller does not overfill
-        items = [
-            (b.running.job.id, b.running.job.fence or 0, b.kind, b.outcome, b.delay) for b in batch
-        ]
+        batch: list[_Outcome] = []
+        is_async, free = False, 0
         try:
-            states, taken = self.jobs.finish_and_take(
-                items, self.queues, free, self.lease, self.holder, names=names
-            )
-            self._start(taken)
+            with self.jobs.turn():
+                with self._record_lock:
+                    batch, self._to_record = self._to_record, []
+                is_async = all(b.running.token is not None for b in batch)
+                names = self._names(is_async)
+                with self._lock:
+                    finishing = sum(1 for b in batch if (b.running.token is not None) is is_async)
+                    free = self._free(is_async, finishing) if names else 0
+                    self._reserved[is_async] += free  # so that the poller does not overfill
+                items = [
+                    (b.running.job.id, b.running.job.fence or 0, b.kind, b.outcome, b.delay)
+                    for b in batch
+                ]
+                states, taken = self.jobs.finish_and_take(
+                    items, self.queues, free, self.lease, self.holder, names=names
+                )
+            self._start(taken)  # after the turn: a put-back must not hold up the others
             for waiting, state in zip(batch, states, strict=True):
                 waiting.state = state
                 waiting.refilled = free > 0 and (waiting.running.token is not None) is is_async
-        except DibsError as exc:
+        except Exception as exc:
+            if not batch:  # the turn itself failed (the lock file): fail what is queued
+                with self._record_lock:
+                    batch, self._to_record = self._to_record, []
+            error = exc if isinstance(exc, DibsError) else StoreUnavailable(f"job table: {exc}")
             for waiting in batch:
-                waiting.error = exc
+                waiting.error = error
         finally:
             with self._wake:
                 self._reserved[is_async] -= free

@@ -91,6 +91,7 @@ class SQLiteJobs(SQLJobs):
         super().__init__(_DIALECT, clock)
         self._pool = pool
         self._write_lock = threading.Lock()  # one writer of this process at a time
+        self._turn_owner: int | None = None  # the thread holding both locks, in turn()
         self._lock_fd: int | None = None  # the advisory lock file, opened by _lock_pid
         self._lock_pid = -1
 
@@ -160,14 +161,29 @@ class SQLiteJobs(SQLJobs):
             # 10 … ms between tries: this process's on a mutex, other processes' on
             # an advisory file lock, each handed over as soon as it is released.
             # (Only an optimization: BEGIN IMMEDIATE still decides who writes.)
-            with (
-                self._write_lock,
-                self._file_lock(),
-                self._pool.transaction("BEGIN IMMEDIATE") as conn,
-            ):
+            with self.turn(), self._pool.transaction("BEGIN IMMEDIATE") as conn:
                 return work(conn)
 
         return self._pool.retrying(attempt)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold this process's write mutex and the advisory file lock (re-entrant per thread).
+
+        A recording gathers the outcomes queued while it waited for them: with
+        several processes a turn comes round only after the others' transactions,
+        and the worker threads that finished meanwhile share it.
+        """
+        me = threading.get_ident()
+        if self._turn_owner == me:
+            yield
+            return
+        with self._write_lock, self._file_lock():
+            self._turn_owner = me
+            try:
+                yield
+            finally:
+                self._turn_owner = None
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
