@@ -33,30 +33,11 @@ from dibs import FakeClock, InvalidInput, Rate, RateLimit, Store
 from dibs.limits import NAME_MAX_BYTES, RATE_LIMIT_MAX
 from dibs.ratelimit import _micros
 from layout import SUPPORT
+from windows import over_limit
 
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
 WORKER = SUPPORT / "ratelimit_worker.py"
-
-
-def over_limit(admitted: Sequence[Sequence[int]], limit: int, window_us: int) -> list[str]:
-    """Every window ``[t, t + window_us)`` starting at an admission that holds more than ``limit``.
-
-    ``admitted`` holds ``(created_at µs, ..., cost)`` rows. A window holding the
-    most admissions can always be slid right until it starts at one, so these
-    windows are the only ones to check.
-    """
-    rows = sorted((row[0], row[-1]) for row in admitted)
-    found: list[str] = []
-    total, j = 0, 0
-    for i, (start, _) in enumerate(rows):
-        while j < len(rows) and rows[j][0] < start + window_us:
-            total += rows[j][1]
-            j += 1
-        if total > limit:
-            found.append(f"{total} units admitted in [{start}, {start + window_us}) µs")
-        total -= rows[i][1]
-    return found
 
 
 def test_the_checker_sees_one_unit_too_many() -> None:

@@ -592,6 +592,7 @@ def test_thread_and_async_jobs_share_batched_finishes_within_each_lanes_slots(
     assert most["threads"] <= 2 and most["loop"] <= 3 and most["locked"] == 1
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite"])  # the one job table with a write turn
 def test_outcomes_queued_while_the_recording_waits_for_the_write_turn_share_its_transaction(
     store: Store, processors: Callable[..., TaskProcessor]
 ) -> None:
@@ -599,8 +600,7 @@ def test_outcomes_queued_while_the_recording_waits_for_the_write_turn_share_its_
     # held by the test, as another process's transaction would hold it); the other
     # workers' outcomes queue meanwhile, and all go in the one transaction it then
     # makes. Gathered before the turn, the first transaction would hold one outcome.
-    if not isinstance(job_table(store), SQLiteJobs):
-        pytest.skip("only SQLite's job table has a write turn")
+    assert isinstance(job_table(store), SQLiteJobs)
     worker = processors(workers=4, poll=3600)
     release = threading.Event()
     started = threading.Semaphore(0)

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_ratelimit import over_limit
 
 from conftest import StoreMaker, kinds_offering
 from dibs import FakeClock, InvalidInput, Rate, RateLimit, Store
 from dibs.tasks import TaskProcessor
+from windows import over_limit
 
 T0 = 1_800_000_000.0
 GUARD = 30.0
