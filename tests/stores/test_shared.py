@@ -11,8 +11,8 @@ from dibs.testing.shared import SharedHoldContract
 
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
-SHARED_KINDS = ["memory", "sqlite", "aio-memory", "aio-sqlite"]
-REFUSING_KINDS = ["postgresql", "etcd", "aio-postgresql", "aio-etcd"]
+SHARED_KINDS = ["memory", "sqlite", "etcd", "aio-memory", "aio-sqlite", "aio-etcd"]
+REFUSING_KINDS = ["postgresql", "aio-postgresql"]
 
 
 @pytest.fixture(params=SHARED_KINDS)

@@ -1,5 +1,6 @@
-"""Readers and writers in several processes on one SQLite file: never a reader beside a
-writer, never two writers, checked on one timeline that every process writes under one lock."""
+"""Readers and writers in several processes on one SQLite file, and on one etcd prefix: never a
+reader beside a writer, never two writers, checked on one timeline that every process writes
+under one lock."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import dibs
 from dibs import Span, Target, Unit
 from dibs._model import target_from_json, target_to_json
 from dibs.testing.shared import check_rw_history
+from etcd_fixtures import fresh_prefix
 
 PROCESSES = 4
 ROUNDS = 80
@@ -25,7 +27,7 @@ TARGETS: list[Target] = [
 ]
 
 
-def _worker(url: str, n: int, lock: Any, timeline: str) -> None:
+def _worker(url: str, n: int, lock: Any, timeline: str, ttl: float | None) -> None:
     store = dibs.open(url)
     with open(timeline, "a") as out:
 
@@ -38,7 +40,7 @@ def _worker(url: str, n: int, lock: Any, timeline: str) -> None:
         for i in range(ROUNDS):
             mode = "exclusive" if (n + i) % 3 == 0 else "shared"
             target = TARGETS[(n * 7 + i) % len(TARGETS)]
-            result = store.claim(target, holder=f"p{n}", mode=mode)
+            result = store.claim(target, holder=f"p{n}", mode=mode, ttl=ttl if i % 2 else None)
             if not result:
                 continue
             assert result.claim is not None
@@ -55,11 +57,21 @@ def _worker(url: str, n: int, lock: Any, timeline: str) -> None:
 def test_readers_and_writers_in_processes_on_one_sqlite_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'rw.db'}"
     dibs.open(url).close()  # the schema, before the workers race to make it
+    _race(url, tmp_path, ttl=None)
+
+
+def test_readers_and_writers_in_processes_on_one_etcd_prefix(tmp_path: Path, etcd_url: str) -> None:
+    # Every other claim is a hold: its live key is on an etcd lease (no test clock here).
+    _race(f"{etcd_url}/{fresh_prefix()}", tmp_path, ttl=30.0)
+
+
+def _race(url: str, tmp_path: Path, ttl: float | None) -> None:
     timeline = str(tmp_path / "timeline.jsonl")
     context = multiprocessing.get_context("spawn")
     lock = context.Lock()
     workers = [
-        context.Process(target=_worker, args=(url, n, lock, timeline)) for n in range(PROCESSES)
+        context.Process(target=_worker, args=(url, n, lock, timeline, ttl))
+        for n in range(PROCESSES)
     ]
     for w in workers:
         w.start()

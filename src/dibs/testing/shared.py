@@ -158,6 +158,7 @@ class SharedHoldContract:
         assert raised.value.reason is HoldLostReason.TAKEN_OVER
         old = store.get(ann.id)
         assert old is not None and old.state is ClaimState.EXPIRED and old.taken_over
+        assert old.mode == "shared"  # marking it dead keeps its mode
         assert store.claim(DOC_B, holder="cy")  # its other unit is free too
 
     def test_a_dead_reader_is_not_taken_over_by_a_reader(self, store: Store) -> None:

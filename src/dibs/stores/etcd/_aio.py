@@ -26,6 +26,7 @@ class AsyncEtcdStore(AsyncStore):
     """The etcd store for asyncio code; see :class:`~dibs.stores.etcd.EtcdStore`."""
 
     scheme = "etcd"
+    shared_holds = True
 
     def __init__(
         self,

@@ -12,11 +12,15 @@ key                                      value
 ``<p>/o\\0<holder>\\0<claim id>``          the claim is live: exists from the grant until
                                          release, expiry or takeover; attached to the hold's
                                          lease; ``claims_of`` ranges over a holder's
-``<p>/u\\0<resource>\\0<slot>``            ``<holder>\\0<claim id>`` of the claim that last took
-                                         the unit and has not released it
+``<p>/u\\0<resource>\\0<slot>``            ``<holder>\\0<claim id>`` of the exclusive claim that
+                                         last took the unit and has not released it
+``<p>/u\\0<resource>\\0<slot>\\0<claim id>`` a shared claim on the unit (value: its holder): the
+                                         unit key and its readers make one range, so one
+                                         range compare covers both
 ``<p>/g\\0<resource>``                     the span guard: rewritten by every span grant on the
                                          resource, so those grants serialize
-``<p>/s\\0<resource>\\0<claim id>\\0<i>``   one span of a claim (JSON: holder, kind, bounds)
+``<p>/s\\0<resource>\\0<claim id>\\0<i>``   one span of a claim (JSON: holder, kind, bounds,
+                                         and ``"m": "s"`` for a shared claim)
 ``<p>/r\\0<request id>``                   a request record (JSON: fingerprint, outcome, time)
 =======================================  =====================================================
 """
@@ -106,6 +110,28 @@ def _next(key: bytes) -> bytes:
 def absent(key: bytes) -> dict[str, Any]:
     """Compare: the key does not exist (a missing key compares with revision 0)."""
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def range_empty(key: bytes, end: bytes) -> dict[str, Any]:
+    """Compare: no key in ``[key, end)`` exists (etcd compares an empty range as one missing
+    key, whose create revision is 0; a key that exists was created at a revision past 0)."""
+    return {
+        "key": b64(key), "range_end": b64(end), "target": "CREATE", "result": "EQUAL",
+        "create_revision": "0",
+    }  # fmt: skip
+
+
+def range_unchanged(key: bytes, end: bytes, rev: int) -> dict[str, Any]:
+    """Compare: no key in ``[key, end)`` was written after revision ``rev`` (keys deleted
+    since then pass; a key created or rewritten since fails it)."""
+    return {
+        "key": b64(key), "range_end": b64(end), "target": "MOD", "result": "LESS",
+        "mod_revision": str(rev + 1),
+    }  # fmt: skip
+
+
+def get_range(key: bytes, end: bytes) -> dict[str, Any]:
+    return {"request_range": {"key": b64(key), "range_end": b64(end)}}
 
 
 def created_at(key: bytes, rev: int) -> dict[str, Any]:
@@ -224,6 +250,18 @@ class Keys:
     def unit(self, unit: Unit) -> bytes:
         return self.units + unit.resource.encode() + b"\0" + unit.slot.encode()
 
+    def unit_end(self, unit_key: bytes) -> bytes:
+        """The end of the range of a unit key and its readers' keys (slots never hold NUL)."""
+        return unit_key + b"\1"
+
+    def reader(self, unit_key: bytes, claim_id: str) -> bytes:
+        """A shared claim's key on a unit, next to the unit key."""
+        return unit_key + b"\0" + claim_id.encode()
+
+    def reader_id(self, unit_key: bytes, key: bytes) -> str:
+        """The claim ID in a reader's key on the unit ``unit_key``."""
+        return key[len(unit_key) + 1 :].decode()
+
     def guard(self, resource: str) -> bytes:
         return self.guards + resource.encode()
 
@@ -258,16 +296,20 @@ def parse_owner(value: bytes) -> tuple[str, str]:
     return holder.decode(), claim_id.decode()
 
 
-def entry_value(holder: str, span: Span) -> bytes:
+def entry_value(holder: str, span: Span, shared: bool = False) -> bytes:
     tag, _, start, end = target_to_json(span)
-    return json.dumps({"h": holder, "k": tag, "a": start, "b": end}, ensure_ascii=False).encode()
+    data = {"h": holder, "k": tag, "a": start, "b": end}
+    if shared:
+        data["m"] = "s"
+    return json.dumps(data, ensure_ascii=False).encode()
 
 
-def parse_entry(resource: str, value: bytes) -> tuple[str, Span]:
+def parse_entry(resource: str, value: bytes) -> tuple[str, Span, bool]:
+    """A span entry's holder, span, and whether its claim is shared."""
     data = json.loads(value)
     span = target_from_json([data["k"], resource, data["a"], data["b"]])
     assert isinstance(span, Span)
-    return data["h"], span
+    return data["h"], span, "m" in data
 
 
 def targets_value(targets: Sequence[Target]) -> str:

@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 
 from dibs._clock import Clock
 from dibs._model import (
+    EXCLUSIVE,
+    SHARED,
     Claim,
     ClaimResult,
     ClaimState,
@@ -46,6 +48,7 @@ from dibs._model import (
     SweepResult,
     Target,
     Unit,
+    conflicts,
     make_result,
     targets_from_text,
 )
@@ -71,6 +74,7 @@ from dibs.stores.etcd._keys import (
     entry_value,
     get,
     get_prefix,
+    get_range,
     kvs,
     lease_seconds,
     nested,
@@ -78,6 +82,8 @@ from dibs.stores.etcd._keys import (
     parse_entry,
     parse_owner,
     put,
+    range_empty,
+    range_unchanged,
     responses,
     revision,
     scan,
@@ -221,6 +227,7 @@ class Operations:
             ),
             fingerprint=request.fingerprint if request.request_id is not None else None,
             claim_id=secrets.token_hex(12),
+            shared=request.mode == SHARED,
         )
         self._check_limits(p)
         try:
@@ -277,10 +284,13 @@ class Operations:
                 for old in late_marks:
                     yield from self._mark_dead(old, taken_over=True)
                 return make_result(True, record.claim(record.state))
-            state = self._view_of(p, {"responses": answer.get("responses", [])})
+            state = self._view_of(p, answer)
 
     def _view_ops(self, p: ClaimPlan) -> list[dict[str, Any]]:
-        ops = [get(k) for k in p.unit_keys]
+        # An exclusive claim reads each unit key with its readers' keys (one range); a
+        # shared one, the unit key alone: readers never block a reader.
+        end = self.keys.unit_end
+        ops = [get(k) if p.shared else get_range(k, end(k)) for k in p.unit_keys]
         if p.request_key is not None:
             ops.append(get(p.request_key))
         for resource in p.resources:
@@ -301,7 +311,15 @@ class Operations:
     def _view_of(self, p: ClaimPlan, answer: dict[str, Any]) -> View:
         answers = [kvs(a) for a in responses(answer)]
         i = len(p.unit_keys)
-        units = [found[0] if found else None for found in answers[:i]]
+        units: list[KV | None] = []
+        readers: list[list[KV]] = []
+        for key, found in zip(p.unit_keys, answers[:i], strict=True):
+            if found and found[0].key == key:
+                units.append(found[0])
+                readers.append(found[1:])
+            else:
+                units.append(None)
+                readers.append(found)
         request = None
         if p.request_key is not None:
             request = answers[i][0] if answers[i] else None
@@ -323,24 +341,30 @@ class Operations:
         for key, kv in zip(p.unit_keys, units, strict=True):
             if kv is not None:
                 self._owners[key] = parse_owner(kv.value)
-        return View(units, request, guards, entries, known)
+        return View(units, readers, revision(answer), request, guards, entries, known)
 
     def _judge(self, p: ClaimPlan, view: View) -> Plan[ClaimResult | list[Record] | None]:
         """Decide from a view: a refusal (or natural-key replay), the dead holds to take over,
         or None when a blocker died after the view (so the view cannot decide either way)."""
         # Each target's candidate blockers: (view key, mod, claim ID, holder, span of the entry).
         found: list[list[tuple[bytes, int, str, str, Span | None]]] = []
-        for kv in view.units:
-            if kv is None:
-                found.append([])
-            else:
-                owner, claim_id = parse_owner(kv.value)
-                found.append([(kv.key, kv.mod, claim_id, owner, None)])
-        for span in p.spans:
+        mode = SHARED if p.shared else EXCLUSIVE
+        for unit_key, kv, readers in zip(p.unit_keys, view.units, view.readers, strict=True):
             hits: list[tuple[bytes, int, str, str, Span | None]] = []
+            if kv is not None:
+                owner, claim_id = parse_owner(kv.value)
+                hits.append((kv.key, kv.mod, claim_id, owner, None))
+            for reader in readers:  # an exclusive claim's view only
+                claim_id = self.keys.reader_id(unit_key, reader.key)
+                hits.append((reader.key, reader.mod, claim_id, reader.value.decode(), None))
+            found.append(hits)
+        for span in p.spans:
+            hits = []
             for kv in view.entries[span.resource]:
-                owner, theirs = parse_entry(span.resource, kv.value)
-                if theirs.kind != span.kind or theirs.overlaps(span):
+                owner, theirs, shared = parse_entry(span.resource, kv.value)
+                if theirs.kind != span.kind or (
+                    theirs.overlaps(span) and conflicts(mode, SHARED if shared else EXCLUSIVE)
+                ):
                     hits.append((kv.key, kv.mod, self.keys.claim_of_entry(kv.key), owner, theirs))
             found.append(hits)
         ids = [(c[2], c[3]) for hits in found for c in hits if c[2] not in view.known]
@@ -391,7 +415,12 @@ class Operations:
             (mine,) = live_ids
             record = blockers[mine].record
             assert record is not None
-            if record.holder == p.holder and targets_from_text(record.targets) == p.targets:
+            if (
+                not p.shared
+                and record.mode != SHARED
+                and record.holder == p.holder
+                and targets_from_text(record.targets) == p.targets
+            ):
                 return make_result(True, record.claim(record.state), (), replayed=True)
         return make_result(False, None, tuple(taken))
 
@@ -454,20 +483,41 @@ class Operations:
         record = Record(
             p.claim_id, 0, 0, p.holder, targets_value(p.targets),
             _CONFIRMED if ttl is None else _HELD, p.request_id, now, now, expires, False, p.lease,
+            SHARED if p.shared else EXCLUSIVE,
         )  # fmt: skip
         compare = []
         success = []
         owner = owner_value(p.holder, p.claim_id)
-        for i, key in enumerate(p.unit_keys):
-            seen = view.units[i] if view is not None else None
-            compare.append(unchanged(key, seen.mod if seen is not None else 0))
-            success.append(put(key, owner))
+        gone: list[dict[str, Any]] = []
+        if p.shared:
+            # A reader: no live writer on the unit key (absent, or unchanged since a view
+            # that found its claim dead); other readers' keys are not its business.
+            holder = p.holder.encode()
+            for i, key in enumerate(p.unit_keys):
+                seen = view.units[i] if view is not None else None
+                compare.append(unchanged(key, seen.mod if seen is not None else 0))
+                success.append(put(keys.reader(key, p.claim_id), holder))
+        else:
+            # A writer: no key in the unit's range (the unit key and its readers' keys)
+            # written since the view, whose every claim there was dead; or, with no view,
+            # none at all. The dead readers' keys it saw go with the grant, as room allows.
+            for i, key in enumerate(p.unit_keys):
+                end = keys.unit_end(key)
+                if view is None:
+                    compare.append(range_empty(key, end))
+                else:
+                    compare.append(range_unchanged(key, end, view.revision))
+                    gone.extend(delete(r.key) for r in view.readers[i])
+                success.append(put(key, owner))
         per_resource: dict[str, int] = {}
         for span in p.spans:
             index = per_resource.get(span.resource, 0)
             per_resource[span.resource] = index + 1
             success.append(
-                put(keys.span(span.resource, p.claim_id, index), entry_value(p.holder, span))
+                put(
+                    keys.span(span.resource, p.claim_id, index),
+                    entry_value(p.holder, span, p.shared),
+                )
             )
         for resource in p.resources:
             guard = view.guards[resource] if view is not None else None
@@ -499,12 +549,19 @@ class Operations:
                 size += extra_size
             else:
                 late.append(old)
+        for op in gone:
+            # A dead reader's key left behind costs later writers a read, never a wrong
+            # answer: its claim is dead for good, and a purge removes the key.
+            op_size = encoded_size({"success": [op]})
+            if len(success) < self.max_ops and size + op_size <= self.max_bytes - 1024:
+                success.append(op)
+                size += op_size
         return txn_call(compare, success, body["failure"]), record, late
 
     def _dead_ops(self, old: Record, *, taken_over: bool, now: int) -> list[dict[str, Any]]:
         marked = Record(
             old.id, old.fence, old.mod, old.holder, old.targets, _EXPIRED, old.request_id,
-            old.created, now, old.expires, old.taken_over or taken_over, old.lease,
+            old.created, now, old.expires, old.taken_over or taken_over, old.lease, old.mode,
         )  # fmt: skip
         ops = [put(self.keys.record(old.id), marked.value())]
         if not self.leases:
@@ -681,7 +738,11 @@ class Operations:
                 return False
             changed = replace(record, state=_RELEASED, expires=None, lease=0, updated=self.now_us())
             ops = [delete(self.keys.live(holder, claim_id))]
-            ops += [delete(self.keys.unit(u)) for u in record.unit_list]
+            if record.mode == SHARED:
+                keys = self.keys
+                ops += [delete(keys.reader(keys.unit(u), claim_id)) for u in record.unit_list]
+            else:
+                ops += [delete(self.keys.unit(u)) for u in record.unit_list]
             ops += [
                 delete_prefix(self.keys.claim_spans(r, claim_id)) for r in record.span_resources
             ]
@@ -705,29 +766,36 @@ class Operations:
         # later, a span's every candidate could be gone while one granted in between
         # (not among them) held it all along, and the answer None fit no moment.
         if isinstance(target, Unit):
+            key = self.keys.unit(target)
             answer = yield Call(
-                "read", "/v3/kv/range", get(self.keys.unit(target))["request_range"]
+                "read", "/v3/kv/range", get_range(key, self.keys.unit_end(key))["request_range"]
             )
-            found = kvs(answer)
             candidates = []
-            if found:
-                owner, claim_id = parse_owner(found[0].value)
-                candidates.append((claim_id, owner))
+            for kv in kvs(answer):  # the unit key (a writer's) first, then its readers'
+                if kv.key == key:
+                    owner, claim_id = parse_owner(kv.value)
+                    candidates.append((claim_id, owner))
+                else:
+                    candidates.append((self.keys.reader_id(key, kv.key), kv.value.decode()))
         else:
             prefix = self.keys.resource_spans(target.resource)
             answer = yield Call("read", "/v3/kv/range", get_prefix(prefix)["request_range"])
             candidates = []
             for kv in kvs(answer):
-                owner, span = parse_entry(target.resource, kv.value)
+                owner, span, _shared = parse_entry(target.resource, kv.value)
                 if span.overlaps(target):
                     candidates.append((self.keys.claim_of_entry(kv.key), owner))
         if not candidates:
             return None
         blockers = yield from self._read_claims(candidates, at=revision(answer))
-        for claim_id, owner in candidates:
-            if blockers[claim_id].live:
-                return owner
-        return None
+        # The oldest live claim answers, as on every store (a unit's writer, else its
+        # oldest reader: a reader's key orders by claim ID, not by fence).
+        live = [
+            (record.fence, owner)
+            for claim_id, owner in candidates
+            if blockers[claim_id].live and (record := blockers[claim_id].record) is not None
+        ]
+        return min(live)[1] if live else None
 
     def claims_of(self, holder: str) -> Plan[list[Claim]]:
         # One revision for the scan's pages and the claims' records: the answer is
@@ -828,7 +896,10 @@ class Operations:
         for unit in record.unit_list:
             # A unit key still naming this claim goes with it; one a later claim took stays.
             key = self.keys.unit(unit)
-            ops.append(nested([value_is(key, owner)], [delete(key)]))
+            if record.mode == SHARED:
+                ops.append(delete(self.keys.reader(key, record.id)))
+            else:
+                ops.append(nested([value_is(key, owner)], [delete(key)]))
         for resource in record.span_resources:
             ops.append(delete_prefix(self.keys.claim_spans(resource, record.id)))
         answer = yield txn_call([unchanged(self.keys.record(record.id), record.mod)], ops, [])

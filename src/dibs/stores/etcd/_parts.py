@@ -10,7 +10,17 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
-from dibs._model import Claim, ClaimState, Span, Target, Unit, claim_from_micros, targets_from_text
+from dibs._model import (
+    EXCLUSIVE,
+    SHARED,
+    Claim,
+    ClaimState,
+    Span,
+    Target,
+    Unit,
+    claim_from_micros,
+    targets_from_text,
+)
 from dibs.stores.etcd._keys import KV
 
 __all__ = [
@@ -77,35 +87,37 @@ class Record:
     expires: int | None
     taken_over: bool
     lease: int
+    mode: str = EXCLUSIVE
+    """Stored as ``"m": "s"`` for a shared claim only: an exclusive record is as it always was."""
 
     @classmethod
     def of(cls, kv: KV, claim_id: str) -> Record:
         d = json.loads(kv.value)
         return cls(
             claim_id, kv.create, kv.mod, d["h"], d["t"], _STATES[d["s"]], d["r"],
-            d["c"], d["u"], d["x"], d["o"], d["l"],
+            d["c"], d["u"], d["x"], d["o"], d["l"], SHARED if "m" in d else EXCLUSIVE,
         )  # fmt: skip
 
     def value(self) -> bytes:
-        return json.dumps(
-            {
-                "h": self.holder, "t": self.targets, "s": self.state.value, "r": self.request_id,
-                "c": self.created, "u": self.updated, "x": self.expires, "o": self.taken_over,
-                "l": self.lease,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode()  # fmt: skip
+        data = {
+            "h": self.holder, "t": self.targets, "s": self.state.value, "r": self.request_id,
+            "c": self.created, "u": self.updated, "x": self.expires, "o": self.taken_over,
+            "l": self.lease,
+        }  # fmt: skip
+        if self.mode == SHARED:
+            data["m"] = "s"
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
     def claim(self, state: ClaimState) -> Claim:
-        return claim_from_micros(
-            {
-                "id": self.id, "holder": self.holder, "targets": targets_from_text(self.targets),
-                "state": state, "fence": self.fence, "request_id": self.request_id,
-                "taken_over": self.taken_over, "_expires_at_us": self.expires,
-                "_created_at_us": self.created, "_updated_at_us": self.updated,
-            }
-        )  # fmt: skip
+        values = {
+            "id": self.id, "holder": self.holder, "targets": targets_from_text(self.targets),
+            "state": state, "fence": self.fence, "request_id": self.request_id,
+            "taken_over": self.taken_over, "_expires_at_us": self.expires,
+            "_created_at_us": self.created, "_updated_at_us": self.updated,
+        }  # fmt: skip
+        if self.mode == SHARED:
+            values["mode"] = SHARED
+        return claim_from_micros(values)
 
     @property
     def unit_list(self) -> list[Unit]:
@@ -129,6 +141,10 @@ class View:
     """What a claim's keys held at one revision."""
 
     units: list[KV | None]
+    readers: list[list[KV]]
+    """Each unit's readers' keys (read by an exclusive claim only: a reader ignores them)."""
+    revision: int
+    """The revision the view was read at."""
     request: KV | None
     guards: dict[str, KV | None]
     entries: dict[str, list[KV]]
@@ -151,6 +167,7 @@ class ClaimPlan:
     request_key: bytes | None
     fingerprint: str | None
     claim_id: str
+    shared: bool = False
     known_dead: set[tuple[bytes, int]] = field(default_factory=set)
     lease: int = 0
     lease_from: int = 0

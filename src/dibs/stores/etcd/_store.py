@@ -45,6 +45,7 @@ class EtcdStore(Store):
     """
 
     scheme = "etcd"
+    shared_holds = True
     async_store = "dibs.stores.etcd._aio:AsyncEtcdStore"
     holds_outlive_ttl = True  # a lease restarts its TTL on a leader change (dibs verify's rule)
     client_stamps = True  # etcd keeps no time: the client stamps before its Txn
