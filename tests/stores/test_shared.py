@@ -12,7 +12,7 @@ from dibs.testing.shared import SharedHoldContract
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
 SHARED_KINDS = ["memory", "sqlite", "aio-memory", "aio-sqlite"]
-REFUSING_KINDS = ["postgresql", "etcd", "aio-postgresql", "aio-etcd"]
+REFUSING_KINDS = ["etcd", "aio-etcd"]
 
 
 @pytest.fixture(params=SHARED_KINDS)

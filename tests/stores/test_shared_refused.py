@@ -8,7 +8,7 @@ from dibs import Store
 from dibs.testing.shared import check_refused
 
 
-@pytest.fixture(params=["postgresql", "etcd", "aio-postgresql", "aio-etcd"])
+@pytest.fixture(params=["etcd", "aio-etcd"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
