@@ -100,6 +100,7 @@ class _Setup:
             "skind": None,
             "slo": None,
             "shi": None,
+            "mode": "exclusive",
         }
 
     def take_over(self, conn: psycopg.Connection[Any], unit: Unit, how: str) -> datetime:

@@ -198,6 +198,10 @@ def test_a_populated_version_3_schema_is_upgraded_in_place(
         assert store.holder_of(Unit("seat", "c")) == "carol"
         assert store.holder_of(Unit("seat", "d")) is None
         assert store.holder_of(Unit("row", "2")) == "erin"
+        # Every old claim is exclusive (schema 5's shared holds): no reader beside it.
+        for target in (Unit("seat", "a"), Unit("row", "2"), Span("room", 5, 6)):
+            refused_reader = store.claim(target, holder="reader", mode="shared")
+            assert not refused_reader and refused_reader.taken == (target,), target
         assert store.holder_of(Span("room", 5, 6)) == "frank"
         assert store.holder_of(Unit("seat", "f")) is None
         assert [c.id for c in store.claims_of("erin")] == [str(made["group"][2])]
@@ -252,7 +256,9 @@ def test_a_populated_version_3_schema_is_upgraded_in_place(
         assert row.fetchone() == (str(SCHEMA_VERSION),)
         tables = {r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}  # fmt: skip
-    assert tables == {"meta", "units_v4", "claims_v4", "spans_v4"} | (tables & {"jobs"})
+    assert tables == {"meta", "units_v4", "claims_v4", "spans_v4", "readers_v5"} | (
+        tables & {"jobs"}
+    )
 
 
 def test_version_3_code_still_running_after_the_upgrade_fails_loudly(
@@ -290,14 +296,14 @@ def test_version_4_code_on_a_schema_that_is_not_version_4_says_so(pg_url: str) -
         # Another version of dibs changed the schema under this process.
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE {schema}.units_v4 RENAME TO units_v5")
-            conn.execute(f"UPDATE {schema}.meta SET value = '5' WHERE key = 'schema_version'")
+            conn.execute(f"UPDATE {schema}.meta SET value = '6' WHERE key = 'schema_version'")
         with pytest.raises(SchemaError) as raised:
             store.claim(Unit("seat", "2"), holder="bob")
-        assert (raised.value.found, raised.value.supported) == (5, SCHEMA_VERSION)
-        assert "version 5" in str(raised.value)
+        assert (raised.value.found, raised.value.supported) == (6, SCHEMA_VERSION)
+        assert "version 6" in str(raised.value)
     with pytest.raises(SchemaError) as raised:
         dibs.open(schema_url(pg_url, schema))  # and a newer schema is refused at open
-    assert (raised.value.found, raised.value.supported) == (5, SCHEMA_VERSION)
+    assert (raised.value.found, raised.value.supported) == (6, SCHEMA_VERSION)
     drop_schema(pg_url, schema)
 
 
@@ -317,7 +323,7 @@ def test_old_code_refuses_to_open_a_version_4_schema(pg_url: str) -> None:
         ).fetchone() or (0,)
     with pytest.raises(SchemaError) as raised:
         Version3("dibs.stores.postgres", "claims").check(found, f"PostgreSQL schema {schema!r}")
-    assert (raised.value.found, raised.value.supported) == (4, 3)
+    assert (raised.value.found, raised.value.supported) == (SCHEMA_VERSION, 3)
     drop_schema(pg_url, schema)
 
 

@@ -12,7 +12,6 @@ from dibs.testing.shared import SharedHoldContract
 QUICK = True  # in `pytest -m quick` (conftest.is_quick: not slow, no server)
 
 SHARED_KINDS = ["memory", "sqlite", "etcd", "aio-memory", "aio-sqlite", "aio-etcd"]
-REFUSING_KINDS = ["postgresql", "aio-postgresql"]
 
 
 @pytest.fixture(params=SHARED_KINDS)

@@ -211,6 +211,7 @@ def _postgres_plant(plant: str) -> type[Store]:
     from dibs.stores.postgres import PostgresStore  # noqa: PLC0415 (an optional extra)
     from dibs.verify._planted_postgres import (  # noqa: PLC0415
         CheckThenActPostgres,
+        ReaderBesideWriterPostgres,
         UnfencedPostgres,
     )
 
@@ -218,6 +219,7 @@ def _postgres_plant(plant: str) -> type[Store]:
         "check-then-act": CheckThenActPostgres,
         "confirm-unfenced": UnfencedPostgres,
         "client-clock": PostgresStore,
+        "reader-beside-writer": ReaderBesideWriterPostgres,
     }[plant]
 
 
@@ -264,7 +266,7 @@ def open_planted(url: str, plant: str | None, *, skew: float = 0.0, **options: A
     cls = _CLASSES.get((plant, scheme))
     if cls is None and plant in REPLAY_PLANTS:
         cls = replay_plant(plant, base)
-    if cls is None and plant in PLANTS and scheme == "postgresql":
+    if cls is None and plant in (*PLANTS, *SHARED_PLANTS) and scheme == "postgresql":
         cls = _postgres_plant(plant)
     if cls is None:
         raise InvalidInput(

@@ -6,14 +6,18 @@ Kept apart so that ``dibs.verify`` imports without the PostgreSQL extra.
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import psycopg
 
 from dibs._model import Claim, ClaimResult, Unit
 from dibs._request import ClaimRequest
 from dibs.stores.base import claim_not_found, not_holder
 from dibs.stores.postgres import PostgresStore, parse_id
+from dibs.stores.postgres._sql import CLAIMS
 from dibs.verify._workload import RACE_WINDOW
 
-__all__ = ["CheckThenActPostgres", "UnfencedPostgres"]
+__all__ = ["CheckThenActPostgres", "ReaderBesideWriterPostgres", "UnfencedPostgres"]
 
 
 def _table(store: PostgresStore, name: str) -> str:
@@ -65,3 +69,29 @@ class UnfencedPostgres(PostgresStore):
         if claim is None:
             raise claim_not_found(claim_id)
         return claim
+
+
+_READER_CHECK = """        ELSIF v_o.state IN ('held', 'confirmed', 'member')
+              AND (v_o.expires_at IS NULL OR v_o.expires_at > p_now) THEN"""
+
+
+class ReaderBesideWriterPostgres(PostgresStore):
+    """Readers join a unit without looking at its writer (``reader-beside-writer``).
+
+    It replaces its schema's ``take_reader_v5`` with one whose check of the
+    unit's row consults only the readers: a live writer's row is taken over
+    as if it were dead, the way a plausible bug would.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        (script,) = (f for f in CLAIMS.functions if _READER_CHECK in f)
+        assert script.count(_READER_CHECK) == 1
+        # BUG: a live writer in the reader's way is never "taken".
+        broken = script.replace(_READER_CHECK, "        ELSIF false THEN")
+        schema = '"' + self.schema.replace('"', '""') + '"'
+        # Every client (and the sweeper) opens the plant at once: one at a time, or
+        # concurrent CREATE OR REPLACE of one function fails ("tuple concurrently updated").
+        with psycopg.connect(self._conninfo) as conn:
+            conn.execute(b"SELECT pg_advisory_xact_lock(hashtext('dibs-plant'))")
+            conn.execute(broken.replace("{s}", schema).encode())

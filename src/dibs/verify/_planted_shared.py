@@ -21,7 +21,7 @@ from dibs.stores.sqlite import SQLiteStore
 __all__ = ["SHARED_PLANTS", "shared_plants"]
 
 SHARED_PLANTS = ("reader-beside-writer",)
-"""The plants in the stores' shared holds (memory and SQLite take shared claims)."""
+"""The plants in the stores' shared holds (memory, SQLite and PostgreSQL take shared claims)."""
 
 
 class _ReaderBesideWriterMemory(MemoryStore):

@@ -135,6 +135,7 @@ class AsyncPostgresStore(AsyncStore):
     """
 
     scheme = "postgresql"
+    shared_holds = True
 
     def __init__(
         self,

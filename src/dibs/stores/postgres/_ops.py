@@ -511,7 +511,8 @@ class Operations:
         fp = request.fingerprint if request_id is not None else None
         # One unit: one plain statement settles it unless something is in the
         # way (see Statements.claim_unit); then the claim function decides.
-        if len(targets) == 1 and type(targets[0]) is Unit:
+        shared = request.mode == "shared"
+        if len(targets) == 1 and type(targets[0]) is Unit and not shared:
             granted = yield from self._claim_unit(targets[0], holder, request_id, fp, ttl)
             if granted is not None:
                 return granted
@@ -536,6 +537,7 @@ class Operations:
             "skind": [x.kind for x in spans] if spans else None,
             "slo": [_bound(x.start) for x in spans] if spans else None,
             "shi": [_bound(x.end) for x in spans] if spans else None,
+            "mode": request.mode,
         }
         row = yield (
             self.sql.claim,
@@ -545,7 +547,7 @@ class Operations:
         )
         outcome, taken = row[0], row[1]
         if outcome in ("granted", "replayed"):
-            claim = claim_from_row(row[2:12], row[12]) if row[2] is not None else None
+            claim = claim_from_row(row[2:12], row[13], row[12]) if row[2] is not None else None
             return ClaimResult(True, claim, (), replayed=outcome == "replayed")
         lost = {sent[i] for i in taken}
         return ClaimResult(
@@ -666,7 +668,7 @@ class Operations:
             raise claim_not_found(claim_id)
         if status == "not_holder":
             raise not_holder(claim_id, holder)
-        return status, claim_from_row(row[1:11], row[11])
+        return status, claim_from_row(row[1:11], row[11], row[12])
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -675,7 +677,7 @@ class Operations:
         if number is None:
             return None
         row = yield (self.sql.get, {"id": number, "now": self.now_param()}, ONE, None)
-        return None if row is None else claim_from_row(row[:10], row[10])
+        return None if row is None else claim_from_row(row[:10], row[10], row[11])
 
     def holder_of(self, target: Unit | Span) -> Plan[str | None]:
         now = self.now_param()
@@ -697,7 +699,7 @@ class Operations:
     def claims_of(self, holder: str) -> Plan[list[Claim]]:
         params = {"h": holder, "now": self.now_param()}
         rows = yield (self.sql.claims_of, params, ALL, None)
-        return [claim_from_row(row[:10], row[10]) for row in rows]
+        return [claim_from_row(row[:10], row[10], row[11]) for row in rows]
 
     def now(self) -> Plan[float]:
         if self.clock is not None:
@@ -712,7 +714,7 @@ class Operations:
 
     def log(self) -> Plan[list[Claim]]:
         rows = yield (self.sql.log, {}, ALL, None)
-        return [claim_from_row(row, _BEFORE_ANY_EXPIRY) for row in rows]
+        return [claim_from_row(row[:10], _BEFORE_ANY_EXPIRY, row[10]) for row in rows]
 
     # --- housekeeping ---------------------------------------------------------------------------
 
@@ -815,12 +817,12 @@ def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
 
 
-def claim_from_row(row: Sequence[Any], now: datetime) -> Claim:
+def claim_from_row(row: Sequence[Any], now: datetime, mode: str = "exclusive") -> Claim:
     """A claim from a row of the ``claims_v4`` columns, judged live or dead at ``now``."""
     (id_, holder, targets, state, fence, expires_at, taken_over, request_id, created, updated) = row
     created_at, updated_at = _utc(created), _utc(updated)
     assert created_at is not None and updated_at is not None
     return stored_claim(
         str(id_), holder, targets, state, fence, _utc(expires_at), request_id, created_at,
-        updated_at, taken_over, dead=state == "held" and expires_at <= now,
+        updated_at, taken_over, dead=state == "held" and expires_at <= now, mode=mode,
     )  # fmt: skip

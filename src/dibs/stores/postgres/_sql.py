@@ -121,7 +121,7 @@ class Statements:
         self.claim = render(
             "SELECT * FROM {s}.claim_v4(%(holder)s, %(targets)s, %(ttl)s, %(rid)s, %(fp)s, "
             "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
-            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[]) "
+            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[], %(mode)s) "
             f"WHERE {REPLICATED}"  # a replay, a recorded refusal: see REPLICATED
         )
         # One unit, in one statement. A replay of a live request is a plain
@@ -270,24 +270,32 @@ class Statements:
             "u.state, u.fence, u.expires_at, u.taken_over, u.request_id, u.created_at, "
             "u.updated_at"
         )
-        self.get = render(f"SELECT {cols}, NOW FROM {{s}}.claim_by_id_v4(%(id)s)")
+        # Each claim's mode comes last ('exclusive', or 'shared': schema version 5).
+        self.get = render(f"SELECT {cols}, NOW, mode FROM {{s}}.claim_by_id_v4(%(id)s)")
         self.log = render(
-            f"SELECT {unit_cols} FROM {{s}}.units_v4 u "
+            f"SELECT {unit_cols}, 'exclusive' FROM {{s}}.units_v4 u "
             "WHERE u.state IN ('held', 'confirmed', 'released', 'expired') "
-            f"UNION ALL SELECT {cols} FROM {{s}}.claims_v4 ORDER BY 5"
+            f"UNION ALL SELECT {cols}, coalesce(mode, 'exclusive') FROM {{s}}.claims_v4 "
+            "ORDER BY 5"
         )
         self.claims_of = render(
-            f"WITH t AS (SELECT NOW AS now) SELECT {unit_cols}, t.now FROM {{s}}.units_v4 u, t "
-            "WHERE u.holder = %(h)s "
+            f"WITH t AS (SELECT NOW AS now) SELECT {unit_cols}, t.now, 'exclusive' "
+            "FROM {s}.units_v4 u, t WHERE u.holder = %(h)s "
             "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > t.now)) "
             "UNION ALL SELECT c.id, c.holder, c.targets, c.state, c.fence, c.expires_at, "
-            "c.taken_over, c.request_id, c.created_at, c.updated_at, t.now "
+            "c.taken_over, c.request_id, c.created_at, c.updated_at, t.now, "
+            "coalesce(c.mode, 'exclusive') "
             "FROM {s}.claims_v4 c, t WHERE c.holder = %(h)s "
             "AND (c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > t.now)) "
             "ORDER BY 5"
         )
+        # A marker (id 0: readers there) names one live reader.
         self.holder_of_unit = render(
-            "SELECT coalesce(u.holder, c.holder) FROM {s}.units_v4 u "
+            "SELECT coalesce(u.holder, c.holder, (SELECT rc.holder FROM {s}.readers_v5 r "
+            "JOIN {s}.claims_v4 rc ON rc.id = r.claim_id WHERE u.id = 0 "
+            "AND r.resource = u.resource AND r.slot = u.slot AND (rc.state = 'confirmed' "
+            "OR (rc.state = 'held' AND rc.expires_at > NOW)) ORDER BY rc.id LIMIT 1)) "
+            "FROM {s}.units_v4 u "
             "LEFT JOIN {s}.claims_v4 c ON u.state = 'member' AND c.id = u.id "
             "WHERE u.resource = %(r)s AND u.slot = %(sl)s "
             "AND u.state IN ('held', 'confirmed', 'member') "

@@ -115,6 +115,7 @@ class PostgresStore(Store):
     """
 
     scheme = "postgresql"
+    shared_holds = True
     async_store = "dibs.stores.postgres._aio:AsyncPostgresStore"
     verify_faults = frozenset({"terminate", "restart"})
 

@@ -4,18 +4,20 @@
 -- granted, replayed (the request ID or the natural key answered with an
 -- existing claim), taken, replayed_taken (a recorded loss). Raises DB002 for a
 -- request ID reused with other input and DB001 (from check_span_kind_v4) for
--- mixed span kinds.
+-- mixed span kinds. p_mode 'shared' makes a reader's claim (take_all_v4 takes
+-- its targets as a reader; never a natural-key replay); the result's mode
+-- column says the claim's mode.
 --
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
 CREATE OR REPLACE FUNCTION {s}.claim_v4(
     p_holder text, p_targets text, p_ttl double precision,
     p_request_id text, p_fingerprint text, p_now timestamptz, p_retention double precision,
     p_ures text[], p_uslot text[],
-    p_sres text[], p_skind text[], p_slo numeric[], p_shi numeric[]
+    p_sres text[], p_skind text[], p_slo numeric[], p_shi numeric[], p_mode text
 ) RETURNS TABLE (
     outcome text, taken integer[], id bigint, holder text, targets text, state text,
     fence bigint, expires_at timestamptz, taken_over boolean, request_id text,
-    created_at timestamptz, updated_at timestamptz, now timestamptz
+    created_at timestamptz, updated_at timestamptz, mode text, now timestamptz
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
@@ -29,7 +31,9 @@ DECLARE
     v_got record;
     v_outcome text;
     v_stamp timestamptz;
-    v_single boolean := coalesce(array_length(p_ures, 1), 0) = 1 AND p_sres IS NULL;
+    v_shared boolean := p_mode = 'shared';
+    v_single boolean := coalesce(array_length(p_ures, 1), 0) = 1 AND p_sres IS NULL
+                        AND p_mode = 'exclusive';
 BEGIN
     IF p_request_id IS NOT NULL THEN
         LOOP
@@ -55,7 +59,7 @@ BEGIN
                     RETURN QUERY SELECT 'replayed_taken'::text, v_u.taken,
                         NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint,
                         NULL::timestamptz, NULL::boolean, NULL::text, NULL::timestamptz,
-                        NULL::timestamptz, v_now;
+                        NULL::timestamptz, NULL::text, v_now;
                     RETURN;
                 END IF;
                 RETURN QUERY SELECT 'replayed'::text, NULL::integer[], c.*, v_now
@@ -105,7 +109,8 @@ BEGIN
         LOOP
             BEGIN
                 SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all_v4(
-                    v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi);
+                    v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi,
+                    v_shared);
                 IF cardinality(v_taken) > 0 THEN
                     RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
                 END IF;
@@ -132,18 +137,26 @@ BEGIN
         -- The fence is drawn only now, with every target held, so it exceeds
         -- the fence of every earlier claim on them.
         INSERT INTO {s}.claims_v4 (id, holder, targets, state, fence, expires_at, request_id,
-                                   created_at, updated_at)
+                                   created_at, updated_at, mode)
         VALUES (v_id, p_holder, p_targets,
                 CASE WHEN p_ttl IS NULL THEN 'confirmed' ELSE 'held' END,
-                nextval('{s}.fences'), v_expires, p_request_id, v_stamp, v_stamp);
+                nextval('{s}.fences'), v_expires, p_request_id, v_stamp, v_stamp,
+                CASE WHEN v_shared THEN 'shared' END);
+        IF v_shared THEN
+            -- The markers' expiry now counts this reader's (its row exists).
+            PERFORM {s}.refresh_marker_v5(t.res, t.slot, v_stamp)
+               FROM unnest(p_ures, p_uslot) AS t(res, slot);
+        END IF;
         v_outcome := 'granted';
         SELECT * INTO v_claim FROM {s}.claim_by_id_v4(v_id);
     ELSE
         v_outcome := 'taken';
-        IF (SELECT count(DISTINCT b) FROM unnest(v_blockers) b) = 1 THEN
-            -- Natural key: the holder re-claiming exactly what it holds.
+        IF NOT v_shared AND (SELECT count(DISTINCT b) FROM unnest(v_blockers) b) = 1 THEN
+            -- Natural key: the holder re-claiming exactly what it holds
+            -- exclusively (a shared re-claim is another reader: never a replay).
             SELECT * INTO v_claim FROM {s}.claim_by_id_v4(v_blockers[1]) c
-             WHERE c.holder = p_holder AND c.targets::jsonb = p_targets::jsonb;
+             WHERE c.holder = p_holder AND c.targets::jsonb = p_targets::jsonb
+               AND c.mode = 'exclusive';
             IF FOUND THEN
                 v_outcome := 'replayed';
                 v_taken := NULL;
@@ -158,6 +171,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_outcome, v_taken, v_claim.id, v_claim.holder, v_claim.targets,
         v_claim.state, v_claim.fence, v_claim.expires_at, v_claim.taken_over,
-        v_claim.request_id, v_claim.created_at, v_claim.updated_at, v_now;
+        v_claim.request_id, v_claim.created_at, v_claim.updated_at,
+        coalesce(v_claim.mode, 'exclusive'), v_now;
 END
 $$;

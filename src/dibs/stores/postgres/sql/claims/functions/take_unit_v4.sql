@@ -90,6 +90,9 @@ BEGIN
         CONTINUE WHEN NOT FOUND;  -- it changed under us: look again
         IF v_o.state IN ('released', 'held', 'expired') THEN
             PERFORM {s}.archive_v4(v_o, p_now);
+        ELSIF v_o.state = 'member' AND v_o.id = 0 THEN
+            -- A marker whose readers all died (shared_v5.sql): they are taken over.
+            PERFORM {s}.take_over_readers_v5(v_o.resource, v_o.slot, p_now);
         ELSIF v_o.state = 'member' THEN
             other := v_o.id;
         END IF;

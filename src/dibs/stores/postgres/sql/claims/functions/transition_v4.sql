@@ -1,7 +1,8 @@
 -- transition_v4: confirm, extend or release one claim when the plain statement
 -- (Statements.confirm and friends) did not: a group or span claim, or a
 -- single-unit claim that is not the caller's live hold. Status 'ok', or why
--- not: not_found, not_holder, fence, released, expired, taken_over.
+-- not: not_found, not_holder, fence, released, expired, taken_over. The
+-- claim's mode comes last, after now (where version-4 code reads nothing).
 --
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
 CREATE OR REPLACE FUNCTION {s}.transition_v4(
@@ -10,7 +11,7 @@ CREATE OR REPLACE FUNCTION {s}.transition_v4(
 ) RETURNS TABLE (
     status text, id bigint, holder text, targets text, state text, fence bigint,
     expires_at timestamptz, taken_over boolean, request_id text,
-    created_at timestamptz, updated_at timestamptz, now timestamptz
+    created_at timestamptz, updated_at timestamptz, now timestamptz, mode text
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_claim {s}.claims_v4;
@@ -19,6 +20,7 @@ DECLARE
     v_status text := 'ok';
     v_expires timestamptz;
     v_locked boolean := false;
+    v_r record;
 BEGIN
     -- A single-unit claim in its row: judged on a plain read, changed by a
     -- conditional UPDATE (as the plain statements do). A dead hold is judged
@@ -67,16 +69,21 @@ BEGIN
             RETURNING * INTO v_u;
             CONTINUE WHEN NOT FOUND;
         END IF;
-        RETURN QUERY SELECT v_status, c.*, v_now
+        RETURN QUERY SELECT v_status, c.id, c.holder, c.targets, c.state, c.fence,
+            c.expires_at, c.taken_over, c.request_id, c.created_at, c.updated_at, v_now, c.mode
             FROM {s}.claim_by_id_v4(p_id) c;
         RETURN;
     END LOOP;
 
-    -- A group or span claim, or an archived one: its member rows, its span
-    -- rows, then its claim row: the lock order a claimant taking over these
-    -- targets follows too.
+    -- A group, span or shared claim, or an archived one: its member rows (a
+    -- reader's: the markers of its units), its span rows, then its claim row:
+    -- the lock order a claimant taking over these targets follows too.
     PERFORM 1 FROM {s}.units_v4 u WHERE u.id = p_id AND u.state = 'member'
       ORDER BY u.resource COLLATE "C", u.slot COLLATE "C" FOR UPDATE;
+    PERFORM 1 FROM {s}.units_v4 u
+      JOIN {s}.readers_v5 r ON r.resource = u.resource AND r.slot = u.slot
+     WHERE r.claim_id = p_id
+     ORDER BY u.resource COLLATE "C", u.slot COLLATE "C" FOR UPDATE OF u;
     PERFORM 1 FROM {s}.spans_v4 s WHERE s.claim_id = p_id
       ORDER BY s.resource COLLATE "C", lower(s.span) FOR UPDATE;
     SELECT * INTO v_claim FROM {s}.claims_v4 c WHERE c.id = p_id FOR UPDATE;
@@ -104,6 +111,11 @@ BEGIN
         UPDATE {s}.units_v4 u SET state = 'free', expires_at = NULL, updated_at = v_now
          WHERE u.id = p_id AND u.state = 'member';
         DELETE FROM {s}.spans_v4 s WHERE s.claim_id = p_id;
+        -- A reader leaves its units (whose markers it locked above).
+        FOR v_r IN DELETE FROM {s}.readers_v5 r WHERE r.claim_id = p_id
+                   RETURNING r.resource, r.slot LOOP
+            PERFORM {s}.refresh_marker_v5(v_r.resource, v_r.slot, v_now);
+        END LOOP;
     ELSIF v_claim.state = 'held' THEN
         v_expires := CASE WHEN p_op = 'extend' THEN v_now + make_interval(secs => p_ttl) END;
         UPDATE {s}.claims_v4 c
@@ -114,9 +126,14 @@ BEGIN
         RETURNING * INTO v_claim;
         UPDATE {s}.units_v4 u SET expires_at = v_expires WHERE u.id = p_id AND u.state = 'member';
         UPDATE {s}.spans_v4 s SET expires_at = v_expires WHERE s.claim_id = p_id;
+        IF v_claim.mode = 'shared' THEN
+            PERFORM {s}.refresh_marker_v5(r.resource, r.slot, v_now)
+               FROM {s}.readers_v5 r WHERE r.claim_id = p_id;
+        END IF;
     END IF;
     RETURN QUERY SELECT v_status, v_claim.id, v_claim.holder, v_claim.targets,
         v_claim.state, v_claim.fence, v_claim.expires_at, v_claim.taken_over,
-        v_claim.request_id, v_claim.created_at, v_claim.updated_at, v_now;
+        v_claim.request_id, v_claim.created_at, v_claim.updated_at, v_now,
+        coalesce(v_claim.mode, 'exclusive');
 END
 $$;
