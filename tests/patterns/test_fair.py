@@ -23,12 +23,14 @@ from hypothesis import strategies as st
 import dibs
 import dibs.aio
 from conftest import fresh_url
-from dibs import ResourceBusy, Store, Unit
+from dibs import FakeClock, ResourceBusy, Store, Unit
 from dibs._fair import lease_queue
 from dibs._queue import queue_name
-from dibs.lease import LEASE_TTL_MIN
+from dibs.lease import LEASE_TTL_MIN, Lease
 from dibs.limits import TTL_MAX
+from dibs.stores.memory import MemoryStore
 from eventually import aeventually, eventually
+from monotonic import Monotonic
 
 UNIT = Unit("fair-seat", "show-1")
 WAITERS = 6
@@ -244,11 +246,17 @@ def test_any_unit_and_ttl_waits_in_its_own_queue(
     resource: str, slot: str, holder: str, ttl: float, wait: float | None
 ) -> None:
     unit = Unit(resource, slot)
-    with dibs.open("memory://") as store:
-        with store.lease(unit, holder=holder, ttl=ttl, wait=wait) as lease:  # free: at once
-            assert store.holder_of(unit) == holder
+    # The store's clock and the lease's are frozen: a 0.1 s hold neither expires nor counts
+    # itself overdue while a loaded machine starves its renewal thread.
+    clock = Monotonic()
+    with MemoryStore(clock=FakeClock()) as store:
+        with Lease(store, unit, holder=holder, ttl=ttl, wait=wait, monotonic=clock) as lease:
+            assert store.holder_of(unit) == holder  # free: at once
             if wait is not None:
-                with pytest.raises(ResourceBusy), store.lease(unit, holder="x", ttl=ttl, wait=wait):
+                with (
+                    pytest.raises(ResourceBusy),
+                    Lease(store, unit, holder="x", ttl=ttl, wait=wait, monotonic=clock),
+                ):
                     pass
         assert lease.claim.holder == holder
         assert store.claims_of(lease_queue(unit)) == []
