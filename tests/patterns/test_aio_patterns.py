@@ -499,10 +499,12 @@ def test_concurrent_tries_of_many_dispatches_hold_one_driver_each(
         assert sum(not m.replayed for m in ride) == 1
 
 
+@pytest.mark.timeout(600)  # each hand-off waits its turn in the fair queue: slow on a loaded etcd
 def test_exclusive_loses_no_update_among_many_tasks(
     faces: Faces, store_kind: str, loop: asyncio.Runner
 ) -> None:
-    tasks_n, rounds = 16, max(4, ROUNDS[store_kind] // 20)
+    tasks_n = 8 if store_kind == "etcd" else 16
+    rounds = max(4, ROUNDS[store_kind] // 20)
     counter = [0]
 
     async def writer(store: AsyncStore) -> None:
