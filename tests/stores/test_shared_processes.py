@@ -13,9 +13,10 @@ from typing import Any
 
 import dibs
 from dibs import Span, Target, Unit
-from dibs._model import target_from_json, target_to_json
+from dibs._model import target_to_json
 from dibs.testing.shared import check_rw_history
 from etcd_fixtures import fresh_prefix
+from rw_timeline import read_timeline
 
 PROCESSES = 4
 ROUNDS = 80
@@ -78,14 +79,7 @@ def _race(url: str, tmp_path: Path, ttl: float | None) -> None:
     for w in workers:
         w.join(90)
     assert [w.exitcode for w in workers] == [0] * PROCESSES
-    events: list[tuple[int, str, str, Target]] = []
-    steps: dict[str, int] = {}
-    with open(timeline) as lines:
-        for line in lines:
-            step, what, mode, target = json.loads(line)
-            events.append(
-                (steps.setdefault(step, len(steps)), what, mode, target_from_json(target))
-            )
+    events = read_timeline(timeline)
     assert any(e[2] == "exclusive" for e in events) and any(e[2] == "shared" for e in events)
     check_rw_history(events)
     assert os.path.getsize(timeline) > 0

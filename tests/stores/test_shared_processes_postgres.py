@@ -12,8 +12,9 @@ from typing import Any
 
 import dibs
 from dibs import Span, Target, Unit
-from dibs._model import target_from_json, target_to_json
+from dibs._model import target_to_json
 from dibs.testing.shared import check_rw_history
+from rw_timeline import read_timeline
 
 PROCESSES = 6
 ROUNDS = 150
@@ -72,14 +73,7 @@ def test_readers_and_writers_in_processes_on_one_postgres_schema(
     for w in workers:
         w.join(100)
     assert [w.exitcode for w in workers] == [0] * PROCESSES
-    events: list[tuple[int, str, str, Target]] = []
-    steps: dict[str, int] = {}
-    with open(timeline) as lines:
-        for line in lines:
-            step, what, mode, target = json.loads(line)
-            events.append(
-                (steps.setdefault(step, len(steps)), what, mode, target_from_json(target))
-            )
+    events = read_timeline(timeline)
     granted = {(e[2], type(e[3])) for e in events}
     assert granted == {(m, t) for m in ("exclusive", "shared") for t in (Unit, Span)}
     check_rw_history(events)
