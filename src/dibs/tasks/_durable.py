@@ -767,7 +767,9 @@ def _recorded(
     """What an attempt that returned ``value`` or raised ``exc`` records, or None for nothing."""
     if exc is None:
         try:
-            return "ok", json.dumps(value)
+            # Strict, as arguments are: NaN, an infinity or an int key would be stored
+            # as something other than what the task returned (and NaN is not JSON).
+            return "ok", _to_json(value)
         except _UNENCODABLE as error:  # too deep a result must fail its attempt, not the worker
             exc = error
     if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):
