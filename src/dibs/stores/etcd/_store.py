@@ -17,7 +17,7 @@ from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.durability import Finding
 from dibs.stores.etcd._durability import findings as durability_findings
-from dibs.stores.etcd._keys import Settings, parse_url
+from dibs.stores.etcd._keys import LEASE_TTL_MIN, Settings, parse_url
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._wire import SyncDriver
 
@@ -49,6 +49,7 @@ class EtcdStore(Store):
     async_store = "dibs.stores.etcd._aio:AsyncEtcdStore"
     holds_outlive_ttl = True  # a lease restarts its TTL on a leader change (dibs verify's rule)
     client_stamps = True  # etcd keeps no time: the client stamps before its Txn
+    least_hold = float(LEASE_TTL_MIN)  # a lease is whole seconds, at least 2
 
     def __init__(
         self,
