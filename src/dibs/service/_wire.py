@@ -44,6 +44,7 @@ from dibs.service._schema import (
     Text,
     Unstated,
 )
+from dibs.waitlist import OFFER_TTL
 
 __all__ = [
     "BOUND",
@@ -71,6 +72,8 @@ __all__ = [
     "TARGET",
     "TIME",
     "UNIT",
+    "WAITLIST_RELEASE_REQUEST",
+    "WAITLIST_REQUEST",
     "claim_request",
     "claim_to_wire",
     "match_request",
@@ -409,6 +412,33 @@ Reading a semaphore, and acquiring under a lowered limit, reads each slot up to
 the highest limit it ever had: bounded here, so that no key can make every
 other key's requests read ten thousand slots."""
 assert MAX_PERMITS <= PERMITS_MAX
+MAX_WAITLIST_UNITS = 1000
+"""The most units one waiting list watches over HTTP: a watcher's round reads each free one."""
+WAITLIST_REQUEST = Obj(
+    {
+        "units": Array(
+            UNIT,
+            0,
+            MAX_WAITLIST_UNITS,
+            message="{where} must be a list of at most {max} units",
+            description="The units the service offers to the list's head when they come free.",
+        ),
+        "offer_ttl": Prop(
+            Number(
+                MIN_TTL,
+                MAX_TTL,
+                message="{where} must be a number of seconds from {minimum:g} to {maximum}",
+                description="Seconds an offer is held for its holder (default 900).",
+            ),
+            required=False,
+            default=OFFER_TTL,
+        ),
+    },
+    name="WaitlistRequest",
+)
+WAITLIST_RELEASE_REQUEST = Obj(
+    {"claim_id": Text(pattern=WIRE_ID_PATTERN), "fence": FENCE}, name="WaitlistRelease"
+)
 PERMITS_REQUEST = Obj(
     {
         "permits": Integer(
