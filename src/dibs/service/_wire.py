@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -436,9 +437,23 @@ WAITLIST_REQUEST = Obj(
     },
     name="WaitlistRequest",
 )
-WAITLIST_RELEASE_REQUEST = Obj(
-    {"claim_id": Text(pattern=WIRE_ID_PATTERN), "fence": FENCE}, name="WaitlistRelease"
-)
+_WIRE_ID = re.compile(WIRE_ID_PATTERN)
+
+
+@dataclass(eq=False)
+class WireId(Text):
+    """A claim's wire ID in a body: the pattern is enforced, not only rendered."""
+
+    pattern: str | None = WIRE_ID_PATTERN
+    message: str = "{where} must be a claim ID as the API gave it"
+
+    def parse(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not _WIRE_ID.fullmatch(value):
+            raise InvalidInput(self.message.format(where=where), field=where, value=None)
+        return value
+
+
+WAITLIST_RELEASE_REQUEST = Obj({"claim_id": WireId(), "fence": FENCE}, name="WaitlistRelease")
 PERMITS_REQUEST = Obj(
     {
         "permits": Integer(
