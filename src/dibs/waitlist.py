@@ -496,11 +496,18 @@ class Watcher:
     """
 
     def __init__(
-        self, waitlist: Waitlist, units: Iterable[Unit] | Unit, *, every: float = WATCH_EVERY
+        self,
+        waitlist: Waitlist,
+        units: Iterable[Unit] | Unit,
+        *,
+        every: float = WATCH_EVERY,
+        feed: ChangeFeed | None = None,
     ) -> None:
         self.waitlist = waitlist
         self.units = check_units(units)
         self.every = check_every(every)
+        self.feed = feed
+        """A change feed to read instead of opening the store's (its owner closes it)."""
         self.rounds = 0
         """Rounds done (a round that failed is not counted)."""
         self.offered = 0
@@ -547,7 +554,7 @@ class Watcher:
     # --- generated from dibs/aio/waitlist.py (scripts/unasync.py): edit that, then run it ---
 
     def _watch(self) -> None:
-        feed = self._open_feed()
+        feed = self.feed if self.feed is not None else self._open_feed()
         try:
             while True:
                 # The token before the round: a change made during it brings another round.
@@ -576,7 +583,7 @@ class Watcher:
                     if feed is not None and self._read(feed) != token:
                         break
         finally:
-            if feed is not None:
+            if feed is not None and feed is not self.feed:
                 _close_feed(feed)
 
     def _open_feed(self) -> ChangeFeed | None:

@@ -26,9 +26,7 @@ SEATS = [{"resource": f"seat-{n}", "slot": "show-42"} for n in range(2)]
 
 @pytest.fixture
 def svc(aio_url: str) -> Iterator[Running]:
-    config = ServiceConfig(
-        store_url=aio_url, keys_file=None, rate=10_000, burst=10_000, poll_interval=0.05
-    )
+    config = ServiceConfig(store_url=aio_url, keys_file=None, rate=10_000, burst=10_000)
     with serve_in_thread(config) as running:
         yield running
 

@@ -142,11 +142,18 @@ class Watcher:
     """
 
     def __init__(
-        self, waitlist: Waitlist, units: Iterable[Unit] | Unit, *, every: float = WATCH_EVERY
+        self,
+        waitlist: Waitlist,
+        units: Iterable[Unit] | Unit,
+        *,
+        every: float = WATCH_EVERY,
+        feed: AsyncChangeFeed | None = None,
     ) -> None:
         self.waitlist = waitlist
         self.units = check_units(units)
         self.every = check_every(every)
+        self.feed = feed
+        """A change feed to read instead of opening the store's (its owner closes it)."""
         self.rounds = 0
         """Rounds done (a round that failed is not counted)."""
         self.offered = 0
@@ -196,7 +203,7 @@ class Watcher:
     # --- shared with the sync face: scripts/unasync.py makes it from this part ---
 
     async def _watch(self) -> None:
-        feed = self._open_feed()
+        feed = self.feed if self.feed is not None else self._open_feed()
         try:
             while True:
                 # The token before the round: a change made during it brings another round.
@@ -225,7 +232,7 @@ class Watcher:
                     if feed is not None and await self._read(feed) != token:
                         break
         finally:
-            if feed is not None:
+            if feed is not None and feed is not self.feed:
                 await _close_feed(feed)
 
     def _open_feed(self) -> AsyncChangeFeed | None:

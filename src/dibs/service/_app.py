@@ -84,7 +84,7 @@ class Service:
         self.api = Api(aio, keys, config, self.metrics, self.changed)
         self.patterns = Patterns(self.api, config.lots)
         self.limits = Limits(self.api)
-        self.waitlists = Waitlists(self.api)
+        self.waitlists = Waitlists(self.api, feed)
         self.ready = False
 
     @property

@@ -17,7 +17,10 @@ the instance it reached, so a restarted instance watches again once PUT again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -38,7 +41,8 @@ from dibs.service._wire import (
     target_to_wire,
     time_to_wire,
 )
-from dibs.waitlist import OFFER_TTL, Offer
+from dibs.stores.capabilities import AsyncChangeFeed
+from dibs.waitlist import FEED_POLL, OFFER_TTL, WATCH_EVERY, Offer
 
 __all__ = ["Waitlists"]
 
@@ -51,11 +55,36 @@ def _not_found() -> ApiError:
     return ApiError(404, "not_found", "you have no such offer on this list")
 
 
+class _SharedFeed:
+    """The service's change feed, read at most once per :data:`FEED_POLL` for every watcher.
+
+    Without it each watched list would read the store's feed 20 times a second.
+    The service closes the feed it wraps; closing this does nothing.
+    """
+
+    def __init__(self, feed: AsyncChangeFeed) -> None:
+        self._feed = feed
+        self._token: object = None
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def read(self) -> object:
+        async with self._lock:  # concurrent readers share one read of the store
+            if time.monotonic() - self._read_at >= FEED_POLL:
+                self._token = await self._feed.read()
+                self._read_at = time.monotonic()
+            return self._token
+
+    async def close(self) -> None:
+        pass
+
+
 class Waitlists:
     """The handlers of ``/v1/waitlists``, and the watchers this instance runs."""
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, feed: AsyncChangeFeed | None) -> None:
         self.api = api
+        self._feed = None if feed is None else _SharedFeed(feed)
         self._lists: _Handles[Waitlist] = _Handles()
         self._watchers: dict[str, Watcher] = {}
 
@@ -123,7 +152,7 @@ class Waitlists:
                 409, "too_many", f"this instance watches {MAX_WATCHED} lists already", {}
             )
         wl = Waitlist(self.api.aio, WAITLIST_PREFIX + name, offer_ttl=parsed["offer_ttl"])
-        watcher = wl.watch(units, every=self.api.config.poll_interval)
+        watcher = Watcher(wl, units, every=WATCH_EVERY, feed=self._feed)
         old = self._watchers.pop(name, None)
         self._watchers[name] = watcher
         self._lists.pop(name, None)
