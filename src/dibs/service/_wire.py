@@ -413,8 +413,9 @@ Reading a semaphore, and acquiring under a lowered limit, reads each slot up to
 the highest limit it ever had: bounded here, so that no key can make every
 other key's requests read ten thousand slots."""
 assert MAX_PERMITS <= PERMITS_MAX
-MAX_WAITLIST_UNITS = 1000
-"""The most units one waiting list watches over HTTP: a watcher's round reads each free one."""
+MAX_WAITLIST_UNITS = 100
+"""The most units one waiting list watches over HTTP: as many as a claim's targets, so the
+longest such body stays under the body limit (and a round reads each unit while people wait)."""
 WAITLIST_REQUEST = Obj(
     {
         "units": Array(
