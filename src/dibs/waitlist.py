@@ -30,24 +30,48 @@ markers is the one implementation of both.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import random
+import threading
+import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from dibs._drive import drive
-from dibs._model import Claim, ClaimResult, ClaimState, Unit, check_holder, check_ttl, shown
+from dibs._model import (
+    Claim,
+    ClaimResult,
+    ClaimState,
+    Unit,
+    check_holder,
+    check_seconds,
+    check_ttl,
+    shown,
+)
 from dibs._queue import QCall, queue_name
-from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput
+from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput, StoreClosed
 from dibs.stores.base import Store
+from dibs.stores.capabilities import ChangeFeed, UnchangingFeed
 
-__all__ = ["OFFER_TTL", "Entry", "Offer", "Waitlist"]
+__all__ = ["OFFER_TTL", "WATCH_EVERY", "Entry", "Offer", "Waitlist", "Watcher"]
 
 OFFER_TTL = 900.0
 """Seconds an offer is held for the head of the list, unless ``offer_ttl`` says otherwise."""
 
+WATCH_EVERY = 1.0
+"""Seconds between a watcher's rounds when the store's change feed does not move."""
+WATCH_EVERY_MIN = 0.001
+WATCH_EVERY_MAX = 86_400.0
+FEED_POLL = 0.05
+"""Seconds between a watcher's reads of the change feed, and so at least between its rounds."""
+
 _DECIDED = (HoldLost, ClaimNotFound)
+_random = random.Random()  # our own: a watcher never moves the global random state
+_logger = logging.getLogger("dibs.waitlist")
 _Rule = Generator[QCall, Any, Any]
 
 
@@ -95,6 +119,33 @@ def _check_unit(unit: object) -> Unit:
             f"a waiting list offers units (dibs.Unit), got {shown(unit)}", field="unit", value=unit
         )
     return unit
+
+
+def check_units(units: object) -> tuple[Unit, ...]:
+    """``units`` (one unit, or an iterable of them) without repeats, or InvalidInput."""
+    if isinstance(units, Unit):
+        return (units,)
+    if isinstance(units, str | bytes) or not isinstance(units, Iterable):
+        raise InvalidInput(
+            f"units must be dibs.Unit objects (one, or an iterable of them), got {shown(units)}",
+            field="units",
+            value=units,
+        )
+    found: dict[Unit, None] = {}
+    for unit in units:
+        if not isinstance(unit, Unit):
+            raise InvalidInput(
+                f"units must be dibs.Unit objects, got {shown(unit)} among them",
+                field="units",
+                value=unit,
+            )
+        found[unit] = None
+    return tuple(found)
+
+
+def check_every(every: object) -> float:
+    """A watcher's period in seconds, or :class:`~dibs.InvalidInput`."""
+    return check_seconds(every, "every", WATCH_EVERY_MIN, WATCH_EVERY_MAX)
 
 
 def _check_offer(offer: object) -> Offer:
@@ -161,11 +212,27 @@ class _Rules:
     def _offers_rule(self, holder: object) -> _Rule:
         holder = check_holder(holder)
         claims: list[Claim] = yield QCall("claims_of", (holder,))
-        return [
-            Offer(claim.targets[0], holder, claim)  # type: ignore[arg-type]
+        held = [
+            claim
             for claim in claims
             if claim.state is ClaimState.HELD
             and (claim.request_id or "").startswith(self._offer_prefix)
+        ]
+        if not held:
+            return []
+        # Only a recorded hold is an offer: the record is made once the head's entry is
+        # used up, so a hold its offerer may still give back (it lost the entry) is not one.
+        records: list[Claim] = yield QCall("claims_of", (self._records,))
+        recorded = {
+            target.slot
+            for record in records
+            for target in record.targets
+            if isinstance(target, Unit)
+        }
+        return [
+            Offer(claim.targets[0], holder, claim)  # type: ignore[arg-type]
+            for claim in held
+            if claim.id in recorded
         ]
 
     # --- joining and leaving ----------------------------------------------------------
@@ -258,7 +325,8 @@ class _Rules:
             return (yield from self._offer_rule(offer.unit))
         return None  # a sweep passed it on already
 
-    def _sweep_rule(self) -> _Rule:
+    def _sweep_rule(self, units: object = ()) -> _Rule:
+        watched = check_units(units)
         records: list[Claim] = yield QCall("claims_of", (self._records,))
         offers: list[Offer] = []
         for record in records:
@@ -278,6 +346,23 @@ class _Rules:
                 offer = yield from self._offer_rule(unit)
                 if offer is not None:
                     offers.append(offer)
+        if not watched:
+            return offers
+        waiting: list[Entry] = yield from self._entries_rule()
+        left = len(waiting)
+        # Shuffled: watchers in several processes then try different units first, and
+        # fewer of their claims collide (a collision costs a round trip, never an offer).
+        for unit in _random.sample(watched, len(watched)):
+            if left <= 0:
+                break  # no one left to offer to: the rest stay free
+            holder: str | None = yield QCall("holder_of", (unit,))
+            if holder is not None:
+                continue
+            # The claim in the offer decides: one freed unit is one offer, whoever watches.
+            offer = yield from self._offer_rule(unit)
+            if offer is not None:
+                offers.append(offer)
+                left -= 1
         return offers
 
     # --- helpers ----------------------------------------------------------------------
@@ -367,10 +452,22 @@ class Waitlist(_Rules):
         made: Offer | None = drive(self._decline_rule(offer), self._perform, _DECIDED)
         return made
 
-    def sweep(self) -> list[Offer]:
-        """Pass lapsed offers on to the next in line; the new offers. Safe to run anywhere."""
-        made: list[Offer] = drive(self._sweep_rule(), self._perform, _DECIDED)
+    def sweep(self, units: Iterable[Unit] | Unit = ()) -> list[Offer]:
+        """Pass lapsed offers on, then offer each free unit of ``units``; the new offers.
+
+        Safe to run in any number of processes at once: the claim of each unit
+        decides, so one freed unit is one offer. Raises :class:`~dibs.InvalidInput`
+        for something other than units.
+        """
+        made: list[Offer] = drive(self._sweep_rule(units), self._perform, _DECIDED)
         return made
+
+    def watch(self, units: Iterable[Unit] | Unit, *, every: float = WATCH_EVERY) -> Watcher:
+        """A :class:`Watcher` that offers ``units`` to the list as they come free, once started.
+
+        Raises :class:`~dibs.InvalidInput` for bad units or a bad ``every``.
+        """
+        return Watcher(self, units, every=every)
 
     def _perform(self, step: QCall) -> Any:
         return getattr(self.store, step.method)(*step.args, **step.kwargs)
@@ -379,3 +476,138 @@ class Waitlist(_Rules):
 
     def __repr__(self) -> str:
         return f"<Waitlist {self.key!r}>"
+
+
+class _Stopped(BaseException):
+    """Raised in a watcher's thread once :meth:`Watcher.close` was called (never escapes)."""
+
+
+class Watcher:
+    """Runs :meth:`Waitlist.sweep` over ``units`` whenever the store changes, on a thread.
+
+    A round runs at once, then whenever the store's change feed moves (read
+    every :data:`FEED_POLL` seconds), and at least every ``every`` seconds: a
+    hold that lapses moves no feed, and memory:// has none. A round that fails
+    is logged and tried again after ``every``; the watcher stops on
+    :meth:`close` (which waits for a round in flight to end) or once the store
+    is closed. Start it with ``with waitlist.watch(units):`` or :meth:`start`.
+    Any number of watchers of one list, in any processes, make one offer per
+    freed unit.
+    """
+
+    def __init__(
+        self,
+        waitlist: Waitlist,
+        units: Iterable[Unit] | Unit,
+        *,
+        every: float = WATCH_EVERY,
+        feed: ChangeFeed | None = None,
+    ) -> None:
+        self.waitlist = waitlist
+        self.units = check_units(units)
+        self.every = check_every(every)
+        self.feed = feed
+        """A change feed to read instead of opening the store's (its owner closes it)."""
+        self.rounds = 0
+        """Rounds done (a round that failed is not counted)."""
+        self.offered = 0
+        """Offers the rounds made."""
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Watcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Run the watcher on a daemon thread; RuntimeError if it was started already."""
+        if self._thread is not None:
+            raise RuntimeError("this watcher was started already")
+        self._thread = threading.Thread(
+            target=self._main, name=f"dibs waitlist watcher {self.waitlist.key!r}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the watcher's thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop the watcher and wait for its thread to end (after the round in flight)."""
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _main(self) -> None:
+        with contextlib.suppress(_Stopped):
+            self._watch()
+
+    def _pause(self, seconds: float) -> None:
+        if self._stopped.wait(seconds):
+            raise _Stopped
+
+    # --- generated from dibs/aio/waitlist.py (scripts/unasync.py): edit that, then run it ---
+
+    def _watch(self) -> None:
+        feed = self.feed if self.feed is not None else self._open_feed()
+        try:
+            while True:
+                # The token before the round: a change made during it brings another round.
+                token = None if feed is None else self._read(feed)
+                try:
+                    made = self.waitlist.sweep(self.units)
+                except StoreClosed:
+                    _logger.debug(
+                        "waitlist %r: the store closed; the watcher stops", self.waitlist.key
+                    )
+                    return
+                except Exception as exc:  # a watcher outlives a store outage: retry
+                    _logger.warning(
+                        "waitlist %r: a watch round failed, retrying in %gs: %r",
+                        self.waitlist.key,
+                        self.every,
+                        exc,
+                    )
+                    self._pause(self.every)
+                    continue
+                self.rounds += 1
+                self.offered += len(made)
+                end = time.monotonic() + self.every
+                while (left := end - time.monotonic()) > 0:
+                    self._pause(min(FEED_POLL, left))
+                    if feed is not None and self._read(feed) != token:
+                        break
+        finally:
+            if feed is not None and feed is not self.feed:
+                _close_feed(feed)
+
+    def _open_feed(self) -> ChangeFeed | None:
+        try:
+            feed = self.waitlist.store.change_feed()
+        except Exception:  # the feed only hurries a round; the period does without it
+            _logger.debug("waitlist: no change feed; rounds every %gs", self.every, exc_info=True)
+            return None
+        if isinstance(feed, UnchangingFeed):
+            return None  # nothing to watch: rounds come with the period
+        return feed
+
+    def _read(self, feed: ChangeFeed) -> object:
+        try:
+            return feed.read()
+        except Exception:  # "maybe changed": a needless round, never a missed one
+            _logger.debug("waitlist: change feed read failed", exc_info=True)
+            return object()
+
+    # --- end of the generated part ---
+
+
+def _close_feed(feed: ChangeFeed) -> None:
+    try:
+        feed.close()
+    except Exception:  # closing only frees a connection
+        _logger.debug("waitlist: closing the change feed failed", exc_info=True)

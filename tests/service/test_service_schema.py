@@ -341,6 +341,10 @@ def test_every_parsed_input_of_every_documented_route_is_a_case() -> None:
         "POST /v1/semaphores/{key}/permits header Idempotency-Key",
         "PUT /v1/semaphores/{key} body",
         "POST /v1/rate-limits/{key}/acquire body",
+        "PUT /v1/waitlists/{key} body",
+        "POST /v1/waitlists/{key}/release body",
+        "POST /v1/waitlists/{key}/offers/{claim_id}/accept body",
+        "POST /v1/waitlists/{key}/entries path key",
     } <= ids
 
 

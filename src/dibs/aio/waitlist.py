@@ -7,15 +7,33 @@ implementation of both faces: ``scripts/unasync.py`` generates
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from dibs._drive import adrive
 from dibs._model import Claim, Unit
 from dibs._queue import QCall
+from dibs.exceptions import StoreClosed
 from dibs.stores.base_async import AsyncStore
-from dibs.waitlist import _DECIDED, OFFER_TTL, Entry, Offer, _Rules
+from dibs.stores.capabilities import AsyncChangeFeed, UnchangingFeed
+from dibs.waitlist import (
+    _DECIDED,
+    FEED_POLL,
+    OFFER_TTL,
+    WATCH_EVERY,
+    Entry,
+    Offer,
+    _Rules,
+    check_every,
+    check_units,
+)
 
-__all__ = ["Waitlist"]
+__all__ = ["Waitlist", "Watcher"]
+
+_logger = logging.getLogger("dibs.waitlist")
 
 
 class Waitlist(_Rules):
@@ -83,10 +101,22 @@ class Waitlist(_Rules):
         made: Offer | None = await adrive(self._decline_rule(offer), self._perform, _DECIDED)
         return made
 
-    async def sweep(self) -> list[Offer]:
-        """Pass lapsed offers on to the next in line; the new offers. Safe to run anywhere."""
-        made: list[Offer] = await adrive(self._sweep_rule(), self._perform, _DECIDED)
+    async def sweep(self, units: Iterable[Unit] | Unit = ()) -> list[Offer]:
+        """Pass lapsed offers on, then offer each free unit of ``units``; the new offers.
+
+        Safe to run in any number of processes at once: the claim of each unit
+        decides, so one freed unit is one offer. Raises :class:`~dibs.InvalidInput`
+        for something other than units.
+        """
+        made: list[Offer] = await adrive(self._sweep_rule(units), self._perform, _DECIDED)
         return made
+
+    def watch(self, units: Iterable[Unit] | Unit, *, every: float = WATCH_EVERY) -> Watcher:
+        """A :class:`Watcher` that offers ``units`` to the list as they come free, once started.
+
+        Raises :class:`~dibs.InvalidInput` for bad units or a bad ``every``.
+        """
+        return Watcher(self, units, every=every)
 
     async def _perform(self, step: QCall) -> Any:
         return await getattr(self.store, step.method)(*step.args, **step.kwargs)
@@ -95,3 +125,138 @@ class Waitlist(_Rules):
 
     def __repr__(self) -> str:
         return f"<dibs.aio.Waitlist {self.key!r}>"
+
+
+class Watcher:
+    """Runs :meth:`Waitlist.sweep` over ``units`` whenever the store changes, as a task.
+
+    A round runs at once, then whenever the store's change feed moves (read
+    every :data:`~dibs.waitlist.FEED_POLL` seconds), and at least every ``every``
+    seconds: a hold that lapses moves no feed, and memory:// has none. A round
+    that fails is logged and tried again after ``every``; the watcher stops on
+    :meth:`close`, on the cancellation of its task, or once the store is
+    closed. Start it with ``async with waitlist.watch(units):``, or
+    :meth:`start` it (a task on the running loop), or await :meth:`run` in a
+    task of your own. Any number of watchers of one list, in any processes,
+    make one offer per freed unit.
+    """
+
+    def __init__(
+        self,
+        waitlist: Waitlist,
+        units: Iterable[Unit] | Unit,
+        *,
+        every: float = WATCH_EVERY,
+        feed: AsyncChangeFeed | None = None,
+    ) -> None:
+        self.waitlist = waitlist
+        self.units = check_units(units)
+        self.every = check_every(every)
+        self.feed = feed
+        """A change feed to read instead of opening the store's (its owner closes it)."""
+        self.rounds = 0
+        """Rounds done (a round that failed is not counted)."""
+        self.offered = 0
+        """Offers the rounds made."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Watcher:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Run the watcher as a task of the running loop; RuntimeError if it runs already."""
+        if self._task is not None:
+            raise RuntimeError("this watcher was started already")
+        self._task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"dibs waitlist watcher {self.waitlist.key!r}"
+        )
+
+    @property
+    def running(self) -> bool:
+        """Whether the watcher's task is running."""
+        return self._task is not None and not self._task.done()
+
+    async def close(self) -> None:
+        """Stop the watcher and wait for its task to end (a round in flight is cancelled)."""
+        task = self._task
+        if task is None or task.done():
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the caller itself is being cancelled, not only the watcher
+
+    async def run(self) -> None:
+        """Watch until cancelled (or the store is closed)."""
+        await self._watch()
+
+    async def _pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    # --- shared with the sync face: scripts/unasync.py makes it from this part ---
+
+    async def _watch(self) -> None:
+        feed = self.feed if self.feed is not None else self._open_feed()
+        try:
+            while True:
+                # The token before the round: a change made during it brings another round.
+                token = None if feed is None else await self._read(feed)
+                try:
+                    made = await self.waitlist.sweep(self.units)
+                except StoreClosed:
+                    _logger.debug(
+                        "waitlist %r: the store closed; the watcher stops", self.waitlist.key
+                    )
+                    return
+                except Exception as exc:  # a watcher outlives a store outage: retry
+                    _logger.warning(
+                        "waitlist %r: a watch round failed, retrying in %gs: %r",
+                        self.waitlist.key,
+                        self.every,
+                        exc,
+                    )
+                    await self._pause(self.every)
+                    continue
+                self.rounds += 1
+                self.offered += len(made)
+                end = time.monotonic() + self.every
+                while (left := end - time.monotonic()) > 0:
+                    await self._pause(min(FEED_POLL, left))
+                    if feed is not None and await self._read(feed) != token:
+                        break
+        finally:
+            if feed is not None and feed is not self.feed:
+                await _close_feed(feed)
+
+    def _open_feed(self) -> AsyncChangeFeed | None:
+        try:
+            feed = self.waitlist.store.change_feed()
+        except Exception:  # the feed only hurries a round; the period does without it
+            _logger.debug("waitlist: no change feed; rounds every %gs", self.every, exc_info=True)
+            return None
+        if isinstance(feed, UnchangingFeed):
+            return None  # nothing to watch: rounds come with the period
+        return feed
+
+    async def _read(self, feed: AsyncChangeFeed) -> object:
+        try:
+            return await feed.read()
+        except Exception:  # "maybe changed": a needless round, never a missed one
+            _logger.debug("waitlist: change feed read failed", exc_info=True)
+            return object()
+
+    # --- end of the shared part ---
+
+
+async def _close_feed(feed: AsyncChangeFeed) -> None:
+    try:
+        await asyncio.shield(feed.close())
+    except Exception:  # closing only frees a connection
+        _logger.debug("waitlist: closing the change feed failed", exc_info=True)

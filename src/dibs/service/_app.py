@@ -43,6 +43,7 @@ from dibs.service._page import seat_map_page
 from dibs.service._patterns import Patterns
 from dibs.service._routes import operations
 from dibs.service._stores import SharedFace, open_async
+from dibs.service._waitlists import Waitlists
 from dibs.service._wire import RESERVED
 from dibs.stores.base import Store
 
@@ -83,6 +84,7 @@ class Service:
         self.api = Api(aio, keys, config, self.metrics, self.changed)
         self.patterns = Patterns(self.api, config.lots)
         self.limits = Limits(self.api)
+        self.waitlists = Waitlists(self.api, feed)
         self.ready = False
 
     @property
@@ -289,6 +291,7 @@ def create_app(
             for job in jobs:
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
+            await service.waitlists.close()
             if service.change_feed is not None:
                 await service.change_feed.close()
             if async_store is None:  # the face or the store the app made
@@ -335,6 +338,7 @@ def _routes(service: Service) -> list[Route]:
         "api": service.api,
         "patterns": service.patterns,
         "limits": service.limits,
+        "waitlists": service.waitlists,
     }
     paths: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for op in operations(service.config.max_targets):

@@ -26,6 +26,7 @@ from dibs.service._schema import (
     Integer,
     MapOf,
     Nullable,
+    Number,
     Obj,
     Prop,
     Raw,
@@ -38,6 +39,7 @@ from dibs.service._wire import (
     EXTEND_REQUEST,
     FENCE,
     FENCE_REQUEST,
+    MAX_TTL,
     NAME,
     PERMIT_REQUEST,
     PERMITS_REQUEST,
@@ -47,6 +49,8 @@ from dibs.service._wire import (
     TARGET,
     TIME,
     UNIT,
+    WAITLIST_RELEASE_REQUEST,
+    WAITLIST_REQUEST,
     claim_request,
     match_request,
     park_request,
@@ -134,6 +138,17 @@ _SEMAPHORE = Param(
 _RATE_KEY = Param(
     "key", "path", NAME, required=True, description="The limit's name, shared by every key."
 )
+_WAITLIST = Param(
+    "key", "path", NAME, required=True, description="The list's name, shared by every key."
+)
+_OFFER_ID = Param(
+    "claim_id",
+    "path",
+    Text(pattern=WIRE_ID_PATTERN),
+    required=True,
+    description="The offer's claim ID, as `GET /v1/waitlists/{key}/offers` gave it.",
+)
+_NO_OFFER = _error("No such offer of yours on this list (another holder's is also 404).")
 
 # --- answers' shapes (the handlers beside them build them) ----------------------------------------
 
@@ -225,6 +240,64 @@ ADMITTED = Obj(
     },
     name="Admitted",
 )
+WAITLIST = Obj(
+    {
+        "snapshot": _SNAPSHOT,
+        "name": _TEXT,
+        "waiting": Integer(0, description="How many wait (never who)."),
+        "position": Nullable(Integer(1), description="Your place (1: the next offer is yours)."),
+        "watching": Nullable(
+            Integer(0), description="How many units this instance watches for the list, or null."
+        ),
+        "offer_ttl": Number(0, MAX_TTL, description="Seconds an offer made here is held."),
+    },
+    name="Waitlist",
+)
+WAITLIST_ENTRY = Obj(
+    {
+        "name": _TEXT,
+        "position": Integer(1, description="Your place now (1: the next offer is yours)."),
+        "number": Integer(1, description="Your entry's ticket: entries are served in order."),
+    },
+    name="WaitlistEntry",
+)
+OFFER = Obj(
+    {
+        "unit": UNIT,
+        "expires_at": Nullable(TIME, description="When the offer lapses, on the store's clock."),
+        "claim": CLAIM,
+    },
+    name="Offer",
+)
+_OFFERS = Obj({"snapshot": _SNAPSHOT, "name": _TEXT, "offers": Array(OFFER)})
+_ACCEPTED = Obj({"unit": UNIT, "claim": CLAIM})
+_DECLINED = Obj(
+    {
+        "unit": UNIT,
+        "declined": Const(True),
+        "passed_on": Boolean(
+            description="Whether this call offered it to the next in line (never who); "
+            "a watcher may have done so first."
+        ),
+    }
+)
+_LEFT = Obj({"name": _TEXT, "left": Boolean(description="False: you were not on the list.")})
+_RELEASED_TO_LIST = Obj(
+    {
+        "name": _TEXT,
+        "released": Boolean(description="Whether this call released it."),
+        "offered": Integer(
+            0,
+            description="How many of its units this call offered (never to whom); "
+            "a watcher may have offered one first.",
+        ),
+    }
+)
+_OFFER_ACTION = {
+    "404": _NO_OFFER,
+    "409": _error("The offer lapsed, was declined or passed on, or the fence is stale."),
+    **_COMMON,
+}
 
 _CLAIM_OK = Answer("The claim as stored now.", CLAIM)
 # For stateful testing (and readers): what a new claim's ID and fence lead to.
@@ -631,6 +704,120 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
                     "exact seconds); or `rate_limited`: this API key's own request rate.",
                     **{"Retry-After": "Whole seconds, rounded up."},
                 ),
+            },
+        ),
+        Operation(
+            "PUT",
+            "/v1/waitlists/{key}",
+            "waitlists.configure",
+            "setWaitlist",
+            "Name the units a waiting list serves: this instance offers them as they come free",
+            "The list is shared by every API key and instance. This instance runs a "
+            "watcher for it from now on: a unit of `units` freed by anyone (a release, "
+            "a hold that lapses, a declined or lapsed offer) is held for the head of the "
+            "list for `offer_ttl` seconds, with no client action. Watchers on several "
+            "instances are safe: a freed unit is one offer. A PUT replaces this "
+            "instance's watch; a restarted instance watches again once PUT again.",
+            security=True,
+            params=(_WAITLIST,),
+            body=WAITLIST_REQUEST,
+            answers={
+                "200": Answer("The list now.", WAITLIST),
+                "409": _error("`too_many`: this instance watches as many lists as it may."),
+                **_COMMON,
+            },
+        ),
+        Operation(
+            "GET",
+            "/v1/waitlists/{key}",
+            "waitlists.waitlist",
+            "getWaitlist",
+            "How many wait, and your place (a snapshot)",
+            security=True,
+            params=(_WAITLIST,),
+            answers={"200": Answer("The list now; never who waits.", WAITLIST), **_READ},
+        ),
+        Operation(
+            "POST",
+            "/v1/waitlists/{key}/entries",
+            "waitlists.join",
+            "joinWaitlist",
+            "Join a waiting list at the back",
+            "One entry per holder: joining again answers your entry, unmoved. "
+            "Entries are served first come, first served.",
+            security=True,
+            params=(_WAITLIST,),
+            body_required=False,
+            answers={"200": Answer("Your entry.", WAITLIST_ENTRY), **_COMMON},
+        ),
+        Operation(
+            "DELETE",
+            "/v1/waitlists/{key}/entries",
+            "waitlists.leave",
+            "leaveWaitlist",
+            "Leave a waiting list",
+            security=True,
+            params=(_WAITLIST,),
+            answers={"200": Answer("Whether you were on it.", _LEFT), **_READ},
+        ),
+        Operation(
+            "GET",
+            "/v1/waitlists/{key}/offers",
+            "waitlists.offers",
+            "listOffers",
+            "The open offers this list made to you (a snapshot)",
+            "An offer is a hold on the unit under your holder: accept it before "
+            "`expires_at`, or decline it.",
+            security=True,
+            params=(_WAITLIST,),
+            answers={"200": Answer("Your open offers.", _OFFERS), **_READ},
+        ),
+        Operation(
+            "POST",
+            "/v1/waitlists/{key}/offers/{claim_id}/accept",
+            "waitlists.accept",
+            "acceptOffer",
+            "Take the offered unit: a fenced confirm, exactly once",
+            security=True,
+            params=(_WAITLIST, _OFFER_ID),
+            body=FENCE_REQUEST,
+            answers={
+                "200": Answer("The unit, and your confirmed claim.", _ACCEPTED),
+                **_OFFER_ACTION,
+            },
+        ),
+        Operation(
+            "POST",
+            "/v1/waitlists/{key}/offers/{claim_id}/decline",
+            "waitlists.decline",
+            "declineOffer",
+            "Turn an offer down: the unit goes to the next in line",
+            security=True,
+            params=(_WAITLIST, _OFFER_ID),
+            body=FENCE_REQUEST,
+            answers={"200": Answer("Declined.", _DECLINED), **_OFFER_ACTION},
+        ),
+        Operation(
+            "POST",
+            "/v1/waitlists/{key}/release",
+            "waitlists.release",
+            "releaseToWaitlist",
+            "Release your claim and offer each of its units to the list's head",
+            "The release is `DELETE /v1/claims/{id}`'s (fenced); each freed unit is "
+            "then held for the head of the list, one unit per entry.",
+            security=True,
+            params=(_WAITLIST,),
+            body=WAITLIST_RELEASE_REQUEST,
+            answers={
+                "200": Answer(
+                    "Whether it was released, and how many units were offered.", _RELEASED_TO_LIST
+                ),
+                "404": _NOT_FOUND,
+                "409": _error(
+                    "The hold expired or the fence is stale; or `not_offerable`: the claim "
+                    "holds the service's own units (a permit)."
+                ),
+                **_COMMON,
             },
         ),
         Operation(

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +45,7 @@ from dibs.service._schema import (
     Text,
     Unstated,
 )
+from dibs.waitlist import OFFER_TTL
 
 __all__ = [
     "BOUND",
@@ -71,6 +73,8 @@ __all__ = [
     "TARGET",
     "TIME",
     "UNIT",
+    "WAITLIST_RELEASE_REQUEST",
+    "WAITLIST_REQUEST",
     "claim_request",
     "claim_to_wire",
     "match_request",
@@ -409,6 +413,48 @@ Reading a semaphore, and acquiring under a lowered limit, reads each slot up to
 the highest limit it ever had: bounded here, so that no key can make every
 other key's requests read ten thousand slots."""
 assert MAX_PERMITS <= PERMITS_MAX
+MAX_WAITLIST_UNITS = 100
+"""The most units one waiting list watches over HTTP: as many as a claim's targets, so the
+longest such body stays under the body limit (and a round reads each unit while people wait)."""
+WAITLIST_REQUEST = Obj(
+    {
+        "units": Array(
+            UNIT,
+            0,
+            MAX_WAITLIST_UNITS,
+            message="{where} must be a list of at most {max} units",
+            description="The units the service offers to the list's head when they come free.",
+        ),
+        "offer_ttl": Prop(
+            Number(
+                MIN_TTL,
+                MAX_TTL,
+                message="{where} must be a number of seconds from {minimum:g} to {maximum}",
+                description="Seconds an offer is held for its holder (default 900).",
+            ),
+            required=False,
+            default=OFFER_TTL,
+        ),
+    },
+    name="WaitlistRequest",
+)
+_WIRE_ID = re.compile(WIRE_ID_PATTERN)
+
+
+@dataclass(eq=False)
+class WireId(Text):
+    """A claim's wire ID in a body: the pattern is enforced, not only rendered."""
+
+    pattern: str | None = WIRE_ID_PATTERN
+    message: str = "{where} must be a claim ID as the API gave it"
+
+    def parse(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not _WIRE_ID.fullmatch(value):
+            raise InvalidInput(self.message.format(where=where), field=where, value=None)
+        return value
+
+
+WAITLIST_RELEASE_REQUEST = Obj({"claim_id": WireId(), "fence": FENCE}, name="WaitlistRelease")
 PERMITS_REQUEST = Obj(
     {
         "permits": Integer(
