@@ -57,7 +57,7 @@ TICKET_TTL = 5.0
 QUEUE_ERRORS = (HoldLost, ClaimNotFound, StoreUnavailable)
 """The errors the queue's rules decide on (a driver throws them back in)."""
 
-_PREFIX = "dibs-queue-"
+_PREFIX = "dibs.queue-"  # under the service's reserved "dibs." names: no client claims one
 _COUNTER = "next"  # the counter unit's slot; tickets' slots are their numbers (digits)
 _TURN_TTL = 1.0  # seconds a joiner's turn at the counter lives: a cut-off joiner's blocks no longer
 _FIRST_PAUSE = 0.001

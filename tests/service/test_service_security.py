@@ -14,7 +14,9 @@ import pytest
 
 import dibs
 from dibs import FakeClock
+from dibs._queue import queue_name
 from dibs.service import KeyRing, ServiceConfig
+from dibs.service._wire import RESERVED
 from dibs.stores.memory import MemoryStore
 from service_support import Running, serve_in_thread
 
@@ -150,6 +152,22 @@ def test_the_body_cannot_choose_the_holder(world: tuple[Running, MemoryStore, Fa
         ok = b.post("/v1/claims", json={"targets": [{"resource": "h1", "slot": SHOW}]})
     assert r.status_code == 400 and r.json()["field"] == "holder"
     assert ok.json()["holder"] == "bob"
+
+
+@pytest.mark.parametrize("kind", ["waitlist", "lease", "semaphore", "booking"])
+def test_a_patterns_queue_units_are_reserved_so_no_client_can_block_a_queue(
+    world: tuple[Running, MemoryStore, FakeClock], kind: str
+) -> None:
+    """Before: fair waiters' and waiting lists' queues were named ``dibs-queue-...``,
+    outside the reserved ``dibs.`` names, so a client could claim a queue's counter
+    or a ticket through ``POST /v1/claims`` and stall every waiter behind it."""
+    s, _, _ = world
+    name = queue_name(kind, "dibs.waitlist:show-1")
+    assert name.startswith(RESERVED)
+    with s.client("mallory") as m:
+        for slot in ("next", "1"):
+            r = m.post("/v1/claims", json={"targets": [{"resource": name, "slot": slot}]})
+            assert r.status_code == 400 and r.json()["field"] == "targets[0].resource", r.text
 
 
 def test_keys_file_keeps_only_digests(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ _states: dict[tuple[str, str, int], _State] = {}  # by run, client and incarnati
 def waitlist_resources(resource: str) -> bool:
     """Whether a store-log row's resource is a pattern's queue (the waiting list's, fair
     waiters' tickets) or the list's seats: the patterns' claims, left out of the log replay."""
-    return resource.startswith("dibs-queue-") or resource.endswith("-wl-seat")
+    return resource.startswith("dibs.queue-") or resource.endswith("-wl-seat")
 
 
 def _list_class(plant: str | None) -> type[Waitlist]:
