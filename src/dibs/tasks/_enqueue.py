@@ -121,7 +121,10 @@ class Adding:
             replace(job, unique_key=made, unique_states=rule.state_bits)
             for job, made in zip(jobs, keys, strict=True)
         ]
-        outcomes = durable.jobs.add_unique_many(jobs, rule.mode, rule.seconds, call.connection)
+        if len(jobs) == 1:  # one call (insert, enqueue): the table's single-job method
+            outcomes = [durable.jobs.add_unique(jobs[0], rule.mode, rule.seconds, call.connection)]
+        else:
+            outcomes = durable.jobs.add_unique_many(jobs, rule.mode, rule.seconds, call.connection)
         return [
             Inserted(job_id, outcome)  # type: ignore[arg-type]  # one of UNIQUE_OUTCOMES
             for job_id, outcome in outcomes
