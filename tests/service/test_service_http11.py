@@ -135,3 +135,41 @@ def test_a_refused_request_is_answered_whole_before_the_close(request_bytes: byt
     joined = b"".join(transport.writes)
     assert joined.startswith(b"HTTP/1.1 400 "), joined
     assert transport.closed
+
+
+def test_a_stream_head_goes_out_before_its_first_body_bytes() -> None:
+    """A response with no Content-Length (server-sent events) may idle before its body.
+
+    Its head must not wait for the body: a client must learn at once that the
+    stream is open (an EventSource fires ``open`` on the head alone).
+    """
+
+    async def run() -> tuple[list[bytes], Recorder]:
+        go = asyncio.Event()
+
+        async def stream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await receive()
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await go.wait()
+            await send({"type": "http.response.body", "body": b"data: 1\n\n"})
+
+        config = uvicorn.Config(stream, log_config=None, access_log=False, lifespan="off")
+        config.load()
+        protocol = H11Protocol(config, ServerState(), app_state={})
+        transport = Recorder()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        before = list(transport.writes)
+        go.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return before, transport
+
+    before, transport = asyncio.run(run())
+    assert len(before) == 1 and before[0].startswith(b"HTTP/1.1 200 "), before
+    assert before[0].endswith(b"\r\n\r\n"), before  # the head alone, whole
+    assert b"data: 1" in b"".join(transport.writes[1:]), transport.writes

@@ -96,7 +96,11 @@ def big(text: str) -> str:
             "ttl",
         ),
         ("/v1/match", big('{"candidates": [{"resource": "d"}], "ttl": N}'), "body"),
+        # Past Python's int-to-str digit limit (4300): json.loads itself raises ValueError.
+        ("/v1/claims", '{"targets": [], "ttl": 1' + "0" * 5000 + "}", "body"),
+        ("/v1/match", '{"candidates": [{"resource": "d"}], "ttl": -1' + "0" * 5000 + "}", "body"),
     ],
+    ids=lambda value: value if len(str(value)) < 40 else f"{len(str(value))}-chars",
 )
 def test_numbers_too_large_for_a_float_are_400(
     svc: Running, path: str, raw: str, field: str | None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,26 @@ def test_an_async_feed_refuses_reads_once_its_store_is_closed(url: str) -> None:
     asyncio.run(main())
 
 
+def test_a_closed_feed_refuses_reads_on_both_faces_while_its_store_stays_open(
+    face: str, url: str
+) -> None:
+    """Before: a threaded store's async feed, read after its close, opened a new sync feed
+    (and its connection) that nobody closed; the others answered as if open."""
+
+    async def test(feed: Feed) -> None:
+        await feed.read()
+        if feed.face == "sync":
+            feed.feed.close()  # type: ignore[unused-coroutine]
+        else:
+            await feed.feed.close()  # type: ignore[misc]
+        for _ in range(2):
+            with pytest.raises(dibs.StoreClosed):
+                await feed.read()
+        await feed.claim(f"open-{secrets.token_hex(3)}")  # the store itself is still open
+
+    run(face, url, test)  # its close() closes the feed a second time: fine
+
+
 def test_an_async_feed_closed_before_any_read_holds_nothing(url: str) -> None:
     async def main() -> None:
         async with dibs.aio.open(url) as store:
@@ -249,3 +270,46 @@ def test_an_instrumented_async_store_offers_the_wrapped_stores_feed(tmp_path: Pa
             await feed.close()
 
     asyncio.run(main())
+
+
+def _read_until_closed(feed: Any, stop: Any, seen: list[BaseException]) -> None:
+    """Read ``feed`` until ``stop`` is set or the feed says it is closed; keep anything else."""
+    while not stop.is_set():
+        try:
+            feed.read()
+        except dibs.StoreClosed:
+            return
+        except BaseException as exc:
+            seen.append(exc)
+            return
+
+
+def test_a_closed_sync_feed_refuses_reads_and_a_read_racing_close_sees_no_driver_error(
+    shared_url: str,
+) -> None:
+    """Before: a read racing ``close()`` raised sqlite3's ProgrammingError, and on
+    PostgreSQL a read after close opened a connection that nobody closed."""
+    store = dibs.open(shared_url)
+    try:
+        for _ in range(20):
+            feed = store.change_feed()
+            assert feed is not None
+            seen: list[BaseException] = []
+            stop = threading.Event()
+            threads = [
+                threading.Thread(target=_read_until_closed, args=(feed, stop, seen))
+                for _ in range(3)
+            ]
+            for thread in threads:
+                thread.start()
+            feed.close()
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+            assert seen == [], seen
+            with pytest.raises(dibs.StoreClosed):
+                feed.read()
+            if shared_url.startswith("postgresql"):
+                assert getattr(feed, "_conn", None) is None  # nothing reopened
+    finally:
+        store.close()

@@ -338,3 +338,22 @@ def test_every_json_value_is_accepted_and_comes_back_as_given(
     row = job_table(client.store).get(job_id)  # type: ignore[arg-type]
     assert row is not None
     assert json.loads(row.args) == [args, {f"k_{k}": v for k, v in kwargs.items()}]
+
+
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, {1: "a"}, 10**5000], ids=["nan", "inf", "int-key", "huge-int"]
+)
+def test_a_result_json_cannot_hold_fails_its_attempt(store: Store, bad: Any) -> None:
+    """Before: NaN and infinities were stored as non-standard JSON (``NaN``, which
+    ``dibs jobs show --json`` then printed) and ``{1: "a"}`` came back as ``{"1": "a"}``."""
+    with TaskProcessor(store=store, workers=1, poll=0.02, sweep_every=None) as processor:
+
+        @processor.task("give")
+        def give() -> Any:
+            return bad
+
+        job_id = processor.enqueue("give")
+        with pytest.raises(dibs.tasks.JobFailed) as failed:
+            processor.result(job_id, timeout=GUARD)
+        assert processor.job(job_id).state == "failed"
+        assert failed.value.error is not None and "Error" in failed.value.error

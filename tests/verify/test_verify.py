@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from dibs import InvalidInput
 from dibs.cli import main
 from dibs.stores import store_class
 from dibs.verify import Workload, check_history, read_history, run_workload
@@ -826,3 +827,31 @@ def test_a_replayed_grant_without_its_claim_explains_no_state() -> None:
 
     state = State({}, {}, {}, {})
     assert _bind(state, "?1", {"granted": True, "replayed": True, "fence": 3}) is None
+
+
+def test_a_second_run_on_one_store_reads_only_its_own_log_rows(tmp_path: Path) -> None:
+    """Before: the log replay read every claim in the store, so an earlier run's
+    claims (or real ones) showed as "released-by-nobody" anomalies."""
+    url = f"sqlite:///{tmp_path / 'twice.db'}"
+    first = check_history(
+        read_history(run_workload(Workload(url, clients=2, ops=150), tmp_path / "1.jsonl"))
+    )
+    assert first.verdict == "ok" and first.log_anomalies == [], first.render()
+    second = check_history(
+        read_history(run_workload(Workload(url, clients=2, ops=150), tmp_path / "2.jsonl"))
+    )
+    assert second.verdict == "ok", second.render()
+    assert second.log_anomalies == [], second.render()
+    assert second.log_rows > 0
+
+
+@pytest.mark.parametrize(("ttl", "spread"), [(0.2, (0.02, 1.0)), (1.9, (1.0,)), (2.0, (0.5, 1.0))])
+def test_holds_shorter_than_an_etcd_lease_are_refused_not_misjudged(
+    ttl: float, spread: tuple[float, ...], tmp_path: Path
+) -> None:
+    """Before: run_workload on etcd with its default 0.2 s TTL reported anomalies: etcd
+    keeps a hold 2 s at least, and an extend's expiry read as impossible."""
+    workload = Workload("etcd://127.0.0.1:1", ttl=ttl, ttl_spread=spread)
+    with pytest.raises(InvalidInput) as refused:
+        run_workload(workload, tmp_path / "h.jsonl")
+    assert refused.value.field == "ttl" and "at least" in str(refused.value)

@@ -9,7 +9,10 @@ here holds a final response's head back until the next write (the body's
 first bytes, an empty body, or closing the connection) and writes both at
 once. Every byte still comes from h11, in the same order: only the number of
 writes changes. An interim response (``100 Continue``) is written at once,
-since the client waits for it before it sends the body.
+since the client waits for it before it sends the body, and so is the head of
+a response with no ``Content-Length`` (a stream, such as the seat map's
+server-sent events): its first body bytes may be long in coming, and the
+client must see the head, and know the stream is open, before then.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ class _Coalescing:
             return
         elif self.fresh and data[9:10] != b"1":  # "HTTP/1.1 1xx": interim, write it now
             self.fresh = False
-            self._head = bytes(data)
-            return
+            if b"\r\ncontent-length:" in bytes(data).lower():
+                self._head = bytes(data)
+                return
+            # A stream: its body may come much later, so its head goes now.
         self._transport.write(data)
 
     def flush(self) -> None:

@@ -90,6 +90,11 @@ class Store(abc.ABC):
     lease restarts its TTL on a leader change. ``dibs verify`` then judges such a hold
     live or dead at any time after its expiry, and still never taken over before it."""
 
+    least_hold: ClassVar[float] = 0.001
+    """The shortest hold the store keeps as asked, in seconds: a shorter TTL is kept this
+    long (etcd leases are whole seconds, at least 2). ``dibs verify`` refuses a workload
+    with shorter holds, whose expiries the store would not honour as the model reads them."""
+
     client_stamps: ClassVar[bool] = False
     """True when the times a store records (``created_at``, ``updated_at``) are read from
     the writing client's clock before its write reaches the store (etcd has no server

@@ -437,9 +437,13 @@ class TokenFeed:
     def __init__(self, store: AsyncStore, read: Callable[[], Awaitable[object]]) -> None:
         self._store = store
         self._read = read
+        self._closed = False
 
     async def read(self) -> object:
-        """The current token, or a fresh ``object()``; raises StoreClosed once the store is."""
+        """The current token, or a fresh ``object()``; raises StoreClosed once the store or
+        this feed is closed."""
+        if self._closed:
+            raise StoreClosed("this change feed is closed")
         store = self._store
         store._check_open()
         try:
@@ -453,4 +457,6 @@ class TokenFeed:
             return object()
 
     async def close(self) -> None:
-        """Nothing to release: the feed reads on its store's connections."""
+        """Nothing to release (the feed reads on its store's connections); later reads
+        raise StoreClosed, as on every feed."""
+        self._closed = True

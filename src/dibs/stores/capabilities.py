@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dibs._model import Claim
+from dibs.exceptions import StoreClosed
 from dibs.stores.jobs import Job, JobTable
 
 __all__ = [
@@ -45,11 +46,15 @@ class ChangeFeed(Protocol):
     """
 
     def read(self) -> object:
-        """The current token; on a transient failure, a fresh ``object()`` ("maybe changed")."""
+        """The current token; on a transient failure, a fresh ``object()`` ("maybe changed").
+
+        Raises :class:`~dibs.StoreClosed` once the feed is closed (a read racing
+        :meth:`close` gets a token or that, never a driver's error).
+        """
         ...
 
     def close(self) -> None:
-        """Release the feed's connection, if any."""
+        """Release the feed's connection, if any; later reads raise StoreClosed."""
         ...
 
 
@@ -65,12 +70,13 @@ class AsyncChangeFeed(Protocol):
         """The current token; on a transient failure, a fresh ``object()`` ("maybe changed").
 
         Opens the store first if needed. Raises :class:`~dibs.StoreClosed`
-        once the store is closed.
+        once the store or the feed is closed.
         """
         ...
 
     async def close(self) -> None:
-        """Release what the feed holds beyond its store's connections, if anything."""
+        """Release what the feed holds beyond its store's connections, if anything; later
+        reads raise StoreClosed."""
         ...
 
 
@@ -83,11 +89,16 @@ class UnchangingFeed:
 
     _TOKEN = object()
 
+    def __init__(self) -> None:
+        self._closed = False
+
     def read(self) -> object:
+        if self._closed:
+            raise StoreClosed("this change feed is closed")
         return self._TOKEN
 
     def close(self) -> None:
-        pass
+        self._closed = True
 
 
 class ClaimLog(Protocol):

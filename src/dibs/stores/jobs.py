@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from dibs.exceptions import InvalidInput
+from dibs.exceptions import InvalidInput, StoreClosed
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -450,9 +450,21 @@ class MemoryJobs:
         self._wakers = Wakers()
         self._lock = threading.Lock()  # guards everything above
         self._finished = threading.Condition(self._lock)
+        self._closed = False
 
     def close(self) -> None:
-        pass  # the rows live as long as the store object
+        pass  # a processor is done with the table; the rows live as long as the store object
+
+    def store_closed(self) -> None:
+        """Called as the store closes: every later call raises StoreClosed, as on SQL stores."""
+        with self._lock:
+            self._closed = True
+            self._finished.notify_all()  # a wait() in progress raises too
+        self._wake_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this MemoryStore is closed")
 
     def turn(self) -> AbstractContextManager[None]:
         return nullcontext()  # each call holds the lock for itself; none waits long
@@ -484,6 +496,7 @@ class MemoryJobs:
         return self.add_many([job], connection)[0]
 
     def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
+        self._check_open()
         if connection is not None:
             raise InvalidInput(
                 "a memory store's job table takes no connection", field="connection",
@@ -503,6 +516,7 @@ class MemoryJobs:
     def add_unique_many(
         self, jobs: Sequence[Job], mode: str, window: float | None, connection: object | None = None
     ) -> list[tuple[str, str]]:
+        self._check_open()
         if connection is not None:
             raise InvalidInput(
                 "a memory store's job table takes no connection", field="connection",
@@ -540,6 +554,7 @@ class MemoryJobs:
         return added, "added" if added == job.id else "duplicate"
 
     def get(self, job_id: str) -> Job | None:
+        self._check_open()
         with self._lock:
             return self._rows.get(job_id)
 
@@ -552,6 +567,7 @@ class MemoryJobs:
         name: str | None = None,
         limit: int | None = None,
     ) -> list[Job]:
+        self._check_open()
         with self._lock:
             rows = [
                 j
@@ -565,9 +581,11 @@ class MemoryJobs:
         return rows if limit is None else rows[:limit]
 
     def wait(self, job_id: str, timeout: float) -> Job | None:
+        self._check_open()
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
+                self._check_open()
                 job = self._rows.get(job_id)
                 left = deadline - time.monotonic()
                 if job is None or job.state in FINISHED_STATES or left <= 0:
@@ -583,6 +601,7 @@ class MemoryJobs:
         names: Sequence[str] | None = None,
         now: float | None = None,
     ) -> list[Job]:
+        self._check_open()
         with self._lock:
             at = self._now(now)
             busy = {j.lock_key for j in self._rows.values() if j.state == "running"}
@@ -626,6 +645,7 @@ class MemoryJobs:
     def extend(
         self, held: Sequence[tuple[str, int]], lease_ttl: float, now: float | None = None
     ) -> dict[tuple[str, int], bool]:
+        self._check_open()
         with self._lock:
             at = self._now(now)
             alive: dict[tuple[str, int], bool] = {}
@@ -645,6 +665,7 @@ class MemoryJobs:
         retry_delay: float | None = None,
         now: float | None = None,
     ) -> str | None:
+        self._check_open()
         with self._lock:
             job = self._held(job_id, fence)
             if job is None:
@@ -678,6 +699,7 @@ class MemoryJobs:
         items: Sequence[tuple[str, int, str, str | None, float | None]],
         now: float | None = None,
     ) -> list[str | None]:
+        self._check_open()
         return [self.finish(*item, now=now) for item in items]
 
     def finish_and_take(
@@ -690,12 +712,14 @@ class MemoryJobs:
         names: Sequence[str] | None = None,
         now: float | None = None,
     ) -> tuple[list[str | None], list[Job]]:
+        self._check_open()
         states = self.finish_many(items, now)
         return states, self.take(queues, limit, lease_ttl, holder, names, now) if limit else []
 
     def put_back(
         self, job_id: str, fence: int, now: float | None = None, delay: float | None = None
     ) -> bool:
+        self._check_open()
         with self._lock:
             job = self._held(job_id, fence)
             if job is None:
@@ -713,6 +737,7 @@ class MemoryJobs:
         return True
 
     def reclaim(self, now: float | None = None) -> int:
+        self._check_open()
         with self._lock:
             at = self._now(now)
             lapsed = [
@@ -737,6 +762,7 @@ class MemoryJobs:
         return len(lapsed)
 
     def cancel(self, job_id: str, now: float | None = None) -> bool:
+        self._check_open()
         with self._lock:
             job = self._rows.get(job_id)
             if job is None or job.state not in LIVE_STATES:
@@ -751,6 +777,7 @@ class MemoryJobs:
             return True
 
     def retry(self, job_id: str, now: float | None = None) -> bool:
+        self._check_open()
         with self._lock:
             job = self._rows.get(job_id)
             if job is None or job.state not in ("failed", "cancelled"):
@@ -773,6 +800,7 @@ class MemoryJobs:
         return True
 
     def delete(self, job_ids: Sequence[str]) -> int:
+        self._check_open()
         with self._lock:
             gone = [i for i in job_ids if (j := self._rows.get(i)) and j.state in FINISHED_STATES]
             for i in gone:
@@ -787,6 +815,7 @@ class MemoryJobs:
         queues: Sequence[str] | None = None,
         now: float | None = None,
     ) -> int:
+        self._check_open()
         with self._lock:
             at = self._now(now)
             old = [
@@ -803,6 +832,7 @@ class MemoryJobs:
             return len(old)
 
     def advance(self, schedule_id: str, decide: Decide) -> list[Job]:
+        self._check_open()
         with self._lock:
             live = sum(
                 1

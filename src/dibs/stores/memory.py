@@ -1157,6 +1157,7 @@ class MemoryStore(Store):
         return [_snapshot(r, _BEFORE_ANY_EXPIRY) for r in records]
 
     def _close(self) -> None:
+        self._jobs.store_closed()  # its rows go with the store: later calls raise StoreClosed
         # Every stripe, then every holder lock (the global order): a call already past
         # its closed check finishes its atomic step before the indexes go, never
         # meets a half-cleared one (a KeyError deleting what it just found).

@@ -444,9 +444,13 @@ class _ThreadedFeed:
     def __init__(self, store: ThreadedStore) -> None:
         self._store = store
         self._making: asyncio.Future[ChangeFeed | None] | None = None
+        self._closed = False
 
     async def read(self) -> object:
-        """The sync feed's token, or a fresh ``object()``; raises StoreClosed once the store is."""
+        """The sync feed's token, or a fresh ``object()``; raises StoreClosed once the store
+        or this feed is closed (a read after close must not open a new sync feed)."""
+        if self._closed:
+            raise StoreClosed("this change feed is closed")
         store = self._store
         store._check_open()
         try:
@@ -477,6 +481,7 @@ class _ThreadedFeed:
         A feed still being made (a first read in flight) is waited for and closed
         too: left to finish on its own, its connection would never be closed.
         """
+        self._closed = True
         making, self._making = self._making, None
         if making is not None and not making.done():
             with contextlib.suppress(Exception):

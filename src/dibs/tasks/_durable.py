@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from dibs.exceptions import DibsError, InvalidInput, StoreUnavailable
+from dibs.exceptions import DibsError, InvalidInput, StoreClosed, StoreUnavailable
 from dibs.ratelimit import Rate, RateLimit
 from dibs.stores.base import Store
 from dibs.tasks._async import AsyncLane
@@ -349,6 +349,10 @@ class DurableRunner:
                     continue  # a finishing job sets _woken
                 try:
                     full |= self._take_some(free, names, is_async) == free
+                except StoreClosed:
+                    # Not a passing fault: trying again every poll would only fill the log.
+                    log.error("the store was closed under this processor: it takes no more jobs")
+                    return
                 except DibsError:
                     log.exception("taking durable jobs failed; trying again")
             if full:
@@ -770,7 +774,9 @@ def _recorded(
     """What an attempt that returned ``value`` or raised ``exc`` records, or None for nothing."""
     if exc is None:
         try:
-            return "ok", json.dumps(value)
+            # Strict, as arguments are: NaN, an infinity or an int key would be stored
+            # as something other than what the task returned (and NaN is not JSON).
+            return "ok", _to_json(value)
         except _UNENCODABLE as error:  # too deep a result must fail its attempt, not the worker
             exc = error
     if token.cancelled and (running.lost or token.reason is CancelReason.SHUTDOWN):

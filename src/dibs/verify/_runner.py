@@ -134,6 +134,16 @@ def _check(workload: Workload) -> type[Store]:
             field="ttl_spread",
             value=workload.ttl_spread,
         )
+    shortest = workload.ttl * min(workload.ttl_spread)
+    if shortest + 1e-9 < cls.least_hold:
+        raise InvalidInput(
+            f"the shortest hold, ttl x min(ttl_spread) = {shortest:g} s, is below the "
+            f"{cls.least_hold:g} s that {cls.scheme}:// keeps a hold at least (it would hold "
+            f"longer than the history says); raise ttl (dibs verify uses ttl=2, "
+            f"ttl_spread=(1, 2) there)",
+            field="ttl",
+            value=workload.ttl,
+        )
     if workload.slots > 10:
         raise InvalidInput("at most 10 slots per resource", field="slots", value=workload.slots)
     return cls
@@ -181,7 +191,7 @@ def run_workload(
             store = open_planted(workload.store, workload.plant)
             try:
                 _run_threads(workload, store, scratch, nemesis, progress)
-                log = _dump(store)
+                log = _dump(store, workload.run)
             finally:
                 store.close()
         else:
@@ -189,7 +199,7 @@ def run_workload(
             plant = workload.plant if workload.plant and ":" in workload.plant else None
             with open_planted(workload.store, plant) as store:
                 _run_processes(workload, store, scratch, nemesis, progress, restart, cls, plan)
-                log = _dump(store)
+                log = _dump(store, workload.run)
         notes = _client_logs(scratch, counted)
         _merge(workload, cls, scratch, nemesis, log, history, notes, header or {})
     finally:
@@ -231,12 +241,19 @@ def _client_logs(scratch: Path, counted: _PoolCount) -> list[dict[str, Any]]:
     return [{"e": "note", "about": "psycopg", "count": len(pool), "examples": examples}]
 
 
-def _dump(store: Store) -> list[Any] | None:
-    """The store's claim log, or None for a store whose log this module cannot read."""
+def _dump(store: Store, run: str) -> list[Any] | None:
+    """This run's rows of the store's claim log, or None for a store whose log this
+    module cannot read.
+
+    Every name a run uses carries its ``run`` prefix; rows without it are an
+    earlier run's (or real claims) and would read as claims nobody made.
+    """
     try:
-        return dump_log(store)
+        rows = dump_log(store)
     except TypeError:
         return None
+    mark = f"{run}-"
+    return [row for row in rows if any(mark in str(target[1]) for target in row.targets)]
 
 
 def _merge(

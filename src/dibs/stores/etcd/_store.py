@@ -13,11 +13,12 @@ from typing import Any, Self
 from dibs._clock import Clock
 from dibs._model import Claim, ClaimResult, Span, SweepResult, Unit, check_retention
 from dibs._request import ClaimRequest
+from dibs.exceptions import StoreClosed
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION, Store
 from dibs.stores.capabilities import ChangeFeed, ClaimLog, ClaimReader
 from dibs.stores.durability import Finding
 from dibs.stores.etcd._durability import findings as durability_findings
-from dibs.stores.etcd._keys import Settings, parse_url
+from dibs.stores.etcd._keys import LEASE_TTL_MIN, Settings, parse_url
 from dibs.stores.etcd._ops import Operations
 from dibs.stores.etcd._wire import SyncDriver
 
@@ -49,6 +50,7 @@ class EtcdStore(Store):
     async_store = "dibs.stores.etcd._aio:AsyncEtcdStore"
     holds_outlive_ttl = True  # a lease restarts its TTL on a leader change (dibs verify's rule)
     client_stamps = True  # etcd keeps no time: the client stamps before its Txn
+    least_hold = float(LEASE_TTL_MIN)  # a lease is whole seconds, at least 2
 
     def __init__(
         self,
@@ -133,12 +135,19 @@ class _RevisionFeed:
 
     def __init__(self, store: EtcdStore) -> None:
         self._store = store
+        self._closed = False
 
     def read(self) -> object:
+        """The revision; a fresh ``object()`` ("maybe changed") on a transient failure, and
+        :class:`~dibs.StoreClosed` once the feed or its store is closed."""
+        if self._closed:
+            raise StoreClosed("this etcd change feed is closed")
         try:
             return self._store._driver.run(self._store._ops.token())
+        except StoreClosed:
+            raise  # not transient: a reader must stop, not spin on "maybe changed"
         except Exception:  # a transient failure: "maybe changed", as the protocol says
             return object()
 
     def close(self) -> None:
-        pass
+        self._closed = True

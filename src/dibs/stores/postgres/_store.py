@@ -423,9 +423,15 @@ class _WalPosition:
         self._conninfo = conninfo
         self._lock = threading.Lock()  # guards _conn
         self._conn: psycopg.Connection[TupleRow] | None = None
+        self._closed = False
 
     def read(self) -> object:
+        """The token; a fresh ``object()`` ("maybe changed") on a failing read, and
+        :class:`~dibs.StoreClosed` once the feed is closed (a read racing close must
+        not open a connection nobody closes)."""
         with self._lock:
+            if self._closed:
+                raise StoreClosed("this PostgreSQL change feed is closed")
             try:
                 if self._conn is None:
                     self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
@@ -442,4 +448,5 @@ class _WalPosition:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._drop()

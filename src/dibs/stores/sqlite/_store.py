@@ -54,6 +54,7 @@ from dibs.exceptions import (
     HoldLostReason,
     InvalidInput,
     RequestConflict,
+    StoreClosed,
     StoreUnavailable,
 )
 from dibs.stores.base import (
@@ -1011,13 +1012,22 @@ class _DataVersion:
     """
 
     def __init__(self, path: str) -> None:
-        self._lock = threading.Lock()  # serializes reads on the one connection
+        self._lock = threading.Lock()  # serializes reads on the one connection, and close
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._closed = False
 
     def read(self) -> object:
+        """The token; a fresh ``object()`` ("maybe changed") on a failing read, and
+        :class:`~dibs.StoreClosed` once the feed is closed (never sqlite3's error)."""
         with self._lock:
-            return self._conn.execute("PRAGMA data_version").fetchone()[0]
+            if self._closed:
+                raise StoreClosed("this SQLite change feed is closed")
+            try:
+                return self._conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error:
+                return object()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
