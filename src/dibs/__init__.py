@@ -31,6 +31,7 @@ from dibs.exceptions import (
     StoreClosed,
     StoreMisconfigured,
     StoreUnavailable,
+    TransactionConflict,
     UnknownScheme,
 )
 from dibs.idempotency import IdempotencyInProgress, idempotent
@@ -86,6 +87,7 @@ __all__ = [
     "SweepResult",
     "SystemClock",
     "Target",
+    "TransactionConflict",
     "Unit",
     "UnknownScheme",
     "VehicleBlocked",

@@ -16,6 +16,7 @@ promises::
     ├── SchemaError (RuntimeError)         the stored schema is newer than this code
     ├── StoreMisconfigured (RuntimeError)  cannot be opened as configured; retrying won't help
     ├── StoreUnavailable (ConnectionError) transient; the only error worth retrying
+    ├── TransactionConflict (RuntimeError) your own transaction (connection=) was aborted
     ├── ResourceBusy (TimeoutError)        exclusive() or lease() found it taken too long
     ├── MissingExtra (ImportError)         an optional dependency is not installed
     │
@@ -52,6 +53,7 @@ __all__ = [
     "StoreClosed",
     "StoreMisconfigured",
     "StoreUnavailable",
+    "TransactionConflict",
     "UnknownScheme",
 ]
 
@@ -171,6 +173,21 @@ class StoreMisconfigured(DibsError, RuntimeError):
 
 class StoreUnavailable(DibsError, ConnectionError):
     """Raised when the store could not be reached; retry with the same request ID."""
+
+
+class TransactionConflict(DibsError, RuntimeError):
+    """Raised when the database aborted the caller's own transaction (``connection=``).
+
+    A concurrent transaction took what it needed (a unique job's key, under
+    REPEATABLE READ or SERIALIZABLE: a serialization failure; or a deadlock), so the
+    transaction is dead: roll it back and run the whole of it again. Retrying the
+    one call cannot help, so this is deliberately not a :class:`StoreUnavailable`.
+    ``sqlstate`` is the database's code (``"40001"``, ``"40P01"``; SQLite's
+    ``"SQLITE_BUSY_SNAPSHOT"``, a read snapshot a commit outdated); the driver's
+    error is the ``__cause__``.
+    """
+
+    sqlstate: str
 
 
 class ResourceBusy(DibsError, TimeoutError):

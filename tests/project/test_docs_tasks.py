@@ -60,7 +60,8 @@ def test_the_feature_examples_print_what_their_comments_say(tmp_path: Path) -> N
     assert outputs["features-5"] == ["{'acme': 2, 'zeta': 2}"]
     assert outputs["features-6"] == ["['done', 'done', 'done', 'done', 'done']", "True"]
     assert outputs["features-7"] == ["added duplicate True added", "True"]  # unique jobs
-    assert outputs["features-8"] == ["['added', 'replaced', 'replaced']", "['d']"]
-    assert outputs["features-9"] == ["added hello 7"]
-    assert outputs["features-10"] == ["5", "ValueError: no such account"]
-    assert outputs["features-11"] == ["4950"]
+    assert outputs["features-8"] == ["['added', 'added', 'replaced']", "True", "[1, 'email']"]
+    assert outputs["features-9"] == ["['added', 'replaced', 'replaced']", "['d']"]
+    assert outputs["features-10"] == ["added hello 7"]
+    assert outputs["features-11"] == ["5", "ValueError: no such account"]
+    assert outputs["features-12"] == ["4950"]

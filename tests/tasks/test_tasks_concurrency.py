@@ -3,6 +3,8 @@
 Each job raises a per-key counter when it starts and lowers it before it returns, so
 the counter never exceeds the number of attempts holding a permit: a count over N is
 a real breach. A worker killed with SIGKILL gives its permit back when its lease ends.
+Jobs of a key at its limit are deferred on the store's clock, each to its own due
+time: the tests on a FakeClock store move that clock while they wait (``_pumped``).
 """
 
 from __future__ import annotations
@@ -13,22 +15,46 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 import dibs
 from conftest import kinds_offering
-from dibs import InvalidInput, Store
+from dibs import FakeClock, InvalidInput, Store
 from dibs.tasks import TaskProcessor
+from eventually import eventually
 
 WITH_JOBS = pytest.mark.parametrize("store_kind", kinds_offering("job_table"))
 
 GUARD = 90.0  # real seconds before a wait is declared hung
+POLL = 0.01
+
+
+@contextmanager
+def _pumped(clock: FakeClock, step: float = POLL) -> Iterator[None]:
+    """Move ``clock`` on by ``step`` about every ``step`` real seconds, so that jobs
+    deferred on the store's clock come due; never faster than real time, so leases on
+    that clock do not lapse under a renewal thread that keeps real time."""
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.wait(step):
+            clock.advance(step)
+
+    thread = threading.Thread(target=pump, name="clock-pump", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @WITH_JOBS
-def test_at_most_n_jobs_of_one_key_run_at_once(store: Store) -> None:
+def test_at_most_n_jobs_of_one_key_run_at_once(store: Store, clock: FakeClock) -> None:
     active: Counter[str] = Counter()
     peak: Counter[str] = Counter()
     guard = threading.Lock()
@@ -45,15 +71,16 @@ def test_at_most_n_jobs_of_one_key_run_at_once(store: Store) -> None:
             return n
 
         jobs = [processor.enqueue("export", c, n) for n in range(16) for c in ("acme", "zeta")]
-        for job in jobs:
-            assert processor.wait(job, timeout=GUARD).state == "done"
+        with _pumped(clock):
+            for job in jobs:
+                assert processor.wait(job, timeout=GUARD).state == "done"
     assert 1 <= peak["acme"] <= 2
     assert 1 <= peak["zeta"] <= 2
     assert dibs.Semaphore(store, "dibs.tasks.concurrency/acme", permits=2).holders() == []
 
 
 @WITH_JOBS
-def test_the_default_key_is_the_task(store: Store) -> None:
+def test_the_default_key_is_the_task(store: Store, clock: FakeClock) -> None:
     active = peak = 0
     guard = threading.Lock()
     with TaskProcessor(store=store, workers=6, lease=5, poll=0.01) as processor:
@@ -69,9 +96,62 @@ def test_the_default_key_is_the_task(store: Store) -> None:
                 active -= 1
 
         jobs = [processor.enqueue("one-at-a-time") for _ in range(12)]
-        for job in jobs:
-            assert processor.wait(job, timeout=GUARD).state == "done"
+        with _pumped(clock):
+            for job in jobs:
+                assert processor.wait(job, timeout=GUARD).state == "done"
     assert peak == 1
+
+
+@WITH_JOBS
+def test_jobs_deferred_by_a_full_key_come_due_each_at_its_own_time(
+    store: Store, clock: FakeClock
+) -> None:
+    """One job holds the key's only permit; the others, taken and refused together while
+    the clock stands still, are each due again later than now and no two at the same
+    time (a poll plus a random part of one). Then the holder ends, the clock moves, and
+    every job runs, one at a time."""
+    release = threading.Event()
+    started: list[int] = []
+    active = peak = 0
+    guard = threading.Lock()
+    with TaskProcessor(store=store, workers=4, lease=30, poll=POLL) as processor:
+
+        @processor.task("report", concurrency=1, concurrency_key="tenant")
+        def report(n: int) -> int:
+            nonlocal active, peak
+            with guard:
+                active += 1
+                peak = max(peak, active)
+                started.append(n)
+            if n == 0:
+                release.wait(GUARD)
+            with guard:
+                active -= 1
+            return n
+
+        hog = processor.enqueue("report", 0)
+        eventually(lambda: started == [0], "the first job holds the permit")
+        waiting = [processor.enqueue("report", n) for n in range(1, 13)]
+
+        def all_put_back() -> bool:
+            records = [processor.job(j) for j in waiting]
+            return all(r is not None and r.attempts for r in records)
+
+        eventually(all_put_back, "every waiting job taken and put back")
+        records = [processor.job(j) for j in waiting]
+        assert all(r is not None and r.state == "pending" for r in records), records
+        now = clock.now()
+        due = [r.run_at.timestamp() for r in records if r is not None]
+        assert all(d > now for d in due), (now, due)
+        assert len(set(due)) == len(due), due  # each at its own time
+        assert all(d <= now + 2 * POLL + 1e-6 for d in due), (now, due)  # within two polls
+        assert started == [0]  # the clock stood still: none came due again
+        release.set()
+        with _pumped(clock):
+            for job in [hog, *waiting]:
+                assert processor.wait(job, timeout=GUARD).state == "done"
+    assert peak == 1
+    assert sorted(started) == list(range(13))
 
 
 @pytest.mark.parametrize(

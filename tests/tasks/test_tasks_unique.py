@@ -340,8 +340,14 @@ def test_bad_calls_are_invalid_input_and_add_nothing(tasks: TaskProcessor) -> No
         tasks.insert("deb", 1, key="k")
     assert raised.value.field == "key"
     with pytest.raises(InvalidInput) as raised:
-        tasks.enqueue_many("deb", [(1,), (2,)])
-    assert raised.value.field == "unique"
+        tasks.enqueue_many("deb", [(1,), (2,)], delay=5)  # a batch is checked as one call
+    assert raised.value.field == "delay"
+    with pytest.raises(InvalidInput) as raised:
+        tasks.insert_many("deb", [(1,), (2,)], key="k")
+    assert raised.value.field == "key"
+    with pytest.raises(InvalidInput) as raised:
+        tasks.insert_many("deb", [(1,), (1, 2, 3)])  # the second is bad: neither is added
+    assert raised.value.field == "args"
     with pytest.raises(InvalidInput) as raised:
         tasks.insert("deb", 1, 2, 3)  # does not fit the signature: it could never run
     assert raised.value.field == "args"

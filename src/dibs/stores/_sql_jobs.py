@@ -410,6 +410,11 @@ class SQLJobs(abc.ABC):
     def add_unique(
         self, job: Job, mode: str, window: float | None, connection: object | None = None
     ) -> tuple[str, str]:
+        return self.add_unique_many([job], mode, window, connection)[0]
+
+    def add_unique_many(
+        self, jobs: Sequence[Job], mode: str, window: float | None, connection: object | None = None
+    ) -> list[tuple[str, str]]:
         debounce = mode == "debounce" and window is not None
         window_sql = f"CAST(:window AS {_FLOAT})"
         until = "NULL" if window is None or debounce else f"{{now}} + {window_sql}"
@@ -422,19 +427,21 @@ class SQLJobs(abc.ABC):
         replace = self._statement("unique_replace", variant, run_at=run_at, until=until)
         expire, standing = self._statement("unique_expire"), self._statement("unique_standing")
         origin = self._origin() if connection is None else ""
-        params: dict[str, Any] = {
-            f"{col}_0": value for col, value in zip(COLUMN_NAMES, row_values(job), strict=True)
-        }
-        params |= {
-            "now": self._now(None), "channel": self._dialect.channel, "origin": origin,
-            "window": window, "unique_key": job.unique_key, "args": job.args,
-            "run_at": job.run_at,
-        }  # fmt: skip
+        now = self._now(None)
 
-        def work(conn: Any) -> tuple[str, str]:
+        def one(conn: Any, job: Job) -> tuple[str, str]:
+            params: dict[str, Any] = {
+                f"{col}_0": value for col, value in zip(COLUMN_NAMES, row_values(job), strict=True)
+            }
+            params |= {
+                "now": now, "channel": self._dialect.channel, "origin": origin,
+                "window": window, "unique_key": job.unique_key, "args": job.args,
+                "run_at": job.run_at,
+            }  # fmt: skip
             # The unique index decides; these reads only say who won. A round ends
             # without a decision only if the holder changed in between (PostgreSQL,
-            # READ COMMITTED: each statement sees the latest commits).
+            # READ COMMITTED: each statement sees the latest commits). An earlier job
+            # of the batch is this transaction's own row: met as any other holder.
             for _ in range(UNIQUE_TRIES):
                 self._run(conn, expire, params)
                 if mode != "refuse":
@@ -450,8 +457,18 @@ class SQLJobs(abc.ABC):
                 f"unique job key stayed contended for {UNIQUE_TRIES} rounds; try again"
             )
 
+        # Keys in one order (a job's own order among its key's): two batches wait for each
+        # other's rows in that order, so they never deadlock; a key's calls keep theirs.
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].unique_key or "", i))
+
+        def work(conn: Any) -> list[tuple[str, str]]:
+            decided: dict[int, tuple[str, str]] = {i: one(conn, jobs[i]) for i in order}
+            return [decided[i] for i in range(len(jobs))]
+
+        if not jobs:
+            return []
         result = self._atomic(work) if connection is None else self._on_caller(connection, work)
-        if result[1] != "duplicate":
+        if any(outcome != "duplicate" for _, outcome in result):
             self._local_wake()
         return result
 

@@ -194,6 +194,17 @@ class JobTable(Protocol):
         """
         ...
 
+    def add_unique_many(
+        self, jobs: Sequence[Job], mode: str, window: float | None, connection: object | None = None
+    ) -> list[tuple[str, str]]:
+        """:meth:`add_unique` for each of ``jobs`` in order, in one transaction; the
+        ``(job ID, outcome)`` of each. A later job of a key an earlier one in the batch
+        took meets it as it would meet a job added before: ``refuse`` answers
+        ``duplicate``, ``replace`` and ``debounce`` give it the later arguments
+        (``replaced``). All or none: an error leaves none of them added or replaced.
+        """
+        ...
+
     # --- reading --------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job | None:
@@ -500,6 +511,11 @@ class MemoryJobs:
     def add_unique(
         self, job: Job, mode: str, window: float | None, connection: object | None = None
     ) -> tuple[str, str]:
+        return self.add_unique_many([job], mode, window, connection)[0]
+
+    def add_unique_many(
+        self, jobs: Sequence[Job], mode: str, window: float | None, connection: object | None = None
+    ) -> list[tuple[str, str]]:
         self._check_open()
         if connection is not None:
             raise InvalidInput(
@@ -508,32 +524,34 @@ class MemoryJobs:
             )  # fmt: skip
         with self._lock:
             now = self._clock()
-            debounce = mode == "debounce" and window is not None
-            until = None if window is None or debounce else now + window
-            run_at = now + window if debounce and window is not None else job.run_at
-            assert job.unique_key is not None
-            holders = self._unique.setdefault(job.unique_key, set())
-            for row_id in sorted(holders):
-                row = self._rows.get(row_id)
-                if row is None or row.unique_key != job.unique_key:
-                    holders.discard(row_id)  # purged, deleted or expired
-                    continue
-                if row.unique_until is not None and row.unique_until <= now:
-                    self._rows[row.id] = replace(row, unique_key=None)  # its window has passed
-                elif counts(row):
-                    if mode == "refuse" or row.state != "pending":
-                        return row.id, "duplicate"
-                    self._rows[row.id] = replace(
-                        row, args=job.args, run_at=now if run_at is None else run_at,
-                        unique_until=until,
-                    )  # fmt: skip
-                    outcome = (row.id, "replaced")
-                    break
-            else:
-                added = self._insert(replace(job, run_at=run_at, unique_until=until), now)
-                outcome = (added, "added" if added == job.id else "duplicate")
-        self._wake_all()
-        return outcome
+            outcomes = [self._unique_one(job, mode, window, now) for job in jobs]
+        if any(outcome != "duplicate" for _, outcome in outcomes):
+            self._wake_all()
+        return outcomes
+
+    def _unique_one(self, job: Job, mode: str, window: float | None, now: float) -> tuple[str, str]:
+        debounce = mode == "debounce" and window is not None
+        until = None if window is None or debounce else now + window
+        run_at = now + window if debounce and window is not None else job.run_at
+        assert job.unique_key is not None
+        holders = self._unique.setdefault(job.unique_key, set())
+        for row_id in sorted(holders):
+            row = self._rows.get(row_id)
+            if row is None or row.unique_key != job.unique_key:
+                holders.discard(row_id)  # purged, deleted or expired
+                continue
+            if row.unique_until is not None and row.unique_until <= now:
+                self._rows[row.id] = replace(row, unique_key=None)  # its window has passed
+            elif counts(row):
+                if mode == "refuse" or row.state != "pending":
+                    return row.id, "duplicate"
+                self._rows[row.id] = replace(
+                    row, args=job.args, run_at=now if run_at is None else run_at,
+                    unique_until=until,
+                )  # fmt: skip
+                return row.id, "replaced"
+        added = self._insert(replace(job, run_at=run_at, unique_until=until), now)
+        return added, "added" if added == job.id else "duplicate"
 
     def get(self, job_id: str) -> Job | None:
         self._check_open()

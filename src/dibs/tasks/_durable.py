@@ -506,8 +506,9 @@ class DurableRunner:
             return not self._taking
 
     def _spread(self, delay: float) -> float:
-        """``delay`` and a random part of it (at least of a poll): jobs a rate limit deferred
-        together must not all come due together, to be taken and put back together again."""
+        """``delay`` and a random part of it (at least of a poll): jobs a rate limit or a
+        concurrency limit deferred together must not all come due together, to be taken
+        and put back together again."""
         return delay + self._rng.uniform(0, max(self.poll, delay * SPREAD))
 
     def _lock_key(self, job: Job) -> bool:
@@ -523,9 +524,11 @@ class DurableRunner:
                 return True
         except DibsError:
             log.exception("claiming the lock key or permit of job %s failed; put back", job.id)
-        # Due again at once (not deferred on the store's clock: a permit may free at any
-        # moment, and a clock that stands still, as a FakeClock does, must not stall it).
-        self._give_back(job)
+        # Deferred as a rate limit's refusals are, a poll and a random part of one: jobs
+        # of a key at its limit, put back together, must not all come due together only
+        # to be taken and put back together again at every poll. On the store's clock,
+        # so a FakeClock's test advances it for them (docs/tasks.md).
+        self._give_back(job, delay=self._spread(self.poll))
         return False
 
     # --- running and finishing ------------------------------------------------------------

@@ -24,6 +24,7 @@ from dibs.stores.jobs import DEFAULT_QUEUE, FINISHED_STATES, LIVE_STATES
 from dibs.tasks._durable import DurableRunner, RegisteredTask, encode_payload
 from dibs.tasks._durable_schedules import DurableSchedule, schedule_lock_key
 from dibs.tasks._engine import Engine
+from dibs.tasks._enqueue import Adding, Call, check_unique
 from dibs.tasks._errors import (
     CancelReason,
     JobFailed,
@@ -45,7 +46,7 @@ from dibs.tasks._records import JobOptions, JobRecord, to_record
 from dibs.tasks._schedules import Misfire, Policy, Schedule, ScheduleState, policy
 from dibs.tasks._time import to_epoch, to_seconds
 from dibs.tasks._triggers import CronTrigger, EveryTrigger, Trigger, zone
-from dibs.tasks._unique import Inserted, Unique, unique_key
+from dibs.tasks._unique import Inserted, Unique
 
 __all__ = ["TaskProcessor"]
 
@@ -119,6 +120,9 @@ class TaskProcessor:
         self._ids = itertools.count(1)
         self._durable: DurableRunner | None = None
         self._job_options: dict[str, JobOptions] = {}
+        self._adding = Adding(
+            self._require_store, self._registered, self._job_options, self._check_open_now
+        )
         if store is not None:
             try:
                 self._durable = DurableRunner(
@@ -321,7 +325,7 @@ class TaskProcessor:
                     value=rate_key,
                 )
         options = JobOptions().merged(queue, priority, lock_key, retention)
-        _check_unique(unique)
+        check_unique(unique)
 
         def register(fn: Callable[..., R]) -> Callable[..., R]:
             check_fn(fn)
@@ -410,37 +414,8 @@ class TaskProcessor:
         ``unique``, also for ``key=`` (one or the other) and, in ``debounce`` mode,
         for ``at=`` or ``delay=`` (the window decides when it runs).
         """
-        durable = self._require_store()
-        registered = self._registered(task)
-        _check_unique(unique)
-        rule = registered.unique if unique is None else unique
-        if rule is None:
-            made_ids, standing = self._enqueue_calls(
-                task, [(args, kwargs)], at=at, delay=delay, key=key, queue=queue,
-                priority=priority, lock_key=lock_key, retention=retention, connection=connection,
-            )  # fmt: skip
-            return Inserted(standing[0], "added" if standing == made_ids else "duplicate")
-        if key is not None:
-            raise InvalidInput("give key= or a unique rule, not both", field="key", value=key)
-        if rule.mode == "debounce" and (at is not None or delay is not None):
-            raise InvalidInput(
-                "a debounced job runs window seconds after the latest call: no at= or delay=",
-                field="delay" if delay is not None else "at", value=delay if at is None else at,
-            )  # fmt: skip
-        options = self._job_options.get(registered.name, JobOptions()).merged(
-            queue, priority, lock_key, retention
-        )
-        run_at = self._run_at(at, delay)
-        payload = encode_payload(args, kwargs)
-        made = unique_key(rule, registered.name, registered.fn, args, kwargs)
-        with self._engine.lock:
-            self._check_open()
-        job = replace(
-            self._new_job(registered, payload, f"j-{secrets.token_hex(8)}", run_at, options),
-            unique_key=made, unique_states=rule.state_bits,
-        )  # fmt: skip
-        job_id, outcome = durable.jobs.add_unique(job, rule.mode, rule.seconds, connection)
-        return Inserted(job_id, outcome)  # type: ignore[arg-type]
+        call = Call(at, delay, key, queue, priority, lock_key, retention, connection, unique)
+        return self._adding.insert_many(task, [(args, kwargs)], call)[0]
 
     def enqueue_many(
         self,
@@ -456,6 +431,7 @@ class TaskProcessor:
         lock_key: str | None = None,
         retention: float | None = None,
         connection: object = None,
+        unique: Unique | None = None,
     ) -> list[str]:
         """Add one job of ``task`` per call, all in one transaction; return their IDs in order.
 
@@ -463,65 +439,46 @@ class TaskProcessor:
         arguments, or an ``(args, kwargs)`` pair of a tuple and a dict. The
         options are those of :meth:`enqueue` and apply to every job (a ``key``
         to the first one only makes no sense, so ``key`` is refused with more
-        than one call). Either every job is added or none is. Raises
-        :class:`~dibs.InvalidInput` for bad arguments, and for a unique task (its
-        jobs are enqueued one by one, each against its key).
+        than one call). Either every job is added or none is. For a unique task
+        (or with ``unique``) each ID is the one :meth:`enqueue` would return:
+        see :meth:`insert_many`. Raises :class:`~dibs.InvalidInput` for bad
+        arguments, and :class:`ProcessorClosed` once shutdown has begun.
         """
-        return self._enqueue_calls(
+        inserted = self.insert_many(
             task, calls, at=at, delay=delay, key=key, queue=queue, priority=priority,
-            lock_key=lock_key, retention=retention, connection=connection,
-        )[1]  # fmt: skip
+            lock_key=lock_key, retention=retention, connection=connection, unique=unique,
+        )  # fmt: skip
+        return [one.job_id for one in inserted]
 
-    def _enqueue_calls(
+    def insert_many(
         self,
         task: str | Callable[..., Any],
         calls: Iterable[tuple[Any, ...] | Mapping[str, Any]],
         /,
         *,
-        at: object,
-        delay: object,
-        key: str | None,
-        queue: str | None,
-        priority: int | None,
-        lock_key: str | None,
-        retention: float | None,
-        connection: object,
-    ) -> tuple[list[str], list[str]]:
-        """:meth:`enqueue_many`: the IDs made for the new jobs, and the IDs standing."""
-        durable = self._require_store()
-        registered = self._registered(task)
-        if registered.unique is not None:
-            raise InvalidInput(
-                f"task {registered.name!r} is unique: enqueue its jobs one by one "
-                "(enqueue or insert), each against its key",
-                field="unique", value=registered.unique,
-            )  # fmt: skip
-        options = self._job_options.get(registered.name, JobOptions()).merged(
-            queue, priority, lock_key, retention
-        )
-        run_at = self._run_at(at, delay)
-        if key is not None:
-            check_id(key, "key")
-        if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
-            raise InvalidInput(
-                f"calls must be a list of calls, got {shown(calls)}", field="calls", value=calls
-            )
-        payloads = [encode_payload(*_split_call(call)) for call in calls]
-        if key is not None and len(payloads) > 1:
-            raise InvalidInput(
-                "key= de-duplicates one job; give it to enqueue(), not to a batch",
-                field="key", value=key,
-            )  # fmt: skip
-        with self._engine.lock:
-            self._check_open()
-        jobs = [
-            self._new_job(registered, payload, f"j-{secrets.token_hex(8)}", run_at, options,
-                          key=key)
-            for payload in payloads
-        ]  # fmt: skip
-        if not jobs:
-            return [], []
-        return [job.id for job in jobs], durable.jobs.add_many(jobs, connection=connection)
+        at: object = None,
+        delay: object = None,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        lock_key: str | None = None,
+        retention: float | None = None,
+        connection: object = None,
+        unique: Unique | None = None,
+    ) -> list[Inserted]:
+        """:meth:`enqueue_many`, telling what happened to each call: an
+        :class:`~dibs.tasks.Inserted` per call, in order, as :meth:`insert` tells.
+
+        For a unique task (or with ``unique``), each job's key is decided in the
+        batch's one transaction (yours, with ``connection``), in order, as if each
+        call were an :meth:`insert` of its own: a later call of a key that an
+        earlier one in the batch took is a ``duplicate`` of it (``refuse``), or
+        ``replaced`` it with its arguments (``replace``, ``debounce``), exactly as it
+        would meet a job added before the batch. All or none. Raises like
+        :meth:`enqueue_many`, and like :meth:`insert` for a unique rule.
+        """
+        call = Call(at, delay, key, queue, priority, lock_key, retention, connection, unique)
+        return self._adding.insert_many(task, calls, call)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for durable job ``job_id`` to finish and return its result.
@@ -628,29 +585,6 @@ class TaskProcessor:
         :class:`~dibs.InvalidInput` without a store.
         """
         return self._require_store().jobs.retry(check_id(job_id, "job_id"))
-
-    def _run_at(self, at: object, delay: object) -> float | None:
-        """The due time of a job: ``at``, now + ``delay``, or None (now, on the store's clock)."""
-        if at is not None and delay is not None:
-            raise InvalidInput("give at= or delay=, not both", field="delay", value=delay)
-        if at is not None:
-            return to_epoch(at, "at")
-        if delay is not None:
-            seconds = to_seconds(delay, "delay", allow_zero=True)
-            return self._require_store().store.now().timestamp() + seconds
-        return None
-
-    def _new_job(
-        self, registered: RegisteredTask, payload: str, job_id: str, run_at: float | None,
-        options: JobOptions, *, key: str | None = None, schedule_id: str | None = None,
-    ) -> Job:  # fmt: skip
-        job = self._require_store().new_job(
-            registered, payload, job_id, 0.0, key=key, schedule_id=schedule_id
-        )
-        return replace(
-            job, run_at=run_at, queue=options.queue, priority=options.priority,
-            lock_key=options.lock_key, retention=options.retention,
-        )  # fmt: skip
 
     def _require_store(self) -> DurableRunner:
         if self._durable is None:
@@ -773,6 +707,10 @@ class TaskProcessor:
         if self._engine.closing:
             raise ProcessorClosed("the task processor is shutting down; it takes no new work")
 
+    def _check_open_now(self) -> None:
+        with self._engine.lock:
+            self._check_open()
+
     def _add_schedule(
         self,
         trigger: Trigger,
@@ -850,7 +788,7 @@ class TaskProcessor:
             options = replace(options, lock_key=schedule_lock_key(schedule_id))
 
         def make_job(job_id: str, nominal: float) -> Job:
-            return self._new_job(
+            return self._adding.new_job(
                 registered, payload, job_id, nominal, options, schedule_id=schedule_id
             )
 
@@ -864,36 +802,6 @@ class TaskProcessor:
                 value=schedule_id,
             )
         return DurableSchedule(schedule_id, trigger, rules, make_job)
-
-
-def _check_unique(unique: object) -> None:
-    """Raise :class:`~dibs.InvalidInput` unless ``unique`` is a :class:`Unique` or None."""
-    if unique is not None and not isinstance(unique, Unique):
-        raise InvalidInput(
-            f"unique must be a dibs.tasks.Unique or None, got {shown(unique)}",
-            field="unique", value=unique,
-        )  # fmt: skip
-
-
-def _split_call(call: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """One call of :meth:`TaskProcessor.enqueue_many` as ``(args, kwargs)``."""
-    if (
-        isinstance(call, tuple)
-        and len(call) == 2
-        and isinstance(call[0], tuple)
-        and isinstance(call[1], dict)
-    ):
-        return call[0], call[1]
-    if isinstance(call, tuple):
-        return call, {}
-    if isinstance(call, Mapping) and all(isinstance(name, str) for name in call):
-        return (), dict(call)
-    raise InvalidInput(
-        f"each call is a tuple of arguments, a mapping of keyword arguments or an "
-        f"(args, kwargs) pair, got {shown(call)}",
-        field="calls",
-        value=call,
-    )
 
 
 QUEUES_ENV = "DIBS_QUEUES"

@@ -27,7 +27,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from dibs.exceptions import InvalidInput, StoreClosed, StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreClosed, StoreUnavailable, TransactionConflict
 from dibs.stores._sql_jobs import Dialect, SQLJobs
 from dibs.stores.postgres._connect import unreplicated
 from dibs.stores.postgres._sql import JOBS, upgrade
@@ -180,6 +180,14 @@ class PostgresJobs(SQLJobs):
                 field="connection",
                 value=connection,
             ) from exc
+        except _CALLERS_CONFLICTS as exc:
+            # The caller's transaction is aborted (its snapshot lost to a concurrent
+            # commit): only the caller can retry it, as a whole, so not StoreUnavailable.
+            raise TransactionConflict(
+                f"your transaction was aborted by a concurrent one ({exc.sqlstate}: "
+                f"{exc}); roll back and run the whole transaction again",
+                sqlstate=exc.sqlstate or "",
+            ) from exc
         except psycopg.Error as exc:
             raise StoreUnavailable(
                 f"PostgreSQL job table, on the caller's connection: {exc}"
@@ -239,6 +247,9 @@ _CALLERS_MISTAKES = (
     psycopg.errors.ReadOnlySqlTransaction,
 )
 """Errors on a caller's connection that retrying cannot mend: :class:`~dibs.InvalidInput`."""
+
+_CALLERS_CONFLICTS = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+"""Errors that abort the caller's transaction: :class:`~dibs.TransactionConflict`."""
 
 
 def _identity(

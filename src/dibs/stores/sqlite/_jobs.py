@@ -38,7 +38,7 @@ try:
 except ImportError:  # Windows: SQLite's busy handler alone
     fcntl = None  # type: ignore[assignment]
 
-from dibs.exceptions import InvalidInput, StoreUnavailable
+from dibs.exceptions import InvalidInput, StoreUnavailable, TransactionConflict
 from dibs.stores._sql_jobs import Dialect, SQLJobs
 from dibs.stores.sqlite._conn import SQLitePool, file_id
 from dibs.stores.sqlite._schema import JOBS, upgrade
@@ -243,6 +243,14 @@ class SQLiteJobs(SQLJobs):
             # Missing tables (a store not yet opened there), or a read-only connection.
             if "no such table" in str(exc) or _code(exc) == sqlite3.SQLITE_READONLY:
                 raise _unusable(connection, exc) from exc
+            if getattr(exc, "sqlite_errorcode", None) == _BUSY_SNAPSHOT:
+                # The caller's read snapshot is older than a commit since: no wait can
+                # mend it, only a new transaction (the caller's to run again, whole).
+                raise TransactionConflict(
+                    f"your transaction's snapshot is older than a concurrent commit "
+                    f"({exc}); roll back and run the whole transaction again",
+                    sqlstate="SQLITE_BUSY_SNAPSHOT",
+                ) from exc
             raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite job table, on the caller's connection: {exc}") from exc
@@ -292,6 +300,10 @@ def _autocommits(connection: sqlite3.Connection) -> bool:
     if isinstance(autocommit, bool):
         return autocommit
     return connection.isolation_level is None
+
+
+_BUSY_SNAPSHOT = 517
+"""SQLITE_BUSY_SNAPSHOT: a write in a read transaction whose snapshot a commit has outdated."""
 
 
 def _code(exc: sqlite3.Error) -> int:
