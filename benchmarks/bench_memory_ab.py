@@ -141,9 +141,9 @@ def _instructions(src: str, kind: str, n: int) -> int:
     return int(line.split(":")[1].replace(",", ""))
 
 
-def _count(trees: dict[str, str], n: int) -> None:
+def _count(trees: dict[str, str], n: int, kinds: list[str]) -> None:
     print(f"{'workload':26} {'old instr/op':>13} {'new instr/op':>13} {'old/new':>8}")
-    for kind in _KINDS:
+    for kind in kinds:
         per_op = {}
         for side, src in trees.items():
             # The baseline run sets up the same (for "lost": the other holder's units).
@@ -185,13 +185,16 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions per operation (valgrind)"
     )
+    parser.add_argument(
+        "--workload", action="append", choices=_KINDS, help="with --instructions: only these"
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as scratch:
         trees = {"old": _tree(args.old, scratch, "old"), "new": _tree(args.new, scratch, "new")}
         if args.instructions:
             print(f"memory:// {args.old} -> {args.new}, instructions per operation, valgrind")
-            _count(trees, args.claims)
+            _count(trees, args.claims, args.workload or list(_KINDS))
             return
         for r in range(args.rounds):
             for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
