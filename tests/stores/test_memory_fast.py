@@ -355,6 +355,33 @@ def test_a_snapshot_does_not_change_with_the_claim() -> None:
     assert confirmed.state is ClaimState.CONFIRMED and confirmed.expires_at is None
 
 
+def test_refusals_of_a_confirmed_claim_answer_alike_on_both_paths() -> None:
+    # The inline path refuses a unit another holder has confirmed before it reads
+    # the clock: every refusal must still name the unit asked for (a group
+    # claim's units each their own), before and after the unit changes hands.
+    def play(cls: type[MemoryStore]) -> list[Any]:
+        store = cls(clock=FakeClock())
+        store._id_prefix = "c-"
+        seats = [Unit("hall", "1"), Unit("hall", "2"), Unit("hall", "3")]
+        out: list[Any] = [store.claim(seats[0], holder="alice")]
+        out += [store.claim(seats[0], holder=who) for who in ("bob", "carol", "bob")]
+        out.append(store.claim(seats[1:], holder="alice"))
+        out += [store.claim(seat, holder="bob") for seat in (seats[1], seats[2], seats[1])]
+        first = out[0].claim
+        out.append(store.release(first.id, holder="alice", fence=first.fence))
+        out.append(store.claim(seats[0], holder="bob"))
+        out += [store.claim(seats[0], holder=who) for who in ("alice", "bob")]
+        out.append([_fields(c) for c in store.claim_log().claims()])
+        return out
+
+    inline = play(MemoryStore)
+    assert inline == play(GeneralPathStore)
+    assert [r.taken for r in inline[1:4]] == [(Unit("hall", "1"),)] * 3
+    assert [r.taken for r in inline[5:8]] == [(Unit("hall", "2"),), (Unit("hall", "3"),),
+                                              (Unit("hall", "2"),)]  # fmt: skip
+    assert inline[9].granted and not inline[10].granted and inline[11].replayed
+
+
 # --- races: inline transitions against sweeps and takeovers ------------------------------------
 
 

@@ -397,6 +397,20 @@ class MemoryStore(Store):
         try:
             # Linearization point: the check and the set below run with the
             # unit's stripe (and the request ID's) held.
+            current = self._units.get(targets)
+            if (
+                current is not None
+                and current["state"] is _CONFIRMED
+                and request_id is None
+                and current["holder"] != holder
+            ):
+                # Confirmed by another holder: lost whatever the time, so the
+                # clock is not read (most attempts in a race end here).
+                lost: ClaimResult = _new(ClaimResult)
+                values = lost.__dict__
+                values["granted"] = False
+                values["taken"] = (targets,)
+                return lost
             now = (
                 (_time_ns() + 500) // 1000
                 if self._system_clock
@@ -406,7 +420,6 @@ class MemoryStore(Store):
                 # A replay or a conflict: the general step decides.
                 return self._claim_locked((targets,), holder, request_id, ttl, now)
             claimed = (targets,)
-            current = self._units.get(targets)
             if current is not None:
                 state = current["state"]
                 if request_id is not None or not (
@@ -417,7 +430,7 @@ class MemoryStore(Store):
                 if current["holder"] == holder and current["targets"] == claimed:
                     # Natural key: the holder re-claiming exactly what it holds.
                     return make_result(True, _snapshot(current, now), (), replayed=True)
-                lost: ClaimResult = _new(ClaimResult)
+                lost = _new(ClaimResult)
                 values = lost.__dict__
                 values["granted"] = False
                 values["taken"] = claimed
