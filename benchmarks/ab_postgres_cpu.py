@@ -34,13 +34,14 @@ import dibs
 with dibs.open(f"{sys.argv[1]}?schema=ab_{secrets.token_hex(3)}&pool_min=1&pool_max=1") as s:
     for i in range(300):
         s.claim(dibs.Unit("warm", str(i)), holder="h", ttl=300)
-    c0 = time.process_time()
+    c0, w0 = time.process_time(), time.perf_counter()
     held = [s.claim(dibs.Unit("m", str(i)), holder="h", ttl=300).claim for i in range(2000)]
-    c1 = time.process_time()
+    c1, w1 = time.process_time(), time.perf_counter()
     for claim in held[:500]:
         s.confirm(claim.id, holder="h", fence=claim.fence)
-    c2 = time.process_time()
-print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6)
+    c2, w2 = time.process_time(), time.perf_counter()
+print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6,
+      (w1 - w0) / 2000 * 1e6, (w2 - w1) / 500 * 1e6)
 """
 
 CHILD_AIO = """
@@ -51,16 +52,17 @@ async def main():
     async with dibs.aio.open(url) as s:
         for i in range(300):
             await s.claim(dibs.Unit("warm", str(i)), holder="h", ttl=300)
-        c0 = time.process_time()
+        c0, w0 = time.process_time(), time.perf_counter()
         held = [
             (await s.claim(dibs.Unit("m", str(i)), holder="h", ttl=300)).claim
             for i in range(2000)
         ]
-        c1 = time.process_time()
+        c1, w1 = time.process_time(), time.perf_counter()
         for claim in held[:500]:
             await s.confirm(claim.id, holder="h", fence=claim.fence)
-        c2 = time.process_time()
-    print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6)
+        c2, w2 = time.process_time(), time.perf_counter()
+    print((c1 - c0) / 2000 * 1e6, (c2 - c1) / 500 * 1e6,
+          (w1 - w0) / 2000 * 1e6, (w2 - w1) / 500 * 1e6)
 if sys.argv[2] == "uvloop":
     import uvloop
     uvloop.run(main())
@@ -78,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     code, extra = (CHILD_AIO, [args.loop]) if args.aio else (CHILD, [])
     sides = {"base": args.base, "this": str(HERE.parent / "src")}
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    runs: dict[str, list[tuple[float, ...]]] = {name: [] for name in sides}
     with PostgresServer() as server:
         url = server.create_database("ab")
         for _ in range(args.pairs):
@@ -90,14 +92,15 @@ def main() -> None:
                     text=True,
                     check=True,
                 ).stdout.split()
-                runs[name].append((float(out[0]), float(out[1])))
+                runs[name].append(tuple(float(x) for x in out))
     med = statistics.median
     for name, values in runs.items():
         print(
             f"{name}: client CPU per claim {med(v[0] for v in values):.0f} µs, "
-            f"per confirm {med(v[1] for v in values):.0f} µs"
+            f"per confirm {med(v[1] for v in values):.0f} µs; wall clock per claim "
+            f"{med(v[2] for v in values):.0f} µs, per confirm {med(v[3] for v in values):.0f} µs"
         )
-    for i, op in enumerate(("claim", "confirm")):
+    for i, op in enumerate(("claim", "confirm", "claim (wall)", "confirm (wall)")):
         ratios = [t[i] / b[i] for t, b in zip(runs["this"], runs["base"], strict=True)]
         print(f"this ÷ base, {op}: {med(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
 
