@@ -8,8 +8,8 @@ its records in a local ``redis-server`` that this script starts and stops
 (its own Redis layer, the peer Powertools users run outside DynamoDB). dibs
 always validates the payload; Powertools runs without payload validation (see
 ``powertools_on``), so it does a little less work. The figures are calls per second
-and the ratio to Powertools; the machine is shared and noisy, so read the
-ratios.
+and, per contender, the median and range of the per-round ratios to
+Powertools; the machine is shared and noisy, so read the ratios.
 
     python benchmarks/bench_idempotent.py                  # memory:// and sqlite://
     python benchmarks/bench_idempotent.py --postgres       # also a private PostgreSQL (fsync off)
@@ -163,13 +163,15 @@ def main(argv: list[str] | None = None) -> None:
                 replays[name].append(replay)
 
     for title, rates in (("first calls", firsts), ("replays", replays)):
-        peer = statistics.median(rates["Powertools on Redis"])
-        print(f"{title}:")
+        peer = rates["Powertools on Redis"]
+        print(f"{title} (ratio: median of the rounds' ratios to Powertools, and their range):")
         for name, values in rates.items():
             median = statistics.median(values)
+            ratios = [v / p for v, p in zip(values, peer, strict=True)]
             print(
                 f"  {name:<24} median {median:>8,.0f}/s  range {min(values):>8,.0f}-"
-                f"{max(values):<8,.0f}  ratio to Powertools {median / peer:5.2f}"
+                f"{max(values):<8,.0f}  ratio {statistics.median(ratios):5.2f} "
+                f"({min(ratios):.2f}-{max(ratios):.2f})"
             )
 
 

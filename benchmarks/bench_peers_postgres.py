@@ -24,6 +24,7 @@ their counters are flushed).
 
     python benchmarks/bench_peers_postgres.py
     python benchmarks/bench_peers_postgres.py --procs 1 8 --ops 2000 --repeat 5 --json out.json
+    python benchmarks/bench_peers_postgres.py --workloads pairs --fsyncs   # + fsyncs per pair
 """
 
 from __future__ import annotations
@@ -191,6 +192,10 @@ WORKERS = {
 }
 
 
+PAIRS = {"pairs": ("dibs_pairs", "redis_pairs"), "replay": ("dibs_replay", "powertools_replay")}
+"""Each workload's two contenders: dibs's worker, the peer's."""
+
+
 def _worker(kind: str, url: str, tag: str, n: int, ops: int, barrier: Any, out: Any) -> None:
     import warnings
 
@@ -267,6 +272,50 @@ def server_cost(kind: str, url: str, ops: int) -> tuple[float, float, float]:
     return (wal1 - wal0) / ops, (commits1 - commits0 - 2) / ops, (xid1 - xid0) / ops
 
 
+def _wal_syncs(url: str) -> int:
+    """The cluster's WAL fsyncs so far (``pg_stat_wal.wal_sync``, every process's)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def fsyncs_per_op(kind: str, url: str, procs: int, ops: int) -> float | None:
+    """Untimed: fsyncs per operation of one round, counted on the server's side.
+
+    PostgreSQL: ``pg_stat_wal.wal_sync`` (each a WAL ``fdatasync``), read once the
+    workers' sessions have ended and reported. Redis: ``fdatasync`` calls of
+    ``redis-server``, counted with ``strace -c`` (None without strace). Either
+    way one fsync may carry several clients' commits (group commit).
+    """
+    if kind.startswith("dibs"):
+        before = _wal_syncs(url)
+        run_round(kind, url, procs, ops)
+        time.sleep(1.1)  # the walwriter reports its own syncs at most once a second
+        return (_wal_syncs(url) - before) / (procs * ops)
+    import redis
+
+    strace = shutil.which("strace")
+    if strace is None:
+        return None
+    pid = redis.Redis.from_url(url).info()["process_id"]
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        tracer = subprocess.Popen(
+            [strace, "-f", "-c", "-e", "trace=fdatasync,fsync", "-o", out.name, "-p", str(pid)],
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # attached
+        run_round(kind, url, procs, ops)
+        tracer.terminate()
+        tracer.wait(10)
+        calls = 0
+        for line in out.read().splitlines():
+            fields = line.split()
+            if fields and fields[-1] in ("fdatasync", "fsync"):
+                calls += int(fields[3])
+    return calls / (procs * ops)
+
+
 # --- the benchmark -----------------------------------------------------------------------------
 
 
@@ -312,6 +361,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="rounds of each, interleaved")
     parser.add_argument("--workloads", nargs="+", default=["pairs", "replay"])
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument(
+        "--fsyncs", action="store_true", help="also count fsyncs per operation (untimed rounds)"
+    )
     args = parser.parse_args()
 
     with PostgresServer(durable=True, settings={"max_connections": "100"}) as server:
@@ -330,8 +382,7 @@ def main() -> None:
             )
             results = []
             for workload in args.workloads:
-                ours, peer = {"pairs": ("dibs_pairs", "redis_pairs"),
-                              "replay": ("dibs_replay", "powertools_replay")}[workload]  # fmt: skip
+                ours, peer = PAIRS[workload]
                 for procs in args.procs:
                     results.append(
                         compare(workload, ours, peer, urls, procs, args.ops, args.repeat)
@@ -345,6 +396,18 @@ def main() -> None:
                         f"dibs {workload}: {wal:,.0f} WAL bytes, {commits:.2f} commits, "
                         f"{xids:.2f} write transactions per operation"
                     )
+            if args.fsyncs:
+                for workload in args.workloads:
+                    ours, peer = PAIRS[workload]
+                    for procs in args.procs:
+                        d = fsyncs_per_op(ours, urls[ours], procs, args.ops)
+                        p = fsyncs_per_op(peer, urls[peer], procs, args.ops)
+                        costs[f"fsyncs {workload} {procs}"] = {"dibs": d, "peer": p}
+                        print(
+                            f"fsyncs per {workload} operation, {procs} process(es): "
+                            f"dibs (WAL) {d:.2f}, peer "
+                            + ("(no strace)" if p is None else f"(AOF fdatasync) {p:.2f}")
+                        )
     if args.json:
         series = [s for r in results for s in r["series"]]
         Path(args.json).write_text(

@@ -31,7 +31,6 @@ from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 from dibs.stores.base_async import AsyncStore, TokenFeed
 from dibs.stores.postgres._connect import (
     AsyncRecordingPool,
-    aforget_replication,
     awatch_replication,
     describe,
     first_connection,
@@ -207,7 +206,6 @@ class AsyncPostgresStore(AsyncStore):
             kwargs={"autocommit": True},
             name=f"dibs-aio-{self.schema}",
             configure=awatch_replication,
-            reset=aforget_replication,  # a warning its last call left unread is no one's
             open=False,
             **self._pool_options,
         )

@@ -29,7 +29,6 @@ from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 __all__ = [
     "AsyncRecordingPool",
     "RecordingPool",
-    "aforget_replication",
     "connect_error",
     "first_connection",
     "forget_replication",
@@ -156,7 +155,7 @@ async def awatch_replication(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 def forget_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """Drop what ``conn`` remembers of a cancelled wait: the pools' ``reset`` step.
+    """Drop what ``conn`` remembers of a cancelled wait, as it goes back to its pool.
 
     A connection goes back to the pool with a warning unread when its call left
     by an exception after the commit (Ctrl-C in the wait: psycopg cancels the
@@ -167,11 +166,6 @@ def forget_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
     watch: _ReplicationWatch | None = getattr(conn, _WATCH, None)
     if watch is not None:
         watch.cancelled = None
-
-
-async def aforget_replication(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`forget_replication` as the async pool's ``reset`` step."""
-    forget_replication(conn)
 
 
 def unreplicated(
@@ -232,6 +226,13 @@ class RecordingPool(ConnectionPool[psycopg.Connection[TupleRow]]):
         self.last_error = None
         return conn
 
+    def putconn(self, conn: psycopg.Connection[TupleRow]) -> None:
+        # A warning its last call left unread is no one's. Dropped here, not in the
+        # pool's ``reset`` step: with one, psycopg_pool hands every returned
+        # connection to a worker thread, and the next call waits for that thread.
+        forget_replication(conn)
+        super().putconn(conn)
+
 
 class AsyncRecordingPool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
     """:class:`RecordingPool` for asyncio: remembers why its last connection attempt failed."""
@@ -246,3 +247,9 @@ class AsyncRecordingPool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]])
             raise
         self.last_error = None
         return conn
+
+    async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        # As RecordingPool.putconn: a ``reset`` step would send each return
+        # through a worker task, two loop hops before the next call has it.
+        forget_replication(conn)
+        await super().putconn(conn)

@@ -61,7 +61,6 @@ from dibs.stores.postgres._connect import (
     RecordingPool,
     describe,
     first_connection,
-    forget_replication,
     unreplicated,
     watch_replication,
 )
@@ -171,7 +170,6 @@ class PostgresStore(Store):
             kwargs={"autocommit": True},
             name=f"dibs-{self.schema}",
             configure=watch_replication,
-            reset=forget_replication,  # a warning its last call left unread is no one's
             open=False,
             **self._pool_options,
         )
