@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,10 +228,20 @@ def test_durable_jobs_retry_and_record_results_on_memory_store() -> None:
     def broken() -> None:
         raise KeyError("nope")
 
+    gate = threading.Event()
+
+    @processor.task("gated")
+    def gated() -> None:
+        assert gate.wait(GUARD)  # live until the second enqueue has met it
+        raise KeyError("nope")
+
     ok = processor.enqueue(flaky, 4)
     bad = processor.enqueue("broken")
-    again = processor.enqueue("broken", key="once")
-    assert processor.enqueue("broken", key="once") == again
+    # A key is unique while its job is live: the job must not finish between the two
+    # enqueues (it did under load, and the second enqueue rightly added a new job).
+    again = processor.enqueue("gated", key="once")
+    assert processor.enqueue("gated", key="once") == again
+    gate.set()
     eventually(lambda: all(processor.job(j).state in ("done", "failed") for j in (ok, bad, again)))  # type: ignore[union-attr]
     record = processor.job(ok)
     assert record is not None and (record.state, record.result, record.attempt) == ("done", 40, 3)
