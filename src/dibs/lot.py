@@ -151,8 +151,9 @@ class _Row:
         # A hint of which slots are taken, from this instance's own parks,
         # removes, lost claims and snapshots. Never trusted: it only orders the
         # candidates, so a stale entry costs one lost claim or one fresh
-        # snapshot. _hint_lock guards it and is never held across a store call
-        # (nor, on the async face, across an await).
+        # snapshot. _hint_lock guards its writes and is never held across a store
+        # call (nor, on the async face, across an await); a park reads it unlocked,
+        # element by element, which can only misorder candidates.
         self._hint = [False] * size
         # The claims of this instance's own parks, by vehicle, and which vehicle
         # it last parked in each slot: remove tries the remembered claim first
@@ -213,15 +214,25 @@ class _Row:
             vehicle_id=vehicle_id,
         )
 
-    def _lost(self, result: ClaimResult, start: int, length: int, occupied: list[bool]) -> None:
-        """Mark the slots a lost park claim reports taken (all of its run if it names none)."""
+    def _lost(
+        self, result: ClaimResult, start: int, length: int, occupied: list[bool]
+    ) -> list[bool]:
+        """Mark the slots a lost park claim reports taken (all of its run if it names none).
+
+        Returns the park's view of the row to search on: ``occupied`` with them
+        marked, copied first if it is the shared hint (a park reads the hint
+        without copying it, and copies only once a claim lost).
+        """
         # Every loss marks at least one slot, so the search always ends.
         taken = [self._index(u) for u in result.taken if isinstance(u, Unit)] or list(
             range(start, start + length)
         )
+        if occupied is self._hint:
+            occupied = self._hinted()
         for i in taken:
             occupied[i] = True
         self._learn((i, True) for i in taken)
+        return occupied
 
     def _not_parked(self, vehicle_id: str) -> NotParked:
         return NotParked(
@@ -399,7 +410,7 @@ class Lot(_Row):
         me = self._vehicle_unit(vehicle_id)
         if not self._shaped:
             self._own_shape()
-        occupied = self._hinted()
+        occupied = self._hint  # read unlocked: only candidates; _lost copies it to mark
         fresh = False
         races = 0
         while True:
@@ -439,7 +450,7 @@ class Lot(_Row):
                 if races > _VEHICLE_RACES or self.store.holder_of(me) is not None:
                     raise self._blocked(vehicle_id)
                 continue
-            self._lost(result, start, length, occupied)
+            occupied = self._lost(result, start, length, occupied)
 
     def remove(self, vehicle_id: str) -> int:
         """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.

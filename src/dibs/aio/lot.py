@@ -65,7 +65,7 @@ class Lot(_Row):
         me = self._vehicle_unit(vehicle_id)
         if not self._shaped:
             await self._own_shape()
-        occupied = self._hinted()
+        occupied = self._hint  # read unlocked: only candidates; _lost copies it to mark
         fresh = False
         races = 0
         while True:
@@ -105,7 +105,7 @@ class Lot(_Row):
                 if races > _VEHICLE_RACES or await self.store.holder_of(me) is not None:
                     raise self._blocked(vehicle_id)
                 continue
-            self._lost(result, start, length, occupied)
+            occupied = self._lost(result, start, length, occupied)
 
     async def remove(self, vehicle_id: str) -> int:
         """Free every slot ``vehicle_id`` holds here, at once; return where it was parked.

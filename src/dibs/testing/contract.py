@@ -191,6 +191,17 @@ class StoreContract:
         assert not replay and replay.replayed and replay.taken == (SEAT,)
         assert store.claim(SEAT, holder="bob", request_id="bob-2", ttl=60)
 
+    def test_recorded_loss_to_a_group_stays_a_loss(self, store: Store) -> None:
+        # Releasing a group claim may leave no trace on its units: the replay must still
+        # find the request's record, not take the unit that is free now.
+        held = store.claim([SEAT, SEAT_B], holder="alice", ttl=60)
+        assert held.claim is not None
+        assert not store.claim(SEAT, holder="bob", request_id="bob-1", ttl=60)
+        store.release(held.claim.id, holder="alice", fence=held.claim.fence)
+        replay = store.claim(SEAT, holder="bob", request_id="bob-1", ttl=60)
+        assert not replay and replay.replayed and replay.taken == (SEAT,)
+        assert store.holder_of(SEAT) is None
+
     def test_same_holder_reclaiming_what_it_holds_gets_it_back(self, store: Store) -> None:
         first = store.claim([SEAT, SEAT_B], holder="alice", ttl=60)
         again = store.claim([SEAT_B, SEAT], holder="alice", ttl=60)

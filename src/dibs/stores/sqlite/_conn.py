@@ -161,23 +161,44 @@ class SQLitePool:
                 raise
             return result
         finally:
-            self._checkin(conn)
+            # Checked out above by this thread in this process, and nothing here forks.
+            self._checkin(conn, same_process=True)
 
     def retrying(self, work: Callable[[], _T]) -> _T:
         """Run ``work``, retrying while the database is busy, up to ``busy_timeout``.
 
         Every other SQLite error is :class:`~dibs.StoreUnavailable` at once.
         """
+        started = time.monotonic()
+        try:
+            answer = work()
+        except Exception as exc:
+            # The retry loop and its closures are built only once a try failed: most calls
+            # succeed at once, and the claim path pays for every object it makes.
+            answer = self._retry(work, exc, started)
+        if self._failing:
+            self._failing = False
+            logger.info("SQLite store %r answers again", self.path)
+        return answer
+
+    def _retry(self, work: Callable[[], _T], first: Exception, started: float) -> _T:
+        """:meth:`retrying` after its first try raised ``first``: the same loop, the same errors."""
 
         def gave_up(exc: Exception, tries: int) -> Exception:
             return StoreUnavailable(
                 f"SQLite store {self.path!r} stayed busy for {self.busy_timeout:g}s: {exc}"
             )
 
+        pending: list[Exception] = [first]
+
+        def again() -> _T:
+            if pending:  # the loop meets the first try's error as its own first failure
+                raise pending.pop()
+            return work()
+
+        seconds = self.busy_timeout - (time.monotonic() - started)  # counted from the first try
         try:
-            answer = retrying(
-                work, transient=_busy, gave_up=gave_up, seconds=self.busy_timeout, logger=logger
-            )
+            return retrying(again, transient=_busy, gave_up=gave_up, seconds=seconds, logger=logger)
         except StoreUnavailable as exc:
             self._failed(exc)
             raise
@@ -185,10 +206,6 @@ class SQLitePool:
             error = StoreUnavailable(f"SQLite store {self.path!r}: {exc}")
             self._failed(error)
             raise error from exc
-        if self._failing:
-            self._failing = False
-            logger.info("SQLite store %r answers again", self.path)
-        return answer
 
     def _failed(self, error: StoreUnavailable) -> None:
         if not self._failing:  # once per outage, not once per call
@@ -217,6 +234,16 @@ class SQLitePool:
     def _checkout(self) -> sqlite3.Connection:
         me = threading.get_ident()
         with self._lock:
+            # The common case, tested inline (what _check_usable checks, one getpid()).
+            if (
+                self._idle
+                and not (self._closed or self._forking or _refused_files)
+                and self._refused is None
+                and self._pid == os.getpid()
+            ):
+                conn = self._idle.pop()
+                self._busy[conn] = me
+                return conn
             while True:
                 self._check_usable()
                 if self._forking:
@@ -243,10 +270,12 @@ class SQLitePool:
             self._cond.notify_all()
         return conn
 
-    def _checkin(self, conn: sqlite3.Connection) -> None:
+    def _checkin(self, conn: sqlite3.Connection, *, same_process: bool = False) -> None:
         # Unlocked reads (each atomic under the GIL): the fork hooks change these only when
-        # this connection is abandoned, and the locked pop below decides.
-        if self._pid != os.getpid() or conn not in self._busy:
+        # this connection is abandoned, and the locked pop below decides. ``same_process``:
+        # the caller checked the connection out in this process itself (no getpid(), a
+        # system call, on the claim path).
+        if (not same_process and self._pid != os.getpid()) or conn not in self._busy:
             return  # carried across fork(): abandoned, never touched again
         if conn.in_transaction:
             _rollback(conn)

@@ -9,8 +9,8 @@ from dibs._model import Claim, ClaimState, Unit, make_claim
 from dibs.stores.base import stored_claim
 
 __all__ = [
-    "CLAIM_COLS", "INSERT_UNIT", "LIVE", "NEXT_FENCE", "PRIOR_REQUEST", "REPLACE_UNIT",
-    "SELECT_UNIT", "UNIT_COLS", "claim_from_row", "dt", "micros", "unit_claim",
+    "CLAIM_COLS", "INSERT_UNIT", "INSERT_UNIT_NEW_REQUEST", "LIVE", "NEXT_FENCE", "PRIOR_REQUEST",
+    "REPLACE_UNIT", "SELECT_UNIT", "UNIT_COLS", "claim_from_row", "dt", "micros", "unit_claim",
 ]  # fmt: skip
 
 LIVE = "(c.state = 'confirmed' OR (c.state = 'held' AND c.expires_at > :now))"
@@ -29,6 +29,16 @@ CLAIM_COLS = (
 INSERT_UNIT = (
     "INSERT INTO dibs_units_v2 (resource, slot, fence, state, holder, expires_at, request_id, "
     f"fingerprint, created_at, updated_at) VALUES (?, ?, {NEXT_FENCE}, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT DO NOTHING RETURNING fence"
+)
+# INSERT_UNIT for a request ID with no record within retention (?9, the cutoff): the
+# check PRIOR_REQUEST makes, in the same statement. Nothing inserted: taken, or a prior.
+INSERT_UNIT_NEW_REQUEST = (
+    "INSERT INTO dibs_units_v2 (resource, slot, fence, state, holder, expires_at, request_id, "
+    f"fingerprint, created_at, updated_at) SELECT ?1, ?2, {NEXT_FENCE}, ?3, ?4, ?5, ?6, ?7, ?8, ?8 "
+    "WHERE NOT EXISTS (SELECT 1 FROM dibs_requests_v2 WHERE request_id = ?6 AND created_at > ?9) "
+    "AND NOT EXISTS (SELECT 1 FROM dibs_units_v2 "
+    "WHERE request_id = ?6 AND fingerprint IS NOT NULL AND created_at > ?9) "
     "ON CONFLICT DO NOTHING RETURNING fence"
 )
 SELECT_UNIT = (

@@ -26,7 +26,6 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -42,6 +41,7 @@ from dibs._model import (
     Target,
     Unit,
     check_retention,
+    claim_from_micros,
     make_claim,
     make_result,
     span_bound_to_number,
@@ -79,6 +79,7 @@ from dibs.stores.sqlite._schema import CLAIMS, upgrade
 from dibs.stores.sqlite._sql import (
     CLAIM_COLS,
     INSERT_UNIT,
+    INSERT_UNIT_NEW_REQUEST,
     LIVE,
     NEXT_FENCE,
     PRIOR_REQUEST,
@@ -293,29 +294,24 @@ class SQLiteStore(Store):
             request.request_id,
             request.ttl,
         )
-        fp = request.fingerprint if request_id is not None else None
-        shared = request.mode == SHARED
-        single = (
-            targets[0] if len(targets) == 1 and type(targets[0]) is Unit and not shared else None
-        )
-
         # The dead holds this claim took over, logged once its transaction committed:
         # a work may run again (busy, or a batch that a driver error voided), and a
         # group claim that loses rolls its takeovers back with the rest.
         took: list[str] = []
+        first = targets[0]  # a request's targets are never empty
+        if len(targets) == 1 and type(first) is Unit and request.mode != SHARED:
+            answer = self._write(functools.partial(self._claim_single, request, first, took))
+        else:
+            fp = request.fingerprint if request_id is not None else None
+            shared = request.mode == SHARED
 
-        def work(conn: sqlite3.Connection) -> ClaimResult:
-            took.clear()
-            now = micros(self._now())
-            if request_id is not None:
-                prior = self._prior_request(conn, request_id, fp, now)
-                if prior is not None:
-                    return prior
-            if single is not None:
-                result = self._claim_unit(conn, single, holder, request_id, fp, ttl, now, took)
-                # A new single-unit grant keeps its request in its unit row.
-                recorded = result.granted and not result.replayed
-            else:
+            def work(conn: sqlite3.Connection) -> ClaimResult:
+                took.clear()
+                now = micros(self._now())
+                if request_id is not None:
+                    prior = self._prior_request(conn, request_id, fp, now)
+                    if prior is not None:
+                        return prior
                 conn.execute("SAVEPOINT dibs_claim")
                 try:
                     result = self._claim_rows(
@@ -326,25 +322,93 @@ class SQLiteStore(Store):
                     took.clear()
                     result = lost.result
                 conn.execute("RELEASE dibs_claim")
-                recorded = False
-            if request_id is not None and not recorded:
-                conn.execute(
-                    "INSERT OR REPLACE INTO dibs_requests_v2 "
-                    "(request_id, fingerprint, fence, taken, created_at) VALUES (?, ?, ?, ?, ?)",
-                    (
-                        request_id,
-                        fp,
-                        result.claim.fence if result.claim is not None else None,
-                        None if result.granted else targets_to_text(result.taken),
-                        now,
-                    ),
-                )
-            return result
+                if request_id is not None:
+                    self._record_request(conn, request_id, fp, result, now)
+                return result
 
-        answer = self._write(work)
+            answer = self._write(work)
         for claim_id in took:
             self._log_takeover(claim_id)
         return answer
+
+    def _claim_single(
+        self, request: ClaimRequest, unit: Unit, took: list[str], conn: sqlite3.Connection
+    ) -> ClaimResult:
+        """One exclusive unit: its row is the arbiter, the claim and the request's record.
+
+        The common case is one statement: the insert against the primary key
+        ``(resource, slot)`` (the linearization point), which with a request ID
+        also checks that no record of that ID is within retention. When it
+        inserts nothing, the unit is taken or the ID was used, and the general
+        steps below find out which, in the same transaction.
+        """
+        took.clear()
+        holder, request_id, ttl = request.holder, request.request_id, request.ttl
+        now = micros(self._now())
+        if ttl is None:
+            state, expires = "confirmed", None
+        else:
+            state, expires = "held", now + micros(ttl)
+        if request_id is None:
+            fp = None
+            row = conn.execute(
+                INSERT_UNIT,
+                (unit.resource, unit.slot, state, holder, expires, None, None, now, now),
+            ).fetchone()
+        else:
+            fp = request.fingerprint
+            cutoff = now - micros(self.request_retention)
+            row = conn.execute(
+                INSERT_UNIT_NEW_REQUEST,
+                (unit.resource, unit.slot, state, holder, expires, request_id, fp, now, cutoff),
+            ).fetchone()
+            if row is None:
+                prior = self._prior_request(conn, request_id, fp, now)
+                if prior is not None:
+                    return prior
+        if row is None:
+            result = self._claim_taken_unit(
+                conn, unit, holder, request_id, fp, state, expires, now, took
+            )
+            if request_id is not None and not (result.granted and not result.replayed):
+                # Only a new single-unit grant keeps its request in its unit row.
+                self._record_request(conn, request_id, fp, result, now)
+            return result
+        return make_result(True, self._granted_unit(row[0], holder, unit, expires, request_id, now))
+
+    @staticmethod
+    def _granted_unit(
+        fence: int, holder: str, unit: Unit, expires: int | None, request_id: str | None,
+        now: int,
+    ) -> Claim:  # fmt: skip
+        """The claim a single-unit grant made; its times become datetimes when first read."""
+        return claim_from_micros({
+            "id": str(fence), "holder": holder, "targets": (unit,),
+            "state": ClaimState.CONFIRMED if expires is None else ClaimState.HELD,
+            "fence": fence, "request_id": request_id, "taken_over": False,
+            "_expires_at_us": expires, "_created_at_us": now, "_updated_at_us": now,
+        })  # fmt: skip
+
+    def _record_request(
+        self,
+        conn: sqlite3.Connection,
+        request_id: str,
+        fp: str | None,
+        result: ClaimResult,
+        now: int,
+    ) -> None:
+        """Keep a request's outcome in ``dibs_requests_v2`` (lost, group and span claims)."""
+        conn.execute(
+            "INSERT OR REPLACE INTO dibs_requests_v2 "
+            "(request_id, fingerprint, fence, taken, created_at) VALUES (?, ?, ?, ?, ?)",
+            (
+                request_id,
+                fp,
+                result.claim.fence if result.claim is not None else None,
+                None if result.granted else targets_to_text(result.taken),
+                now,
+            ),
+        )
 
     def _prior_request(
         self, conn: sqlite3.Connection, request_id: str, fp: str | None, now: int
@@ -368,27 +432,26 @@ class SQLiteStore(Store):
             return None
         return make_result(True, claim, (), True)
 
-    def _claim_unit(
+    def _claim_taken_unit(
         self,
         conn: sqlite3.Connection,
         unit: Unit,
         holder: str,
         request_id: str | None,
         fp: str | None,
-        ttl: float | None,
+        state: str,
+        expires: int | None,
         now: int,
         took: list[str],
     ) -> ClaimResult:
-        """One unit: its row is the arbiter and the claim, one insert or one conditional update."""
-        if ttl is None:
-            state, claim_state, expires = "confirmed", ClaimState.CONFIRMED, None
+        """One unit whose insert met a row: replace a dead or released claim, or answer taken."""
+        old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
+        if old is None:  # the insert was skipped for the request ID's sake, not the unit's
+            row = conn.execute(
+                INSERT_UNIT,
+                (unit.resource, unit.slot, state, holder, expires, request_id, fp, now, now),
+            ).fetchone()
         else:
-            state, claim_state, expires = "held", ClaimState.HELD, now + micros(ttl)
-        values = (state, holder, expires, request_id, fp, now, now)
-        # Linearization point: the insert against the primary key (resource, slot).
-        row = conn.execute(INSERT_UNIT, (unit.resource, unit.slot, *values)).fetchone()
-        if row is None:
-            old = conn.execute(SELECT_UNIT, (unit.resource, unit.slot)).fetchone()
             blocker = self._vacate(conn, unit, old, now, took)
             if blocker is not None:
                 other, other_holder, other_targets = blocker
@@ -399,14 +462,27 @@ class SQLiteStore(Store):
                     return make_result(True, claim, (), True)
                 return make_result(False, None, (unit,), False)
             # The dead or released claim we observed, replaced by a conditional write.
-            row = conn.execute(REPLACE_UNIT, (*values, unit.resource, unit.slot, old[0])).fetchone()
-        fence = row[0]
-        created = datetime.fromtimestamp(now / 1_000_000, UTC)
-        claim = make_claim(
-            str(fence), holder, (unit,), claim_state, fence, dt(expires), request_id,
-            created, created,
-        )  # fmt: skip
-        return make_result(True, claim, (), False)
+            row = conn.execute(
+                REPLACE_UNIT,
+                (
+                    state,
+                    holder,
+                    expires,
+                    request_id,
+                    fp,
+                    now,
+                    now,
+                    unit.resource,
+                    unit.slot,
+                    old[0],
+                ),
+            ).fetchone()
+        return make_result(
+            True,
+            self._granted_unit(row[0], holder, unit, expires, request_id, now),
+            (),
+            False,
+        )
 
     def _vacate(
         self, conn: sqlite3.Connection, unit: Unit, row: tuple[Any, ...], now: int, took: list[str]
