@@ -627,10 +627,13 @@ def targets_to_text(targets: Sequence[Target]) -> str:
             + ",".join(f'["u",{_quote(t.resource)},{_quote(t.slot)}]' for t in targets)  # type: ignore[union-attr]
             + "]"
         )
-    return json.dumps([target_to_json(t) for t in targets], separators=(",", ":"))
+    return _compact([target_to_json(t) for t in targets])
 
 
 _quote = json.encoder.encode_basestring_ascii
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+"""``json.dumps(value, separators=(",", ":"))``, byte for byte, without building an encoder
+per call (json.dumps builds one whenever an option differs from its defaults)."""
 
 
 def targets_from_text(text: str) -> tuple[Target, ...]:
@@ -656,7 +659,7 @@ def fingerprint(
     parts: list[Any] = [holder, encoded, ttl]
     if mode != EXCLUSIVE:
         parts.append(mode)
-    text = json.dumps(parts, separators=(",", ":"))
+    text = _compact(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
