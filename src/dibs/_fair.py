@@ -35,19 +35,18 @@ from dibs._lease import (
     _dead_on_arrival,
     _drop,
     _HoldersStep,
-    _jitter,
     _random,
     _Terms,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
 from dibs._queue import (
-    BEHIND_PAUSE,
     FEED_POLL,
     HEAD_POLL,
     Place,
     QCall,
     QPause,
     awaited,
+    behind,
     queue_name,
 )
 from dibs._queue import join as join_queue
@@ -150,7 +149,8 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
         # a ticket without a change to see: the head backs off, and one behind it (a
         # ticket ahead expires TICKET_TTL after its waiter died) waits long.
         ids = awaited(place)
-        pause = _jitter(delay) if ids is None else _random.uniform(BEHIND_PAUSE / 2, BEHIND_PAUSE)
+        longest = delay if ids is None else behind(ids)
+        pause = _random.uniform(0.0 if ids is None else longest / 2, longest)
         if deadline is not None:
             pause = min(pause, max(0.0, deadline - now))
         yield QPause(pause, 0.0, since, HEAD_POLL if ids is None else FEED_POLL, ids)

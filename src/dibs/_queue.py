@@ -40,6 +40,7 @@ from dibs._model import Claim, ClaimResult, Unit
 from dibs.exceptions import ClaimNotFound, HoldLost, StoreUnavailable
 
 __all__ = [
+    "BEHIND_MAX",
     "BEHIND_PAUSE",
     "FEED_POLL",
     "HEAD_POLL",
@@ -51,6 +52,7 @@ __all__ = [
     "Ticket",
     "abandon",
     "awaited",
+    "behind",
     "join",
     "queue_name",
     "turn",
@@ -74,9 +76,12 @@ FEED_POLL = 0.01
 HEAD_POLL = 0.002
 """The same for the head of a queue: one per key, and the one whose wake-up is the hand-off."""
 BEHIND_PAUSE = 0.25
-"""The longest pause of a waiter behind the head: it wakes on the release of the tickets
-ahead (in this process: :mod:`dibs._bell`; in others: the change feed, where watched), so
-the pause is for a ticket ahead that expires (its waiter died) or a release unheard."""
+"""The longest pause of a waiter behind the head, per ticket ahead of it (up to
+:data:`BEHIND_MAX`). It wakes on the release of the tickets ahead (in this process:
+:mod:`dibs._bell`; in others: the change feed, where watched), so the pause is for a
+ticket ahead that expires (its waiter died) or a release unheard: the next in line
+reads often, the ones further back seldom (each read costs the store a round trip)."""
+BEHIND_MAX = 1.0
 
 
 def queue_name(kind: str, key: str) -> str:
@@ -240,6 +245,11 @@ def awaited(place: Place) -> frozenset[str] | None:
     if ticket is None or ticket.head:
         return None
     return ticket.ahead
+
+
+def behind(ids: frozenset[str]) -> float:
+    """The longest pause of a waiter with the tickets ``ids`` ahead of it (see BEHIND_PAUSE)."""
+    return min(BEHIND_PAUSE * len(ids), BEHIND_MAX)
 
 
 def abandon(queue: str, place: Place) -> _Rule:

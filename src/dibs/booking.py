@@ -34,7 +34,7 @@ from dibs._bell import listen, rung
 from dibs._drive import drive
 from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, ClaimState, Unit
-from dibs._queue import BEHIND_PAUSE, QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, turn
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, behind, turn
 from dibs.exceptions import HoldLost, HoldLostReason, InvalidInput, ResourceBusy
 from dibs.stores.base import Store
 
@@ -175,7 +175,11 @@ def exclusive(
             # A release in this process ends the pause (dibs._bell): for one behind the
             # head, only the release of every ticket ahead of it.
             ids = awaited(place)
-            listen(since, _pause(resource, started, wait, BEHIND_PAUSE if ids else delay), ids)
+            if ids:
+                pause = _pause(resource, started, wait, behind(ids), behind(ids) / 2)
+            else:
+                pause = _pause(resource, started, wait, delay)
+            listen(since, pause, ids)
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
         if place.ticket is not None or place.pending:
@@ -236,15 +240,18 @@ def _entry(resource: str, wait: float | None, holder: str) -> tuple[Unit, str]:
     return Unit(resource, EXCLUSIVE_SLOT), f"{holder}:{uuid.uuid4().hex}"
 
 
-def _pause(resource: str, started: float, wait: float | None, delay: float) -> float:
-    """How long to sleep before the next try; raises ResourceBusy when the wait ran out."""
+def _pause(
+    resource: str, started: float, wait: float | None, delay: float, least: float = 0.0
+) -> float:
+    """How long to sleep before the next try (from ``least`` to ``delay``, or to the end of
+    the wait); raises ResourceBusy when the wait ran out."""
     waited = time.monotonic() - started
     if wait is not None and waited >= wait:
         raise ResourceBusy(
             f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
         )
     # Full jitter: waiters spread out instead of retrying in lockstep.
-    pause = random.uniform(0, delay)
+    pause = random.uniform(least, delay)
     if wait is not None:
         pause = min(pause, max(0.0, wait - waited))
     return pause

@@ -42,7 +42,7 @@ from dibs._bell import alisten, listen, rung
 from dibs._drive import adrive, drive
 from dibs._lease import _terms, check_on_lost
 from dibs._model import Claim, ClaimResult, Unit
-from dibs._queue import BEHIND_PAUSE, Place, QCall, QPause, awaited, queue_name
+from dibs._queue import Place, QCall, QPause, awaited, behind, queue_name
 from dibs._queue import abandon as abandon_queue
 from dibs._queue import join as join_queue
 from dibs._queue import leave as leave_queue
@@ -280,7 +280,8 @@ class _Rules:
             # head, only the release of every ticket ahead of it. The pause is for what
             # comes unrung: an expiry, or a release in another process.
             ids = awaited(place)
-            pause = _random.uniform(0, delay if ids is None else BEHIND_PAUSE)
+            least, most = (0.0, delay) if ids is None else (behind(ids) / 2, behind(ids))
+            pause = _random.uniform(least, most)
             if wait is not None:
                 pause = min(pause, max(0.0, started + wait - time.monotonic()))
             yield QPause(pause, _random.uniform(0, delay) / 4, since, ids=ids)

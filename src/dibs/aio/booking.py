@@ -19,7 +19,7 @@ from dibs._bell import alisten, rung
 from dibs._drive import adrive
 from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, Unit
-from dibs._queue import BEHIND_PAUSE, QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, turn
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, behind, turn
 from dibs.aio.lot import _waited_out
 from dibs.booking import (
     EXCLUSIVE_SLOT,
@@ -76,9 +76,11 @@ async def exclusive(
             # A release in this process ends the pause (dibs._bell): for one behind the
             # head, only the release of every ticket ahead of it.
             ids = awaited(place)
-            await alisten(
-                since, _pause(resource, started, wait, BEHIND_PAUSE if ids else delay), ids
-            )
+            if ids:
+                pause = _pause(resource, started, wait, behind(ids), behind(ids) / 2)
+            else:
+                pause = _pause(resource, started, wait, delay)
+            await alisten(since, pause, ids)
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
         if place.ticket is not None or place.pending:
