@@ -142,7 +142,14 @@ def _figures(results: list[_Events]) -> dict[str, float]:
 
 
 def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
     return f"{statistics.median(values):.3g} [{min(values):.3g}, {max(values):.3g}]"
+
+
+def _ratios(tops: list[float], bottoms: list[float]) -> list[float]:
+    """Round by round; a round in which either side saw no hand-off is left out."""
+    return [t / b for t, b in zip(tops, bottoms, strict=True) if t and b]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,25 +250,15 @@ def _report(
     for store, kind in done:
         line = f"  {store:10} {kind:9}"
         for side in sides:
-            ratios = [
-                f / u
-                for f, u in zip(
-                    handoffs(store, kind, "fcfs", side),
-                    handoffs(store, kind, "unordered", side),
-                    strict=True,
-                )
-            ]
+            ratios = _ratios(
+                handoffs(store, kind, "fcfs", side), handoffs(store, kind, "unordered", side)
+            )
             line += f"  fcfs/unordered ({side}) {_cell(ratios)}"
         if "old" in sides:
             for mode in ("fcfs", "unordered"):
-                ratios = [
-                    n / o
-                    for n, o in zip(
-                        handoffs(store, kind, mode, "new"),
-                        handoffs(store, kind, mode, "old"),
-                        strict=True,
-                    )
-                ]
+                ratios = _ratios(
+                    handoffs(store, kind, mode, "new"), handoffs(store, kind, mode, "old")
+                )
                 line += f"  {mode} new/old {_cell(ratios)}"
         print(line)
 

@@ -27,6 +27,7 @@ __all__ = ["alisten", "listen", "ring", "rung"]
 _lock = threading.Lock()
 _changed = threading.Condition(_lock)
 _count = 0
+_sleepers = 0  # threads in listen(), under _lock: a ring with none and no task skips waking
 _KEPT = 256
 _released: deque[str] = deque(maxlen=_KEPT)  # the claim IDs of the last rings, oldest first
 # Each waiting task's future -> its loop, and what it waits for (``since``, ``ids``).
@@ -36,10 +37,11 @@ _futures = {}
 
 def _forked() -> None:
     # The parent's lock may have been held by another thread at the fork: start afresh.
-    global _lock, _changed, _futures
+    global _lock, _changed, _futures, _sleepers
     _lock = threading.Lock()
     _changed = threading.Condition(_lock)
-    _futures = {}  # the parent's loops are not this process's
+    _futures = {}  # the parent's loops and threads are not this process's
+    _sleepers = 0
 
 
 if hasattr(os, "register_at_fork"):
@@ -57,6 +59,8 @@ def ring(claim_id: str) -> None:
     with _lock:
         _count += 1
         _released.append(claim_id)
+        if not _sleepers and not _futures:
+            return  # the common case, on every release: no one waits in this process
         _changed.notify_all()
         woken = [(f, loop) for f, (loop, since, ids) in _futures.items() if _news(since, ids)]
         for future, _ in woken:
@@ -86,11 +90,16 @@ def _wake(future: asyncio.Future[None]) -> None:
 def listen(since: int | None, seconds: float, ids: Collection[str] | None = None) -> bool:
     """Sleep ``seconds``, or less once the bell has rung past ``since`` for every one of
     ``ids`` (None: for any release); whether it did. ``since`` None: just sleep."""
+    global _sleepers
     if since is None:
         time.sleep(max(0.0, seconds))
         return False
     with _lock:
-        return _changed.wait_for(lambda: _news(since, ids), max(0.0, seconds))
+        _sleepers += 1
+        try:
+            return _changed.wait_for(lambda: _news(since, ids), max(0.0, seconds))
+        finally:
+            _sleepers -= 1
 
 
 async def alisten(since: int | None, seconds: float, ids: Collection[str] | None = None) -> bool:
