@@ -241,26 +241,24 @@ def _report(
     for (store, kind, mode, side), runs in sorted(figures.items()):
         cells = [_cell([run[name] for run in runs]) for name in names]
         print(f"{store:10} {kind:9} {mode:9} {side:4} " + "".join(f"{c:>22}" for c in cells))
-    print("hand-off ratios, per round, median [min, max]:")
     done = sorted({(store, kind) for store, kind, _, _ in figures})
+    for name in ("handoff_ms", "acquires"):
+        print(f"{name} ratios, round by round, median [min, max]:")
+        for store, kind in done:
 
-    def handoffs(store: str, kind: str, mode: str, side: str) -> list[float]:
-        return [run["handoff_ms"] for run in figures[(store, kind, mode, side)]]
+            def of(
+                mode: str, side: str, store: str = store, kind: str = kind, name: str = name
+            ) -> list[float]:
+                return [run[name] for run in figures[(store, kind, mode, side)]]
 
-    for store, kind in done:
-        line = f"  {store:10} {kind:9}"
-        for side in sides:
-            ratios = _ratios(
-                handoffs(store, kind, "fcfs", side), handoffs(store, kind, "unordered", side)
-            )
-            line += f"  fcfs/unordered ({side}) {_cell(ratios)}"
-        if "old" in sides:
-            for mode in ("fcfs", "unordered"):
-                ratios = _ratios(
-                    handoffs(store, kind, mode, "new"), handoffs(store, kind, mode, "old")
-                )
-                line += f"  {mode} new/old {_cell(ratios)}"
-        print(line)
+            line = f"  {store:10} {kind:9}"
+            for side in sides:
+                ratios = _ratios(of("fcfs", side), of("unordered", side))
+                line += f"  fcfs/unordered ({side}) {_cell(ratios)}"
+            if "old" in sides:
+                for mode in ("fcfs", "unordered"):
+                    line += f"  {mode} new/old {_cell(_ratios(of(mode, 'new'), of(mode, 'old')))}"
+            print(line)
 
 
 if __name__ == "__main__":
