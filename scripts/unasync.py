@@ -44,6 +44,7 @@ NAMES = {
     "_AsyncWatch": "_Watch",
     "AsyncChangeFeed": "ChangeFeed",
     "adrive": "drive",
+    "alisten": "listen",
 }
 
 RULES = [

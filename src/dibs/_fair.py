@@ -22,6 +22,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from dibs._bell import rung
 from dibs._lease import (
     _FIRST_PAUSE,
     _MAX_PAUSE,
@@ -34,11 +35,20 @@ from dibs._lease import (
     _dead_on_arrival,
     _drop,
     _HoldersStep,
-    _jitter,
+    _random,
     _Terms,
 )
 from dibs._model import Claim, ClaimState, Span, Target, Unit
-from dibs._queue import Place, QPause, queue_name
+from dibs._queue import (
+    FEED_POLL,
+    HEAD_POLL,
+    Place,
+    QCall,
+    QPause,
+    awaited,
+    behind,
+    queue_name,
+)
 from dibs._queue import join as join_queue
 from dibs._queue import leave as leave_queue
 from dibs._queue import live as live_tickets
@@ -79,25 +89,36 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
     place = attempt.place
     delay = _FIRST_PAUSE
     taken: tuple[Target, ...] = terms.targets
+    tried = False  # whether the head has claimed and been refused since it became the head
+    joined = None  # the ticket just taken, whose place the join read
     while True:
+        since = rung()  # before the reads: a release while they run ends the pause below
         try:
             if place.ticket is None:
                 if not (yield from live_tickets(queue)):  # no one queues: try at once
                     claim, taken = yield from _try(terms, attempt, give_up)
                     if claim is not None:
                         return claim
-                yield from join_queue(queue, place, until=deadline)
+                joined = yield from join_queue(queue, place, until=deadline)
                 delay = _FIRST_PAUSE
             ticket = place.ticket
             if ticket is not None:  # None: no turn at the counter before the deadline
                 if not (yield from renew_ticket(ticket)):
                     place.ticket = None  # expired (we were paused): queue again at the back
                     continue
-                ahead = yield from queue_position(ticket)
+                # The join read where its ticket stands; after that, each turn reads it.
+                fresh, joined = ticket is joined, None
+                ahead = len(ticket.ahead) if fresh else (yield from queue_position(ticket))
                 if ahead is None:
                     place.ticket = None
                     continue
-                if ahead == 0:  # the head: only it may claim the targets
+                # The head: only it may claim the targets. Once refused, it reads whether
+                # the first target it was refused is free before claiming again (a refused
+                # claim writes its request's record on some stores).
+                if ahead == 0 and (
+                    not tried or not taken or (yield QCall("holder_of", (taken[0],))) is None
+                ):
+                    first, tried = not tried, True
                     claim, taken = yield from _try(terms, attempt, give_up)
                     if claim is not None:
                         # Cut off while leaving the queue: the face releases the hold too.
@@ -105,6 +126,11 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
                         yield from leave_queue(ticket)
                         place.ticket = attempt.unanswered = None
                         return claim
+                    if first:
+                        # Refused on its first try as the head: from here it waits on
+                        # reads, and the release may have come while the claim ran.
+                        delay = _FIRST_PAUSE
+                        continue
         except StoreUnavailable:
             if give_up is not None and time.monotonic() >= give_up:
                 raise
@@ -117,10 +143,17 @@ def fair_claim_policy(terms: _Terms, attempt: FairAttempt) -> _Policy[Claim]:
             with contextlib.suppress(StoreUnavailable):  # who holds them is for the message only
                 holders = yield _HoldersStep(taken[:_SHOWN_HOLDERS])
             raise _busy(terms, taken or terms.targets, holders, now - started)
-        pause = _jitter(delay)
+        # The pause ends when a release in this process rings the bell, or when the
+        # store's change feed moves (other processes'): a waiter's next step is a read,
+        # so it goes at once. The pause itself is for an expiry, which frees a target or
+        # a ticket without a change to see: the head backs off, and one behind it (a
+        # ticket ahead expires TICKET_TTL after its waiter died) waits long.
+        ids = awaited(place)
+        longest = delay if ids is None else behind(ids)
+        pause = _random.uniform(0.0 if ids is None else longest / 2, longest)
         if deadline is not None:
             pause = min(pause, max(0.0, deadline - now))
-        yield QPause(pause, _jitter(delay) / 4)
+        yield QPause(pause, 0.0, since, HEAD_POLL if ids is None else FEED_POLL, ids)
         delay = min(delay * 2, _MAX_PAUSE)
 
 

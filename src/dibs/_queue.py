@@ -35,10 +35,15 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dibs._bell import rung
 from dibs._model import Claim, ClaimResult, Unit
 from dibs.exceptions import ClaimNotFound, HoldLost, StoreUnavailable
 
 __all__ = [
+    "BEHIND_MAX",
+    "BEHIND_PAUSE",
+    "FEED_POLL",
+    "HEAD_POLL",
     "QUEUE_ERRORS",
     "TICKET_TTL",
     "Place",
@@ -46,6 +51,8 @@ __all__ = [
     "QPause",
     "Ticket",
     "abandon",
+    "awaited",
+    "behind",
     "join",
     "queue_name",
     "turn",
@@ -63,6 +70,18 @@ _TURN_TTL = 1.0  # seconds a joiner's turn at the counter lives: a cut-off joine
 _FIRST_PAUSE = 0.001
 _MAX_PAUSE = 0.05  # between tries at the counter: it is held for two round trips at most
 _random = random.Random()  # our own: a queue never moves the global random state
+
+FEED_POLL = 0.01
+"""Seconds between a waiter's reads of the store's change feed."""
+HEAD_POLL = 0.002
+"""The same for the head of a queue: one per key, and the one whose wake-up is the hand-off."""
+BEHIND_PAUSE = 0.25
+"""The longest pause of a waiter behind the head, per ticket ahead of it (up to
+:data:`BEHIND_MAX`). It wakes on the release of the tickets ahead (in this process:
+:mod:`dibs._bell`; in others: the change feed, where watched), so the pause is for a
+ticket ahead that expires (its waiter died) or a release unheard: the next in line
+reads often, the ones further back seldom (each read costs the store a round trip)."""
+BEHIND_MAX = 1.0
 
 
 def queue_name(kind: str, key: str) -> str:
@@ -82,10 +101,17 @@ class QCall:
 
 @dataclass(frozen=True, slots=True)
 class QPause:
-    """Wait up to ``seconds``; a face that watches the store's change feed may cut it short."""
+    """Wait up to ``seconds``; a release in this process ends it (:mod:`dibs._bell`), and a
+    face that watches the store's change feed cuts it to ``hurried`` more once that moves."""
 
     seconds: float
     hurried: float = 0.0
+    since: int | None = None
+    """The bell's count before the waiter's last read: a ring past it ends the pause."""
+    poll: float = FEED_POLL
+    """Seconds between reads of the change feed, for a face that watches one."""
+    ids: frozenset[str] | None = None
+    """Only the release of all these claims ends the pause (None: of any claim)."""
 
 
 @dataclass(slots=True)
@@ -97,6 +123,11 @@ class Ticket:
     number: int
     renewed: float
     ttl: float = TICKET_TTL
+    head: bool = False
+    """Seen at the head: it stays there (every later ticket is numbered above it) while it lives."""
+    ahead: frozenset[str] = frozenset()
+    """The claim IDs of the tickets ahead of it when last read: once all are released, it is
+    the head (one of them expiring is seen at the next read)."""
 
     @property
     def due(self) -> bool:
@@ -135,6 +166,7 @@ def join(queue: str, place: Place, ttl: float = TICKET_TTL, until: float | None 
     counter = Unit(queue, _COUNTER)
     pause = _FIRST_PAUSE
     while True:
+        since = rung()
         turn_id = f"queue-{uuid.uuid4().hex}"
         # The counter is held while the ticket is claimed: joins are one at a time, and
         # its fence (larger than every earlier claim's on it) is the ticket's number.
@@ -145,7 +177,7 @@ def join(queue: str, place: Place, ttl: float = TICKET_TTL, until: float | None 
             del place.pending[turn_id]
             if until is not None and time.monotonic() >= until:
                 return None
-            yield QPause(_random.uniform(0, pause))
+            yield QPause(_random.uniform(0, pause), since=since)  # the counter's release rings
             pause = min(pause * 2, _MAX_PAUSE)
             continue
         number = turn.fence
@@ -158,6 +190,7 @@ def join(queue: str, place: Place, ttl: float = TICKET_TTL, until: float | None 
         if result and claim is not None and claim.request_id == request_id:
             place.ticket = Ticket(queue, claim, number, sent, ttl)
             after = yield from live(queue)
+            _place(place.ticket, after)  # where it stands, from the same read
             if any(other > number for other in after):
                 # Our turn at the counter expired (we were paused) and a later joiner
                 # went in above us: go behind it.
@@ -183,11 +216,12 @@ def _claim(queue: str, place: Place, unit: Unit, ttl: float, request_id: str) ->
 def turn(queue: str, place: Place, tried: bool, until: float | None = None) -> _Rule:
     """Whether this waiter may try now: no one queues and it has not tried yet, or its ticket
     is the head. Joins the queue (once it has tried) and renews its ticket as it goes."""
+    joined = None  # the ticket just taken, whose place the join read
     while True:
         if place.ticket is None:
             if not tried and not (yield from live(queue)):
                 return True  # no one queues: try at once, without a ticket
-            if (yield from join(queue, place, until=until)) is None:
+            if (joined := (yield from join(queue, place, until=until))) is None:
                 return False  # no turn at the counter before ``until``
         ticket = place.ticket
         assert ticket is not None
@@ -195,12 +229,27 @@ def turn(queue: str, place: Place, tried: bool, until: float | None = None) -> _
             place.ticket = None  # expired while we were paused: queue again at the back
             tried = True
             continue
-        ahead = yield from position(ticket)
+        fresh, joined = ticket is joined, None
+        ahead = len(ticket.ahead) if fresh else (yield from position(ticket))
         if ahead is None:
             place.ticket = None
             tried = True
             continue
         return ahead == 0
+
+
+def awaited(place: Place) -> frozenset[str] | None:
+    """The claims whose release together ends a waiter's pause: the tickets ahead of its own;
+    None (any release) for the head, or a waiter without a ticket."""
+    ticket = place.ticket
+    if ticket is None or ticket.head:
+        return None
+    return ticket.ahead
+
+
+def behind(ids: frozenset[str]) -> float:
+    """The longest pause of a waiter with the tickets ``ids`` ahead of it (see BEHIND_PAUSE)."""
+    return min(BEHIND_PAUSE * len(ids), BEHIND_MAX)
 
 
 def abandon(queue: str, place: Place) -> _Rule:
@@ -224,12 +273,26 @@ def abandon(queue: str, place: Place) -> _Rule:
 
 
 def position(ticket: Ticket) -> _Rule:
-    """How many live tickets are ahead of ``ticket`` (0: it is the head); None if it is gone."""
+    """How many live tickets are ahead of ``ticket`` (0: it is the head); None if it is gone.
+
+    Read until the ticket is seen at the head, then no more: every ticket taken later is
+    numbered above it, and a joiner paused past its turn that claims a lower number leaves
+    again at once (:func:`join`). Its loss (expired while paused) shows in :func:`renew`.
+    """
+    if ticket.head:
+        return 0
     numbers = yield from live(ticket.queue)
     mine = numbers.get(ticket.number)
     if mine is None or mine.id != ticket.claim.id:
         return None
-    return sum(1 for number in numbers if number < ticket.number)
+    _place(ticket, numbers)
+    return len(ticket.ahead)
+
+
+def _place(ticket: Ticket, numbers: dict[int, Claim]) -> None:
+    """Note where ``ticket`` stands among the live ``numbers``."""
+    ticket.ahead = frozenset(c.id for number, c in numbers.items() if number < ticket.number)
+    ticket.head = not ticket.ahead
 
 
 def renew(ticket: Ticket) -> _Rule:

@@ -30,10 +30,11 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from dibs._bell import listen, rung
 from dibs._drive import drive
 from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, ClaimState, Unit
-from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, turn
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, behind, turn
 from dibs.exceptions import HoldLost, HoldLostReason, InvalidInput, ResourceBusy
 from dibs.stores.base import Store
 
@@ -161,6 +162,7 @@ def exclusive(
     queue, place, tried = lease_queue(unit), Place(), wait == 0
     try:
         while True:
+            since = rung()  # before the reads: a release while they run ends the pause below
             until = None if wait is None else started + wait
             if wait == 0 or drive(turn(queue, place, tried, until), _in(store), QUEUE_ERRORS):
                 tried = True
@@ -170,7 +172,14 @@ def exclusive(
                     claim = result.claim
                     assert claim is not None
                     break
-            time.sleep(_pause(resource, started, wait, delay))
+            # A release in this process ends the pause (dibs._bell): for one behind the
+            # head, only the release of every ticket ahead of it.
+            ids = awaited(place)
+            if ids:
+                pause = _pause(resource, started, wait, behind(ids), behind(ids) / 2)
+            else:
+                pause = _pause(resource, started, wait, delay)
+            listen(since, pause, ids)
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
         if place.ticket is not None or place.pending:
@@ -198,7 +207,7 @@ def _in(store: Store) -> Callable[[QCall | QPause], Any]:
 
     def perform(step: QCall | QPause) -> Any:
         if isinstance(step, QPause):
-            return time.sleep(step.seconds)
+            return listen(step.since, step.seconds, step.ids)
         return getattr(store, step.method)(*step.args, **step.kwargs)
 
     return perform
@@ -231,15 +240,18 @@ def _entry(resource: str, wait: float | None, holder: str) -> tuple[Unit, str]:
     return Unit(resource, EXCLUSIVE_SLOT), f"{holder}:{uuid.uuid4().hex}"
 
 
-def _pause(resource: str, started: float, wait: float | None, delay: float) -> float:
-    """How long to sleep before the next try; raises ResourceBusy when the wait ran out."""
+def _pause(
+    resource: str, started: float, wait: float | None, delay: float, least: float = 0.0
+) -> float:
+    """How long to sleep before the next try (from ``least`` to ``delay``, or to the end of
+    the wait); raises ResourceBusy when the wait ran out."""
     waited = time.monotonic() - started
     if wait is not None and waited >= wait:
         raise ResourceBusy(
             f"{resource!r} stayed taken for {waited:.3g}s", resource=resource, waited=waited
         )
     # Full jitter: waiters spread out instead of retrying in lockstep.
-    pause = random.uniform(0, delay)
+    pause = random.uniform(least, delay)
     if wait is not None:
         pause = min(pause, max(0.0, wait - waited))
     return pause

@@ -77,6 +77,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from dibs._bell import alisten, listen
 from dibs._fair import FairAttempt, fair_claim_policy
 from dibs._lease import (
     _FEED_POLL,
@@ -304,8 +305,18 @@ class _Watch:
         self._token: object = None
         self._polling = False
 
-    def wait(self, seconds: float, hurried: float) -> None:
-        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves."""
+    def wait(
+        self,
+        seconds: float,
+        hurried: float,
+        since: int | None = None,
+        poll: float = _FEED_POLL,
+        ids: frozenset[str] | None = None,
+    ) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves (read every
+        ``poll`` seconds), and ended at once by a release in this process past ``since``
+        (the bell's count before the waiter's last read; None: not listened for) of one of
+        ``ids`` (None: of any claim)."""
         end = time.monotonic() + seconds
         if self._feed is None and not self._polling:
             try:
@@ -317,16 +328,18 @@ class _Watch:
             else:
                 self._token = self._read()  # the first wait: changes since go unseen
         if self._polling:
-            time.sleep(seconds)
+            listen(since, seconds, ids)
             return
         while (left := end - time.monotonic()) > 0:
-            time.sleep(min(_FEED_POLL, left))
+            if listen(since, min(poll, left), ids):
+                return
             if self._polling or self._read() != self._token:
                 time.sleep(max(0.0, min(end - time.monotonic(), hurried)))
                 return
 
     def mark(self) -> None:
-        """Take the feed's token now: called after each claim, whose own write is no news."""
+        """Take the feed's token now: called after each of the lease's claims (its own write
+        is no news), and before each queue call (a change while it reads is news)."""
         if self._feed is not None:
             self._token = self._read()
 
@@ -410,8 +423,18 @@ class _AsyncWatch:
         self._token: object = None
         self._polling = False
 
-    async def wait(self, seconds: float, hurried: float) -> None:
-        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves."""
+    async def wait(
+        self,
+        seconds: float,
+        hurried: float,
+        since: int | None = None,
+        poll: float = _FEED_POLL,
+        ids: frozenset[str] | None = None,
+    ) -> None:
+        """Sleep ``seconds``, cut to at most ``hurried`` more once the feed moves (read every
+        ``poll`` seconds), and ended at once by a release in this process past ``since``
+        (the bell's count before the waiter's last read; None: not listened for) of one of
+        ``ids`` (None: of any claim)."""
         end = time.monotonic() + seconds
         if self._feed is None and not self._polling:
             try:
@@ -423,16 +446,18 @@ class _AsyncWatch:
             else:
                 self._token = await self._read()  # the first wait: changes since go unseen
         if self._polling:
-            await asyncio.sleep(seconds)
+            await alisten(since, seconds, ids)
             return
         while (left := end - time.monotonic()) > 0:
-            await asyncio.sleep(min(_FEED_POLL, left))
+            if await alisten(since, min(poll, left), ids):
+                return
             if self._polling or await self._read() != self._token:
                 await asyncio.sleep(max(0.0, min(end - time.monotonic(), hurried)))
                 return
 
     async def mark(self) -> None:
-        """Take the feed's token now: called after each claim, whose own write is no news."""
+        """Take the feed's token now: called after each of the lease's claims (its own write
+        is no news), and before each queue call (a change while it reads is news)."""
         if self._feed is not None:
             self._token = await self._read()
 
@@ -588,10 +613,13 @@ class Lease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 self._watch.wait(seconds, hurried)
                 return None
-            case QPause(seconds, hurried):
-                self._watch.wait(seconds, hurried)
+            case QPause(seconds, hurried, since, poll, ids):
+                self._watch.wait(seconds, hurried, since, poll, ids)
                 return None
-            case _ClaimStep() | QCall():
+            case QCall():
+                self._watch.mark()
+                return _call(self._store, self._terms, step)
+            case _ClaimStep():
                 result = _call(self._store, self._terms, step)
                 self._watch.mark()
                 return result
@@ -796,10 +824,13 @@ class AsyncLease(_LeaseFace):
             case _ChangeStep(seconds, hurried):
                 await self._watch.wait(seconds, hurried)
                 return None
-            case QPause(seconds, hurried):
-                await self._watch.wait(seconds, hurried)
+            case QPause(seconds, hurried, since, poll, ids):
+                await self._watch.wait(seconds, hurried, since, poll, ids)
                 return None
-            case _ClaimStep() | QCall():
+            case QCall():
+                await self._watch.mark()
+                return await _call_async(self._store, self._terms, step)
+            case _ClaimStep():
                 result = await _call_async(self._store, self._terms, step)
                 await self._watch.mark()
                 return result

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+from dibs._bell import alisten, listen, rung
 from dibs._drive import adrive, drive
 from dibs._lease import _terms, check_on_lost
 from dibs._model import Claim, ClaimResult, Unit
-from dibs._queue import Place, QCall, QPause, queue_name
+from dibs._queue import Place, QCall, QPause, awaited, behind, queue_name
 from dibs._queue import abandon as abandon_queue
 from dibs._queue import join as join_queue
 from dibs._queue import leave as leave_queue
@@ -232,7 +233,9 @@ class _Rules:
         place = Place() if place is None else place
         queue = queue_name("semaphore", key)
         permits = 0
+        joined = None  # the ticket just taken, whose place the join read
         while True:
+            since = rung()  # before the reads: a release while they run ends the pause below
             if wait == 0:
                 got, permits = yield from self._once()
                 if got is not None:
@@ -244,13 +247,14 @@ class _Rules:
                         if got is not None:
                             return got
                     until = None if wait is None else started + wait
-                    yield from join_queue(queue, place, until=until)
+                    joined = yield from join_queue(queue, place, until=until)
                 ticket = place.ticket
                 if ticket is not None:  # None: no turn at the counter before the deadline
                     if not (yield from renew_ticket(ticket)):
                         place.ticket = None  # expired while we were paused: queue again
                         continue
-                    ahead = yield from queue_position(ticket)
+                    fresh, joined = ticket is joined, None  # the join read its place
+                    ahead = len(ticket.ahead) if fresh else (yield from queue_position(ticket))
                     if ahead is None:
                         place.ticket = None
                         continue
@@ -272,10 +276,15 @@ class _Rules:
                     waited=waited,
                     permits=permits,
                 )
-            pause = _random.uniform(0, delay)
+            # A release in this process ends the pause (dibs._bell): for one behind the
+            # head, only the release of every ticket ahead of it. The pause is for what
+            # comes unrung: an expiry, or a release in another process.
+            ids = awaited(place)
+            least, most = (0.0, delay) if ids is None else (behind(ids) / 2, behind(ids))
+            pause = _random.uniform(least, most)
             if wait is not None:
                 pause = min(pause, max(0.0, started + wait - time.monotonic()))
-            yield QPause(pause, _random.uniform(0, delay) / 4)
+            yield QPause(pause, _random.uniform(0, delay) / 4, since, ids=ids)
             delay = min(delay * 2, _MAX_PAUSE)
 
     def _once(self) -> _Rule:
@@ -577,8 +586,11 @@ class Semaphore(_Rules):
                 return store.holder_of(unit)
             case _Write(unit, holder):
                 return store.claim(unit, holder=holder)
-            case _Sleep(seconds) | QPause(seconds):
+            case _Sleep(seconds):
                 time.sleep(seconds)
+                return None
+            case QPause(seconds, _, since, _, ids):
+                listen(since, seconds, ids)
                 return None
             case QCall(method, args, kwargs):
                 return getattr(store, method)(*args, **kwargs)
@@ -730,8 +742,11 @@ class AsyncSemaphore(_Rules):
                 return await store.holder_of(unit)
             case _Write(unit, holder):
                 return await store.claim(unit, holder=holder)
-            case _Sleep(seconds) | QPause(seconds):
+            case _Sleep(seconds):
                 await asyncio.sleep(seconds)
+                return None
+            case QPause(seconds, _, since, _, ids):
+                await alisten(since, seconds, ids)
                 return None
             case QCall(method, args, kwargs):
                 return await getattr(store, method)(*args, **kwargs)

@@ -3,12 +3,19 @@
 Arrival is forced, never timed: each waiter starts only once the one before it
 holds its ticket (the queue's live tickets are counted in the store), so the
 arrival order is known, and the test checks the order in which they got in.
+
+In one process a release wakes only the waiter it concerns (``dibs._bell``): the
+head, or the one whose tickets ahead are all gone. The in-process order tests
+make every release wake every waiter instead (``every_release_wakes_all``), as
+a change feed wakes waiters in other processes, so that the order rests on the
+head check alone: with it planted away, they fail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -21,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dibs
+import dibs._bell
 import dibs.aio
 from conftest import fresh_url
 from dibs import FakeClock, ResourceBusy, Store, Unit
@@ -39,6 +47,19 @@ WAITERS = 6
 @pytest.fixture
 def url(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     yield from fresh_url(store_kind, tmp_path, request)
+
+
+@pytest.fixture
+def every_release_wakes_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any release in this process wakes every waiter, tasks in a random order (see the
+    module docstring)."""
+    monkeypatch.setattr(dibs._bell, "_news", lambda since, ids: dibs._bell._count != since)
+    wake = dibs._bell._wake
+
+    def shuffled(future: asyncio.Future[None]) -> None:
+        asyncio.get_running_loop().call_later(random.uniform(0, 0.002), wake, future)
+
+    monkeypatch.setattr(dibs._bell, "_wake", shuffled)
 
 
 def _tickets(claims: list[dibs.Claim]) -> int:
@@ -74,6 +95,7 @@ def _joined(threads: list[threading.Thread]) -> None:
         assert not thread.is_alive()
 
 
+@pytest.mark.usefixtures("every_release_wakes_all")
 def test_lease_waiters_are_served_in_arrival_order(url: str) -> None:
     with dibs.open(url) as store:
         queue, served = lease_queue(UNIT), []
@@ -89,6 +111,7 @@ def test_lease_waiters_are_served_in_arrival_order(url: str) -> None:
         assert store.claims_of(queue) == []
 
 
+@pytest.mark.usefixtures("every_release_wakes_all")
 def test_semaphore_waiters_are_served_in_arrival_order(url: str) -> None:
     with dibs.open(url) as store:
         sem = dibs.Semaphore(store, "fair-pool", permits=1)
@@ -140,6 +163,7 @@ async def _is(count: Callable[[], Any], n: int) -> bool:
     return bool(await count() == n)
 
 
+@pytest.mark.usefixtures("every_release_wakes_all")
 @pytest.mark.parametrize("semaphore", [False, True], ids=["lease", "semaphore"])
 def test_async_waiters_are_served_in_arrival_order(url: str, semaphore: bool) -> None:
     assert asyncio.run(_async_order(url, semaphore)) == list(range(WAITERS))
@@ -288,6 +312,7 @@ def test_racing_threads_hold_one_at_a_time_and_all_get_in(url: str, store_kind: 
         assert store.claims_of(lease_queue(UNIT)) == []
 
 
+@pytest.mark.usefixtures("every_release_wakes_all")
 def test_booking_exclusive_waiters_are_served_in_arrival_order(url: str) -> None:
     unit = Unit("fair-room", dibs.booking.EXCLUSIVE_SLOT)
     with dibs.open(url) as store:
@@ -325,5 +350,6 @@ async def _async_booking_order(url: str) -> list[int]:
         return served
 
 
+@pytest.mark.usefixtures("every_release_wakes_all")
 def test_async_booking_exclusive_waiters_are_served_in_arrival_order(url: str) -> None:
     assert asyncio.run(_async_booking_order(url)) == list(range(WAITERS))

@@ -49,6 +49,7 @@ LAYERS: list[set[str]] = [
         "dibs._compiled",
         "dibs._shield",
         "dibs._drive",
+        "dibs._bell",
     },
 ]
 

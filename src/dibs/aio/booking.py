@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from dibs._bell import alisten, rung
 from dibs._drive import adrive
 from dibs._fair import lease_queue
 from dibs._model import Claim, ClaimResult, Unit
-from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, turn
+from dibs._queue import QUEUE_ERRORS, Place, QCall, QPause, abandon, awaited, behind, turn
 from dibs.aio.lot import _waited_out
 from dibs.booking import (
     EXCLUSIVE_SLOT,
@@ -60,6 +61,7 @@ async def exclusive(
     queue, place, tried = lease_queue(unit), Place(), wait == 0
     try:
         while True:
+            since = rung()  # before the reads: a release while they run ends the pause below
             until = None if wait is None else started + wait
             if wait == 0 or await adrive(
                 turn(queue, place, tried, until), _in(store), QUEUE_ERRORS
@@ -71,7 +73,14 @@ async def exclusive(
                     claim = result.claim
                     assert claim is not None
                     break
-            await asyncio.sleep(_pause(resource, started, wait, delay))
+            # A release in this process ends the pause (dibs._bell): for one behind the
+            # head, only the release of every ticket ahead of it.
+            ids = awaited(place)
+            if ids:
+                pause = _pause(resource, started, wait, behind(ids), behind(ids) / 2)
+            else:
+                pause = _pause(resource, started, wait, delay)
+            await alisten(since, pause, ids)
             delay = min(delay * 2, 0.1)
     except BaseException:  # gave up, cancelled: the next waiter goes on
         if place.ticket is not None or place.pending:
@@ -99,7 +108,7 @@ def _in(store: AsyncStore) -> Callable[[QCall | QPause], Awaitable[Any]]:
 
     async def perform(step: QCall | QPause) -> Any:
         if isinstance(step, QPause):
-            return await asyncio.sleep(step.seconds)
+            return await alisten(step.since, step.seconds, step.ids)
         return await getattr(store, step.method)(*step.args, **step.kwargs)
 
     return perform

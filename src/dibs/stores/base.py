@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
+from dibs._bell import ring
 from dibs._clock import Clock, SystemClock
 from dibs._model import (
     Claim,
@@ -264,13 +265,15 @@ class Store(abc.ABC):
         self._check_open()
         args = transition_args(claim_id, holder, fence)
         try:
-            return self._release(*args)
+            released = self._release(*args)
         except HoldLost as exc:
             self._log_lost("release", exc)
             raise
         except Exception as exc:
             self._closed_under(exc)
             raise
+        ring(claim_id)  # a waiter in this process wakes now, not at the end of its pause
+        return released
 
     def lease(
         self,

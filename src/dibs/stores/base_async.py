@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from dibs._bell import ring
 from dibs._model import (
     Claim,
     ClaimResult,
@@ -224,13 +225,15 @@ class AsyncStore(abc.ABC):
         args = transition_args(claim_id, holder, fence)
         await self._ready()
         try:
-            return await self._release(*args)
+            released = await self._release(*args)
         except HoldLost as exc:
             log_lost(self._logger, "release", exc)
             raise
         except Exception as exc:
             self._closed_under(exc)
             raise
+        ring(claim_id)  # a waiter in this process wakes now, not at the end of its pause
+        return released
 
     def lease(
         self,
