@@ -56,11 +56,16 @@ def rung() -> int:
 def ring(claim_id: str) -> None:
     """Wake the waiters of this process for the release of ``claim_id`` (any thread)."""
     global _count
+    # The common case, on every release, takes no lock: no one waits in this process.
+    # The append is atomic; an increment racing another may count one ring for two,
+    # which still moves the count (a waiter for given IDs may then sleep its pause out:
+    # later, never wrong). A waiter registers under the lock and then checks the count,
+    # so if the reads below saw no waiter, that waiter's check sees this ring.
+    _released.append(claim_id)
+    _count += 1
+    if not _sleepers and not _futures:
+        return
     with _lock:
-        _count += 1
-        _released.append(claim_id)
-        if not _sleepers and not _futures:
-            return  # the common case, on every release: no one waits in this process
         _changed.notify_all()
         woken = [(f, loop) for f, (loop, since, ids) in _futures.items() if _news(since, ids)]
         for future, _ in woken:
@@ -110,9 +115,12 @@ async def alisten(since: int | None, seconds: float, ids: Collection[str] | None
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
     with _lock:
-        if _news(since, ids):
-            return True
+        # Registered before the check: a ring that then saw no waiter (it takes no lock
+        # when none waits) came before the check, which sees it.
         _futures[future] = (loop, since, ids)
+        if _news(since, ids):
+            del _futures[future]
+            return True
     try:
         await asyncio.wait((future,), timeout=max(0.0, seconds))
     finally:
