@@ -11,9 +11,22 @@ import pytest
 
 from layout import ROOT
 
+# Loaded into one collection of the whole suite: writes each test's ID and the names of its
+# markers (conftest's included), the names `pytest -m` matches an expression against.
+MARKS_PLUGIN = """\
+import os
 
-def _collect(*args: str) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+def pytest_collection_finish(session):
+    with open(os.environ["COLLECTED_MARKS"], "w", encoding="utf-8") as out:
+        for item in session.items:
+            names = sorted({mark.name for mark in item.iter_markers()})
+            out.write(item.nodeid + "\\t" + " ".join(names) + "\\n")
+"""
+
+
+def _collect(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
@@ -27,6 +40,26 @@ def quick() -> list[str]:
     return _collect("-m", "quick")
 
 
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[str]]:
+    """Every test of the suite with its markers, from one collection: the selections by marker
+    below are read from it instead of collecting the whole suite again for each (a collection
+    imports every test module, about a minute on a loaded machine)."""
+    here = tmp_path_factory.mktemp("marks")
+    (here / "collected_marks.py").write_text(MARKS_PLUGIN)
+    out = here / "marks.tsv"
+    pythonpath = os.pathsep.join([str(here), str(ROOT / "src")])
+    ids = _collect(
+        "-p", "collected_marks", env={"PYTHONPATH": pythonpath, "COLLECTED_MARKS": str(out)}
+    )
+    lines = out.read_text(encoding="utf-8").splitlines()
+    marks = {
+        nodeid: frozenset(names.split()) for nodeid, _, names in (x.partition("\t") for x in lines)
+    }
+    assert list(marks) == ids  # the plug-in saw what pytest collected
+    return marks
+
+
 def _quick_modules() -> set[str]:
     """The test modules that opt in with ``QUICK = True`` (read, not imported)."""
     return {
@@ -38,9 +71,14 @@ def _quick_modules() -> set[str]:
 
 @pytest.mark.timeout(300)
 def test_quick_subset_is_the_opted_in_modules_without_slow_or_server_tests(
-    quick: list[str],
+    quick: list[str], everything: dict[str, frozenset[str]]
 ) -> None:
-    not_slow = _collect("-m", "not slow and not postgresql and not etcd and not processes")
+    # The markers read from the collection are those `-m` selects by: `-m quick` agrees.
+    assert {t for t, marks in everything.items() if "quick" in marks} == set(quick)
+    # -m "not slow and not postgresql and not etcd and not processes"
+    not_slow = [
+        t for t, m in everything.items() if not m & {"slow", "postgresql", "etcd", "processes"}
+    ]
     modules = {t.split("::")[0] for t in quick}
     assert modules == _quick_modules()
     assert set(quick) == {t for t in not_slow if t.split("::")[0] in modules}
@@ -61,13 +99,18 @@ def test_quick_subset_runs_the_contract_on_both_in_process_stores_and_faces(
 
 
 @pytest.mark.timeout(300)
-def test_backend_markers_follow_the_store_parametrization() -> None:
-    etcd = _collect("-m", "etcd", "tests/stores/test_contract.py")
-    no_etcd = _collect("-m", "not etcd", "tests/stores/test_contract.py")
+def test_backend_markers_follow_the_store_parametrization(
+    everything: dict[str, frozenset[str]],
+) -> None:
+    contract = {
+        t: m for t, m in everything.items() if t.startswith("tests/stores/test_contract.py::")
+    }
+    etcd = [t for t, m in contract.items() if "etcd" in m]  # -m etcd
+    no_etcd = [t for t, m in contract.items() if "etcd" not in m]  # -m "not etcd"
     assert etcd and all("etcd" in t for t in etcd)
     assert no_etcd and not any("etcd" in t for t in no_etcd)
     for kind in ("memory", "sqlite", "postgresql"):
-        chosen = _collect("-m", kind, "tests/stores/test_contract.py")
+        chosen = [t for t, m in contract.items() if kind in m]  # -m {kind}
         assert chosen and all(f"{kind}]" in t or f"{kind}-" in t for t in chosen), kind
 
 
@@ -90,8 +133,9 @@ def _near(stated: int, actual: int) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_readme_states_the_true_size_of_the_suite_and_of_quick(quick: list[str]) -> None:
-    everything = _collect()
+def test_readme_states_the_true_size_of_the_suite_and_of_quick(
+    quick: list[str], everything: dict[str, frozenset[str]]
+) -> None:
     suite = _stated(r"about ([\d,]+) tests, the PostgreSQL")
     assert _near(suite, len(everything)), (
         f"README says {suite:,}, the suite has {len(everything):,}"
