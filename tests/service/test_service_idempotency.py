@@ -133,7 +133,11 @@ def test_another_body_waits_for_the_first_then_is_422() -> None:
         api = s.service.api if s.service is not None else None
         assert api is not None
         # The newcomer is parked on the first request's end (its event has a waiter).
-        while not any(done._waiters for _, done in list(api._running.values())):  # type: ignore[attr-defined]
+        # (The event is made for the first waiter: a request running alone has none.)
+        while not any(
+            r.done is not None and r.done._waiters  # type: ignore[attr-defined]
+            for r in list(api._running.values())
+        ):
             t2.join(0.01)
         store.gate.set()
         t1.join(30)

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from dibs._model import Claim, ClaimResult, ClaimState, Span, Target, Unit, target_to_json
@@ -139,7 +139,7 @@ class Api:
         self.flights: AsyncSingleFlight = AsyncSingleFlight(copy=None)
         # The body digest of each (operation, holder, key) in flight, and an
         # event set when it ends; only the event loop's thread touches it.
-        self._running: dict[tuple[str, str, str], tuple[str, asyncio.Event]] = {}
+        self._running: dict[tuple[str, str, str], _Running] = {}
         self._on_change = on_change
 
     # --- the steps every operation takes ----------------------------------------------------------
@@ -183,13 +183,25 @@ class Api:
             raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
 
         async def read() -> bytes:
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            # What request.stream() does, without an async generator per request.
+            chunks: list[bytes] = []
+            size = 0
+            receive = request.receive
+            while True:
+                message = await receive()
+                kind = message["type"]
+                if kind == "http.request":
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(
+                            413, "too_large", f"request bodies are limited to {limit} bytes"
+                        )
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                elif kind == "http.disconnect":
+                    raise ClientDisconnect()
 
         try:
             # asyncio.timeout, not wait_for: no task per request on the hot path.
@@ -303,26 +315,25 @@ class Api:
         def lead() -> Awaitable[_T]:
             # Called by the flight's leader when it starts the work, with no
             # await in between: whoever sees the flight also sees its digest.
-            done = asyncio.Event()
-            self._running[flight] = (digest, done)
+            entry = self._running[flight] = _Running(digest)
 
             async def run() -> _T:
                 try:
                     return await work()
                 finally:
-                    if self._running.get(flight, (None, None))[1] is done:
+                    if self._running.get(flight) is entry:
                         del self._running[flight]
-                    done.set()
+                    entry.finish()
 
             return run()
 
         deadline = asyncio.get_running_loop().time() + self.config.idempotency_wait
         waited = False
         try:
-            while (running := self._running.get(flight)) is not None and running[0] != digest:
+            while (running := self._running.get(flight)) is not None and running.digest != digest:
                 waited = True
                 async with asyncio.timeout_at(deadline):
-                    await running[1].wait()
+                    await running.wait()
             if running is None:
                 answer = await self.flights.call(flight, lead)
             else:
@@ -574,3 +585,32 @@ class Api:
                 "state": state,
             }
         )
+
+
+class _Running:
+    """A key's request in flight: its body's digest, and an event made for the first waiter.
+
+    Most requests run alone, so the event (an :class:`asyncio.Event` costs more
+    than the rest of this bookkeeping) is made only when another body waits.
+    """
+
+    __slots__ = ("digest", "done", "finished")
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+        self.done: asyncio.Event | None = None
+        self.finished = False
+
+    async def wait(self) -> None:
+        """Return once the request has finished (at once if it has)."""
+        if self.finished:
+            return
+        if self.done is None:
+            self.done = asyncio.Event()
+        await self.done.wait()
+
+    def finish(self) -> None:
+        """Mark the request finished and wake its waiters."""
+        self.finished = True
+        if self.done is not None:
+            self.done.set()
