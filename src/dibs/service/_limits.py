@@ -75,6 +75,15 @@ class _Replayed(Exception):
         self.claim = claim
 
 
+def path_key(request: Request) -> str:
+    """The ``{key}`` of a limit's or list's path, checked as a name (400 naming it if bad)."""
+    try:
+        name: str = NAME.parse(request.path_params["key"], "key")
+        return name
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+
+
 class _Handles(OrderedDict[Any, _H]):
     """The most recently used handles, at most ``_HANDLES``."""
 
@@ -97,13 +106,7 @@ class Limits:
         self._semaphores: _Handles[Semaphore] = _Handles()
         self._rates: _Handles[RateLimit] = _Handles()
 
-    @staticmethod
-    def _name(request: Request) -> str:
-        try:
-            name: str = NAME.parse(request.path_params["key"], "key")
-            return name
-        except InvalidInput as exc:
-            raise invalid(exc) from None
+    _name = staticmethod(path_key)
 
     def _semaphore(self, name: str) -> Semaphore:
         def make() -> Semaphore:

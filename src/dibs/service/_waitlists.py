@@ -28,13 +28,11 @@ from starlette.responses import JSONResponse, Response
 
 from dibs._model import Claim, ClaimState, Unit
 from dibs.aio.waitlist import Waitlist, Watcher
-from dibs.exceptions import InvalidInput
 from dibs.service._api import Api
-from dibs.service._guard import ApiError, invalid
-from dibs.service._limits import _Handles
+from dibs.service._guard import ApiError
+from dibs.service._limits import _Handles, path_key
 from dibs.service._wire import (
     FENCE_REQUEST,
-    NAME,
     RESERVED,
     WAITLIST_RELEASE_REQUEST,
     WAITLIST_REQUEST,
@@ -88,13 +86,7 @@ class Waitlists:
         self._lists: _Handles[Waitlist] = _Handles()
         self._watchers: dict[str, Watcher] = {}
 
-    @staticmethod
-    def _name(request: Request) -> str:
-        try:
-            name: str = NAME.parse(request.path_params["key"], "key")
-            return name
-        except InvalidInput as exc:
-            raise invalid(exc) from None
+    _name = staticmethod(path_key)
 
     def _list(self, name: str) -> Waitlist:
         """The list's handle: the watched one's (with its offer TTL), else a default one."""
