@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +43,7 @@ import dibs
 import dibs.aio
 from dibs import ClaimResult, ClaimState, Unit
 from eventually import eventually
-from pg_fixtures import drop_schema, schema_url
+from pg_fixtures import answer_in_thread, drop_schema, lock_waiters, schema_url
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -117,13 +116,7 @@ class _Setup:
 
     def waiting(self, watch: psycopg.Connection[Any]) -> int:
         """How many of this test's sessions wait for a lock."""
-        row = watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = %s",
-            (self.app,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return lock_waiters(watch, self.app)
 
     def close(self) -> None:
         self.store.close()
@@ -137,20 +130,6 @@ def setup(pg_url: str) -> Iterator[_Setup]:
         yield s
     finally:
         s.close()
-
-
-def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except Exception as exc:  # the answer under test, checked by the caller
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def _writer(setup: _Setup, face: str, targets: list[Unit]) -> Callable[[], Any]:
@@ -182,7 +161,7 @@ def test_a_reader_joining_inside_a_writers_read_to_update_window_refuses_the_wri
             # The reader joins and holds the marker's row lock, uncommitted.
             reader_id = setup.join(reader, joined)
             assert setup.marker(watch, joined) == before  # the join is not committed yet
-            writer, out = _in_thread(_writer(setup, face, targets))
+            writer, out = answer_in_thread(_writer(setup, face, targets))
             # The writer has read the committed marker (dead or free) and waits
             # for the row lock to write it: only now does the join land.
             eventually(

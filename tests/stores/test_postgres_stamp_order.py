@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +38,7 @@ import pytest
 import dibs
 from dibs import ClaimState, HoldLost, HoldLostReason, Unit
 from eventually import eventually
-from pg_fixtures import drop_schema, schema_url
+from pg_fixtures import answer_in_thread, drop_schema, lock_waiters, schema_url
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,13 +115,7 @@ class _Setup:
 
     def waiting(self, watch: psycopg.Connection[Any]) -> int:
         """How many of this test's sessions wait for a lock."""
-        row = watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = %s",
-            (self.app,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return lock_waiters(watch, self.app)
 
     def close(self) -> None:
         self.store.close()
@@ -135,20 +129,6 @@ def setup(pg_url: str) -> Iterator[_Setup]:
         yield s
     finally:
         s.close()
-
-
-def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except Exception as exc:  # the answer under test, checked by the caller
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def _settle(threads: list[threading.Thread], setup: _Setup, watch: Any) -> None:
@@ -173,11 +153,11 @@ def test_a_dead_hold_begun_after_a_takeover_was_stamped_answers_taken_over(
             taken_at = setup.take_over(rival, unit, how)
             # The holder's call begins only now, after that stamp.
             if op == "confirm":
-                thread, out = _in_thread(
+                thread, out = answer_in_thread(
                     lambda h=hold: store.confirm(h.id, holder="alice", fence=h.fence)
                 )
             else:
-                thread, out = _in_thread(
+                thread, out = answer_in_thread(
                     lambda h=hold: store.extend(h.id, holder="alice", fence=h.fence, ttl=60)
                 )
             _settle([thread], setup, watch)
@@ -221,9 +201,9 @@ def test_a_takeover_queued_behind_a_dead_holds_loss_is_dated_after_it(
                 with setup.connect(autocommit=True) as conn:
                     return conn.execute(sql.claim, setup.function_params(u, "rival")).fetchone()
 
-            loser, lost = _in_thread(lose)
+            loser, lost = answer_in_thread(lose)
             _settle([loser], setup, watch)
-            taker, took = _in_thread(take)
+            taker, took = answer_in_thread(take)
             _settle([loser, taker], setup, watch)
             sweeper.commit()
             loser.join()

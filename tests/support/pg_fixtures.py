@@ -13,7 +13,8 @@ import atexit
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -131,3 +132,31 @@ def private_pg_server() -> Iterator[PostgresServer]:
     """A server of this test's own, to restart or crash at will (always local)."""
     with PostgresServer() as server:
         yield server
+
+
+def lock_waiters(watch: psycopg.Connection[Any], application_name: str) -> int:
+    """How many sessions named ``application_name`` wait for a lock now (pg_stat_activity):
+    how interleaving tests see a statement parked inside another's window, never by time."""
+    row = watch.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = %s",
+        (application_name,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def answer_in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``call`` on a started thread; its answer (or the exception it raised) lands in
+    the returned list, for the caller to check once the thread is joined."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # the answer under test, checked by the caller
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
