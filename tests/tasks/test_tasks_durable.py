@@ -8,7 +8,6 @@ Waiting loops poll the files with a hang guard; nothing asserts on time.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
@@ -25,6 +24,7 @@ import dibs
 from conftest import StoreMaker
 from dibs.tasks import TaskProcessor, current
 from eventually import eventually
+from workers import stop_workers
 
 GUARD = 60.0  # real seconds before a wait is declared hung
 
@@ -114,20 +114,7 @@ class Cluster:
         return [r for r in rows if what is None or r[2] == what]
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):  # killed by the test
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=GUARD)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_workers(self.procs, GUARD)
         self.client.shutdown(timeout=0)
         self.store.close()
 

@@ -30,6 +30,7 @@ from dibs.tasks import TaskProcessor
 from eventually import eventually
 from layout import SUPPORT
 from pg_fixtures import schema_url
+from workers import stop_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,17 +84,7 @@ class Workers:
         return proc.pid
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.stdin is not None:
-                proc.stdin.close()  # a live worker shuts down
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_workers(self.procs, 30)
 
 
 @pytest.fixture

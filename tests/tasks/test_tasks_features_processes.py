@@ -7,7 +7,6 @@ what ran where and when. Waits only guard against hangs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
@@ -24,6 +23,7 @@ import dibs
 from conftest import StoreMaker
 from dibs.tasks import TaskProcessor
 from eventually import eventually
+from workers import stop_workers
 
 GUARD = 90.0
 LEASE = 4.0  # long enough that a loaded machine never lapses a live lease
@@ -86,18 +86,7 @@ class Workers:
             return conn.execute("SELECT job, pid, what, key FROM effects ORDER BY rowid").fetchall()
 
     def stop(self) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=GUARD)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_workers(self.procs, GUARD)
         self.client.shutdown(timeout=0)
         self.store.close()
 

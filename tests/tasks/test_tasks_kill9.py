@@ -27,6 +27,7 @@ from conftest import StoreMaker
 from dibs.cli import main
 from dibs.tasks import JobFailed, TaskProcessor
 from eventually import eventually
+from workers import stop_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -149,18 +150,7 @@ class Fleet:
         return victim
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None and proc.stdin is not None:
-                proc.stdin.close()  # a live worker shuts down
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=GUARD)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None and not stream.closed:
-                    stream.close()
+        stop_workers(self.procs, GUARD)
         self.client.shutdown(timeout=0)
         self.store.close()
 

@@ -20,7 +20,6 @@ Waits only guard against hangs; nothing asserts on time.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
@@ -38,6 +37,7 @@ import dibs
 from conftest import StoreMaker
 from dibs.tasks import TaskProcessor
 from eventually import eventually
+from workers import stop_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -145,21 +145,7 @@ class Fleet:
         return run
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                if proc.stdin is not None:
-                    with contextlib.suppress(BrokenPipeError):
-                        proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=GUARD)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None and not stream.closed:
-                    stream.close()
+        stop_workers(self.procs, GUARD)
         self.client.shutdown(timeout=0)
         self.store.close()
 
