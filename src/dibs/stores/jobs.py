@@ -438,6 +438,13 @@ class Wakers:
             wake()
 
 
+def _no_connection(connection: object | None) -> None:
+    if connection is not None:
+        raise InvalidInput(
+            "a memory store's job table takes no connection", field="connection", value=connection
+        )
+
+
 class MemoryJobs:
     """The job table as dicts, for memory:// stores (one process)."""
 
@@ -497,11 +504,7 @@ class MemoryJobs:
 
     def add_many(self, jobs: Sequence[Job], connection: object | None = None) -> list[str]:
         self._check_open()
-        if connection is not None:
-            raise InvalidInput(
-                "a memory store's job table takes no connection", field="connection",
-                value=connection,
-            )  # fmt: skip
+        _no_connection(connection)
         with self._lock:
             now = self._clock()
             standing = [self._insert(job, now) for job in jobs]
@@ -517,11 +520,7 @@ class MemoryJobs:
         self, jobs: Sequence[Job], mode: str, window: float | None, connection: object | None = None
     ) -> list[tuple[str, str]]:
         self._check_open()
-        if connection is not None:
-            raise InvalidInput(
-                "a memory store's job table takes no connection", field="connection",
-                value=connection,
-            )  # fmt: skip
+        _no_connection(connection)
         with self._lock:
             now = self._clock()
             outcomes = [self._unique_one(job, mode, window, now) for job in jobs]
