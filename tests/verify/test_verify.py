@@ -453,6 +453,7 @@ def test_history_files_survive_a_torn_last_line(tmp_path: Path) -> None:
 # --- real runs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(600)  # a fresh interpreter after each kill -9: slow on a loaded machine
 def test_memory_store_passes_under_crashes_pauses_and_skew(tmp_path: Path) -> None:
     workload = Workload(
         "memory://", clients=4, ops=1500, faults=("kill", "pause", "skew"), fault_interval=0.2
@@ -465,6 +466,7 @@ def test_memory_store_passes_under_crashes_pauses_and_skew(tmp_path: Path) -> No
     assert report.log_anomalies == []
 
 
+@pytest.mark.timeout(600)  # a fresh interpreter after each kill -9: slow on a loaded machine
 def test_sqlite_store_passes_under_kill_9_pauses_and_skew(tmp_path: Path) -> None:
     workload = Workload(
         f"sqlite:///{tmp_path / 'v.db'}",
