@@ -175,8 +175,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # worker sorts alike (a stable sort), as xdist requires.
         items.sort(key=lambda item: not getattr(getattr(item, "module", None), "RUN_EARLY", False))
     for item in items:
-        for backend in sorted(backends_of(item)):
+        backends = backends_of(item)
+        for backend in sorted(backends):
             item.add_marker(backend)
+        if "etcd" in backends and item.get_closest_marker("timeout") is None:
+            # Every etcd write waits for a raft fsync (about 25 ms, far more at a load of
+            # 20+): the races that pass in 60 s at rest near the 120 s hang guard there.
+            item.add_marker(pytest.mark.timeout(300))
         if folder := folder_of(item):
             item.add_marker(folder)
         if is_quick(item):
