@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from layout import ROOT
 
 DOC = ROOT / "docs" / "tasks.md"
@@ -35,6 +37,8 @@ def _blocks() -> list[tuple[str, str]]:
 BLOCKS = _blocks()
 
 
+# Fresh interpreters one after another: 17 s alone, 62 s in a full run at a load of 22.
+@pytest.mark.timeout(600)
 def test_the_feature_examples_print_what_their_comments_say(tmp_path: Path) -> None:
     outputs = {}
     for name, block in BLOCKS:
