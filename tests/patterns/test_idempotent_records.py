@@ -279,6 +279,23 @@ def test_a_caller_stalled_past_the_finishers_hold_replays_its_result(
     assert store.holder_of(dibs.Unit("dibs.idempotent.run:stall", "a")) is None  # A let go
 
 
+def test_a_caller_refused_by_a_finished_calls_hold_replays_its_result(store: Store) -> None:
+    """Caller A finds no result; B then runs and stores its result, and its run hold stays.
+    A's claim of the run hold is refused: A must replay B's result (it reads the result
+    before the hold), not say "in progress". Skipping that read fails this every run."""
+    runs: list[str] = []
+    stalled = _Stalls(store, lambda: runs.append(work_directly("a", "B")))
+
+    def body(k: str, who: str) -> str:
+        runs.append(who)
+        return f"by {who}"
+
+    work = dibs.idempotent(stalled, key="k", name="refused", payload=lambda k, who: k)(body)
+    work_directly = dibs.idempotent(store, key="k", name="refused", payload=lambda k, who: k)(body)
+    assert work("a", "A") == "by B"
+    assert runs == ["B", "by B"]
+
+
 def test_a_caller_stalled_past_a_conflicting_finisher_raises_and_frees_the_key(
     store: Store, clock: FakeClock
 ) -> None:
