@@ -36,8 +36,9 @@ released after a result is stored:
   lingering hold never reads as "in progress" while a result is there. When the
   result would expire first (``keep`` shorter than what is left of ``ttl``) the
   hold is released as before: else a call after ``keep`` would be told "in
-  progress" although nothing runs. A crashed or cancelled call stores nothing
-  and still releases (or leaves) its hold exactly as before.
+  progress" although nothing runs. So a finished call's live run hold always has
+  its live result behind it (both expiries are the store's clock). A crashed or
+  cancelled call stores nothing and still releases (or leaves) its hold as before.
 * A caller that wins the run hold reads ``holder_of`` the done unit again
   before it runs anything. A result stored between its first read and its claim
   is possible still: the finisher's hold may have expired meanwhile (this
