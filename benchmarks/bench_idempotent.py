@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--base", metavar="SRC", help="also run the dibs in this src directory")
     parser.add_argument(
-        "--stores", nargs="+", default=["memory", "sqlite"], help="stores besides --postgres"
+        "--stores", nargs="*", default=["memory", "sqlite"], help="stores besides --postgres"
     )
     args = parser.parse_args(argv)
     this = str(Path(__file__).resolve().parent.parent / "src")
