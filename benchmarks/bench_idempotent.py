@@ -1,39 +1,40 @@
 """Calls per second: ``@dibs.idempotent`` on a store vs AWS Lambda Powertools' idempotency on Redis.
 
-Both decorate the same function (it returns a small dict) and run in one
-process, one thread, interleaved round by round. Each round makes N *first*
-calls (new keys: the function runs and its result is stored) and then N
-*replays* of the same keys (the stored result comes back). Powertools keeps
-its records in a local ``redis-server`` that this script starts and stops
-(its own Redis layer, the peer Powertools users run outside DynamoDB). dibs
-always validates the payload; Powertools runs without payload validation (see
-``powertools_on``), so it does a little less work. The figures are calls per second
-and, per contender, the median and range of the per-round ratios to
-Powertools; the machine is shared and noisy, so read the ratios.
+Both decorate the same function (it returns a small dict), one thread each.
+Each round makes N *first* calls (new keys: the function runs and its result
+is stored) and then N *replays* of the same keys (the stored result comes
+back), every contender in a fresh process of its own (imports and connections
+are warmed up before the clock starts), the contenders interleaved round by
+round. Powertools keeps its records in a local ``redis-server`` that this
+script starts and stops (its own Redis layer, the peer Powertools users run
+outside DynamoDB). dibs always validates the payload; Powertools runs without
+payload validation (see ``CHILD``), so it does a little less work. The figures
+are calls per second and, per contender, the median and range of the per-round
+ratios to Powertools; with ``--base``, also this checkout's dibs ÷ the other
+checkout's, per store, round by round (an A/B of a change in one command).
 
     python benchmarks/bench_idempotent.py                  # memory:// and sqlite://
     python benchmarks/bench_idempotent.py --postgres       # also a private PostgreSQL (fsync off)
     python benchmarks/bench_idempotent.py --postgres URL   # also an existing PostgreSQL
+    mkdir /tmp/base && git archive main src | tar -x -C /tmp/base   # main's dibs
+    python benchmarks/bench_idempotent.py --postgres --base /tmp/base/src
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
 
 import dibs
-
-Call = Callable[[str], Any]
 
 
 @contextmanager
@@ -66,7 +67,10 @@ def redis_server() -> Iterator[int]:
         server.wait()
 
 
-def powertools_on(port: int) -> Callable[[str], Call]:
+CHILD = """
+import sys, time, warnings
+kind, where, scope, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if kind == "powertools":
     import redis
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
     from aws_lambda_powertools.utilities.idempotency.persistence.cache import (
@@ -75,44 +79,65 @@ def powertools_on(port: int) -> Callable[[str], Call]:
 
     # Outside Lambda it warns once per call that it cannot see the remaining time.
     warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
-    layer = CachePersistenceLayer(client=redis.Redis(host="127.0.0.1", port=port))
+    layer = CachePersistenceLayer(client=redis.Redis(host="127.0.0.1", port=int(where)))
+    # Without payload validation: with it on, this cache layer (3.37.0) answers
+    # IdempotencyValidationError to every replay (it drops the hash when the
+    # record completes, as its TypeScript twin did in powertools-lambda-typescript#5705).
+    config = IdempotencyConfig(event_key_jmespath="id", expires_after_seconds=3600)
 
-    def make(scope: str) -> Call:
-        # Without payload validation: with it on, this cache layer (3.37.0) answers
-        # IdempotencyValidationError to every replay (it drops the hash when the
-        # record completes, as its TypeScript twin did in powertools-lambda-typescript#5705).
-        config = IdempotencyConfig(event_key_jmespath="id", expires_after_seconds=3600)
+    @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+    def charge(order):
+        return {"order": order["id"], "charged": order["cents"]}
 
-        @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
-        def charge(order: dict[str, Any]) -> dict[str, Any]:
-            return {"order": order["id"], "charged": order["cents"]}
+    call = lambda key: charge(order={"id": f"{scope}-{key}", "cents": 1250})
+else:
+    import dibs
 
-        return lambda key: charge(order={"id": f"{scope}-{key}", "cents": 1250})
+    store = dibs.open(where)
 
-    return make
+    @dibs.idempotent(store, key="order_id", name=f"bench.{scope}")
+    def charge(order_id, cents):
+        return {"order": order_id, "charged": cents}
+
+    call = lambda key: charge(key, 1250)
+
+for i in range(50):  # warm up: imports, connections, prepared statements
+    call(f"warm-{i}")
+    call(f"warm-{i}")
+keys = [f"order-{i}" for i in range(calls)]
+started = time.perf_counter()
+for key in keys:
+    call(key)
+first = calls / (time.perf_counter() - started)
+started = time.perf_counter()
+for key in keys:
+    call(key)
+print(first, calls / (time.perf_counter() - started))
+"""
 
 
-def dibs_on(store: dibs.Store) -> Callable[[str], Call]:
-    def make(scope: str) -> Call:
-        @dibs.idempotent(store, key="order_id", name=f"bench.{scope}")
-        def charge(order_id: str, cents: int) -> dict[str, Any]:
-            return {"order": order_id, "charged": cents}
+def measure(kind: str, where: str, src: str | None, scope: str, calls: int) -> tuple[float, float]:
+    """(first calls per second, replays per second) of one contender, in a fresh process."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, where, scope, str(calls)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first, replay = done.stdout.split()
+    return float(first), float(replay)
 
-        return lambda key: charge(key, 1250)
 
-    return make
-
-
-def measure(call: Call, keys: list[str]) -> tuple[float, float]:
-    """(first calls per second, replays per second) over ``keys``."""
-    started = time.perf_counter()
-    for key in keys:
-        call(key)
-    first = len(keys) / (time.perf_counter() - started)
-    started = time.perf_counter()
-    for key in keys:
-        call(key)
-    return first, len(keys) / (time.perf_counter() - started)
+def _line(name: str, values: list[float], ratios: list[float], width: int) -> str:
+    return (
+        f"  {name:<{width}} median {statistics.median(values):>8,.0f}/s  range "
+        f"{min(values):>8,.0f}-{max(values):<8,.0f}  ratio {statistics.median(ratios):5.2f} "
+        f"({min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,19 +151,19 @@ def main(argv: list[str] | None = None) -> None:
         const="private",
         help="also measure a PostgreSQL store (default: a private server)",
     )
+    parser.add_argument("--base", metavar="SRC", help="also run the dibs in this src directory")
+    parser.add_argument(
+        "--stores", nargs="*", default=["memory", "sqlite"], help="stores besides --postgres"
+    )
     args = parser.parse_args(argv)
-    keys = [f"order-{i}" for i in range(args.calls)]
+    this = str(Path(__file__).resolve().parent.parent / "src")
+    sides = {"": this} if args.base is None else {"": this, " (base)": args.base}
 
     with ExitStack() as cleanup:
         port = cleanup.enter_context(redis_server())
         tmp = Path(cleanup.enter_context(tempfile.TemporaryDirectory()))
-        contenders: dict[str, Callable[[str], Call]] = {
-            "Powertools on Redis": powertools_on(port),
-            "dibs on memory://": dibs_on(cleanup.enter_context(dibs.open("memory://"))),
-            "dibs on sqlite://": dibs_on(
-                cleanup.enter_context(dibs.open(f"sqlite:///{tmp / 'bench.db'}"))
-            ),
-        }
+        known = {"memory": "memory://", "sqlite": f"sqlite:///{tmp / 'bench.db'}"}
+        stores = {f"{kind}://": known[kind] for kind in args.stores}
         if args.postgres:
             url = args.postgres
             if url == "private":
@@ -146,33 +171,43 @@ def main(argv: list[str] | None = None) -> None:
                 from dibs.verify.harness import PostgresServer
 
                 url = cleanup.enter_context(PostgresServer()).create_database("dibs_bench")
-            store = cleanup.enter_context(dibs.open(url))
-            contenders["dibs on postgresql://"] = dibs_on(store)
+            stores["postgresql://"] = url
+        for where in stores.values():
+            dibs.open(where).close()  # each store's schema, before any timed round
+        contenders: dict[str, tuple[str, str, str | None]] = {
+            "Powertools on Redis": ("powertools", str(port), None)
+        }
+        for label, where in stores.items():
+            for side, src in sides.items():
+                contenders[f"dibs{side} on {label}"] = ("dibs", where, src)
 
         print(
             f"idempotent calls, {args.calls} first calls then {args.calls} replays per round, "
-            f"{args.repeat} interleaved rounds, one thread (Python {sys.version.split()[0]})"
+            f"{args.repeat} interleaved rounds, one thread, a process per contender per round "
+            f"(Python {sys.version.split()[0]})"
         )
         firsts: dict[str, list[float]] = {name: [] for name in contenders}
         replays: dict[str, list[float]] = {name: [] for name in contenders}
         # Interleave round by round so a noisy neighbour slows every contender alike.
         for r in range(args.repeat):
-            for name, make in contenders.items():
-                first, replay = measure(make(f"r{r}"), keys)
+            for i, (name, (kind, where, src)) in enumerate(contenders.items()):
+                first, replay = measure(kind, where, src, f"r{r}c{i}", args.calls)
                 firsts[name].append(first)
                 replays[name].append(replay)
 
+    width = max(len(name) for name in contenders)
     for title, rates in (("first calls", firsts), ("replays", replays)):
         peer = rates["Powertools on Redis"]
         print(f"{title} (ratio: median of the rounds' ratios to Powertools, and their range):")
         for name, values in rates.items():
-            median = statistics.median(values)
             ratios = [v / p for v, p in zip(values, peer, strict=True)]
-            print(
-                f"  {name:<24} median {median:>8,.0f}/s  range {min(values):>8,.0f}-"
-                f"{max(values):<8,.0f}  ratio {statistics.median(ratios):5.2f} "
-                f"({min(ratios):.2f}-{max(ratios):.2f})"
-            )
+            print(_line(name, values, ratios, width))
+        if args.base is not None:
+            print(f"{title}, this ÷ base (median of the rounds' ratios, and their range):")
+            for label in stores:
+                ours, base = rates[f"dibs on {label}"], rates[f"dibs (base) on {label}"]
+                ratios = [o / b for o, b in zip(ours, base, strict=True)]
+                print(_line(label, ours, ratios, width))
 
 
 if __name__ == "__main__":

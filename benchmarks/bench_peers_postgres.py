@@ -14,6 +14,10 @@ acknowledge only what reached the disk):
   ``store.claim(..., request_id=...)`` answering ``replayed``. AWS Lambda
   Powertools' ``idempotent_function`` on its Redis persistence layer answering
   from the stored record. Replays per second.
+* **idem-first** and **idem-replay**: ``@dibs.idempotent`` against Powertools'
+  ``idempotent_function`` on the same Redis, a function that returns a small
+  dict: first calls (a new key each: the function runs and its result is
+  stored), and replays of keys stored before the round. Calls per second.
 
 Each process opens its own store or client. Rounds alternate dibs and peer;
 the script prints medians and ranges of throughput and p99, the per-round
@@ -25,11 +29,20 @@ their counters are flushed).
     python benchmarks/bench_peers_postgres.py
     python benchmarks/bench_peers_postgres.py --procs 1 8 --ops 2000 --repeat 5 --json out.json
     python benchmarks/bench_peers_postgres.py --workloads pairs --fsyncs   # + fsyncs per pair
+
+``--base SRC`` also runs the idem workloads' dibs side with the dibs in another
+checkout's ``src`` (each of its workers imports that one), interleaved with
+this checkout's, and prints this ÷ base per round: an A/B in one command.
+
+    mkdir /tmp/base && git archive main src | tar -x -C /tmp/base
+    python benchmarks/bench_peers_postgres.py --workloads idem-first idem-replay \
+        --procs 1 8 --ops 400 --repeat 5 --base /tmp/base/src
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
@@ -38,6 +51,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -184,16 +198,76 @@ def _powertools_replay(url: str, tag: str, n: int, ops: int) -> Callable[[int], 
     return op
 
 
-WORKERS = {
+def _dibs_idem(url: str, tag: str, n: int, ops: int, replay: bool) -> Callable[[int], None]:
+    # Looked up now, not at import: with --base the worker has swapped in the other dibs.
+    lib: Any = importlib.import_module("dibs")
+    store = lib.open(f"{url}?schema=peers_{tag}&pool_min=1&pool_max=1")
+
+    @lib.idempotent(store, key="order_id", name=f"peers.{n}")
+    def place(order_id: str, cents: int) -> dict[str, Any]:
+        return {"order": order_id, "cents": cents}
+
+    for i in range(ops if replay else 20):  # replays: the keys; first calls: a warm-up
+        place(f"{'o' if replay else 'warm'}-{i}", 1250)
+
+    def op(i: int) -> None:
+        assert place(f"o-{i}", 1250)["order"] == f"o-{i}"
+
+    return op
+
+
+def _powertools_idem(url: str, tag: str, n: int, ops: int, replay: bool) -> Callable[[int], None]:
+    import redis
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+
+    layer = RedisCachePersistenceLayer(client=redis.Redis.from_url(url))
+    config = IdempotencyConfig(expires_after_seconds=3600)
+
+    @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+    def place(order: dict[str, Any]) -> dict[str, Any]:
+        return {"order": order["id"], "cents": order["cents"]}
+
+    def order(i: int, kind: str = "o") -> dict[str, Any]:
+        return {"id": f"{tag}-{n}-{kind}-{i}", "cents": 1250}
+
+    for i in range(ops if replay else 20):
+        place(order=order(i, "o" if replay else "warm"))
+
+    def op(i: int) -> None:
+        assert place(order=order(i))["order"] == order(i)["id"]
+
+    return op
+
+
+WORKERS: dict[str, Callable[[str, str, int, int], Callable[[int], None]]] = {
     "dibs_pairs": _dibs_pairs,
     "redis_pairs": _redis_pairs,
     "dibs_replay": _dibs_replay,
     "powertools_replay": _powertools_replay,
+    "dibs_idem_first": lambda *a: _dibs_idem(*a, replay=False),
+    "dibs_idem_replay": lambda *a: _dibs_idem(*a, replay=True),
+    "powertools_idem_first": lambda *a: _powertools_idem(*a, replay=False),
+    "powertools_idem_replay": lambda *a: _powertools_idem(*a, replay=True),
 }
 
 
-PAIRS = {"pairs": ("dibs_pairs", "redis_pairs"), "replay": ("dibs_replay", "powertools_replay")}
+PAIRS = {
+    "pairs": ("dibs_pairs", "redis_pairs"),
+    "replay": ("dibs_replay", "powertools_replay"),
+    "idem-first": ("dibs_idem_first", "powertools_idem_first"),
+    "idem-replay": ("dibs_idem_replay", "powertools_idem_replay"),
+}
 """Each workload's two contenders: dibs's worker, the peer's."""
+
+
+def _use_dibs_from(src: str) -> None:
+    """Make ``import dibs`` in this (worker) process load the dibs in ``src``."""
+    for name in [m for m in sys.modules if m == "dibs" or m.startswith("dibs.")]:
+        del sys.modules[name]
+    sys.path.insert(0, src)
 
 
 def _worker(kind: str, url: str, tag: str, n: int, ops: int, barrier: Any, out: Any) -> None:
@@ -201,6 +275,9 @@ def _worker(kind: str, url: str, tag: str, n: int, ops: int, barrier: Any, out: 
 
     # Powertools warns that no Lambda context tells it the time left: none here.
     warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
+    kind, _, src = kind.partition("@")  # "dibs_idem_first@/other/src": that checkout's dibs
+    if src:
+        _use_dibs_from(src)
     op = WORKERS[kind](url, tag, n, ops)
     clock = time.perf_counter
     lat: list[float] = []
@@ -320,21 +397,35 @@ def fsyncs_per_op(kind: str, url: str, procs: int, ops: int) -> float | None:
 
 
 def compare(
-    name: str, ours: str, peer: str, url: dict[str, str], procs: int, ops: int, repeat: int
+    name: str,
+    ours: str,
+    peer: str,
+    url: dict[str, str],
+    procs: int,
+    ops: int,
+    repeat: int,
+    base: str | None = None,
 ) -> dict[str, Any]:
     rounds: list[tuple[float, float, float, float]] = []
+    based: list[float] = []
     for r in range(repeat + 1):  # round 0 warms both up and is not counted
         p_rate, p_p99 = run_round(peer, url[peer], procs, ops)
         d_rate, d_p99 = run_round(ours, url[ours], procs, ops)
+        if base is not None:
+            b_rate, _ = run_round(f"{ours}@{base}", url[ours], procs, ops)
+            if r:
+                based.append(d_rate / b_rate)
         if r:
             rounds.append((d_rate, p_rate, d_p99, p_p99))
     med = statistics.median
     ratios = [x[0] / x[1] for x in rounds]
+    against = f" | this÷base {med(based):.2f} ({min(based):.2f}-{max(based):.2f})" if based else ""
     print(
-        f"{name:>7} {procs:>5} | {med(x[0] for x in rounds):>8,.0f} "
+        f"{name:>11} {procs:>5} | {med(x[0] for x in rounds):>8,.0f} "
         f"{med(x[1] for x in rounds):>8,.0f} | {med(ratios):>5.2f}x "
         f"({min(ratios):.2f}-{max(ratios):.2f}) | "
-        f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms",
+        f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms"
+        f"{against}",
         flush=True,
     )
     return {
@@ -344,6 +435,7 @@ def compare(
             {"dibs": d, "peer": p, "dibs_p99_ms": dp * 1e3, "peer_p99_ms": pp * 1e3}
             for d, p, dp, pp in rounds
         ],
+        "this_over_base": based,
         "series": [
             {"name": f"dibs {name}", "clients": procs, "throughput": med(x[0] for x in rounds),
              "p99_ms": med(x[2] for x in rounds) * 1e3},
@@ -364,31 +456,34 @@ def main() -> None:
     parser.add_argument(
         "--fsyncs", action="store_true", help="also count fsyncs per operation (untimed rounds)"
     )
+    parser.add_argument(
+        "--base", metavar="SRC", help="idem workloads: also run the dibs in this src directory"
+    )
     args = parser.parse_args()
 
     with PostgresServer(durable=True, settings={"max_connections": "100"}) as server:
         pg = args.url or server.create_database("dibs_peers")
         with redis_server() as rd:
-            urls = {"dibs_pairs": pg, "dibs_replay": pg, "redis_pairs": rd,
-                    "powertools_replay": rd}  # fmt: skip
+            urls = {kind: pg if kind.startswith("dibs") else rd for kind in WORKERS}
             print(
                 f"PostgreSQL (fsync on) vs redis-server (AOF, appendfsync always), "
                 f"{os.cpu_count()} cores;"
             )
             print(f"{args.ops} ops per process per round, {args.repeat} rounds interleaved")
             print(
-                f"{'work':>7} {'procs':>5} | {'dibs/s':>8} {'peer/s':>8} | "
+                f"{'work':>11} {'procs':>5} | {'dibs/s':>8} {'peer/s':>8} | "
                 f"{'dibs÷peer (range)':>18} | {'dibs p99':>9} {'peer p99':>9}"
             )
             results = []
             for workload in args.workloads:
                 ours, peer = PAIRS[workload]
                 for procs in args.procs:
+                    base = args.base if workload.startswith("idem") else None
                     results.append(
-                        compare(workload, ours, peer, urls, procs, args.ops, args.repeat)
+                        compare(workload, ours, peer, urls, procs, args.ops, args.repeat, base)
                     )
             costs = {}
-            for workload, kind in (("pairs", "dibs_pairs"), ("replay", "dibs_replay")):
+            for workload, (kind, _) in PAIRS.items():
                 if workload in args.workloads:
                     wal, commits, xids = server_cost(kind, pg, min(args.ops, 500))
                     costs[workload] = {"wal_bytes": wal, "commits": commits, "write_xacts": xids}

@@ -9,20 +9,49 @@ needs no table of its own:
     claim is the linearization point of "who runs it": exactly one caller gets
     it; a caller that finds it taken is told the call is in progress. A call
     that crashes leaves the hold to expire, and the next caller takes it over.
+    Its holder is the call's own, ``dibs.idempotent.<payload fingerprint>.<nonce>``.
 
 ``Unit("dibs.idempotent.done:<name>", key)`` plus result units
     One claim, written in one atomic step while the run hold is still held: the
     done unit and the serialized result, cut into units of
     ``"dibs.idempotent.result:<name>"``. It is a hold whose TTL is the result
     retention (the store's ``request_retention`` by default), so ``sweep()``
-    forgets it like any other record.
+    forgets it like any other record. Its holder is fixed by the name, the key
+    and the payload: ``dibs.idempotent.<payload fingerprint>.kept.<digest of
+    name and key>``, so a replay is one read, ``claims_of`` that holder.
 
-Each call's holder is ``dibs.idempotent.<payload fingerprint>.<nonce>``, so
-:meth:`~dibs.Store.holder_of` tells a duplicate whether the record it ran into
-was made with the same payload, and :meth:`~dibs.Store.claims_of` reads the
-result back. A store must offer ``claim`` (group claims of up to a few hundred
-units), ``release``, ``holder_of`` and ``claims_of``: the contract every store
-passes.
+A store must offer ``claim`` (group claims of up to a few hundred units),
+``release``, ``holder_of`` and ``claims_of``: the contract every store passes.
+
+A first call makes four store calls, two of them writes: ``claims_of`` (no
+result), the run hold's claim, ``holder_of`` the done unit (still no result,
+read under the hold), and the claim that stores the result. A replay makes one,
+``claims_of``. Why each remaining step is there, and why the run hold is not
+released after a result is stored:
+
+* The run hold stays until its TTL once the result is stored, when the result
+  outlives it (``keep`` past the hold's expiry: the default). Every duplicate
+  looks for a result before it looks at the run hold (first with ``claims_of``,
+  then, if its claim is refused, with ``holder_of`` the done unit), so a
+  lingering hold never reads as "in progress" while a result is there. When the
+  result would expire first (``keep`` shorter than what is left of ``ttl``) the
+  hold is released as before: else a call after ``keep`` would be told "in
+  progress" although nothing runs. So a finished call's live run hold always has
+  its live result behind it (both expiries are the store's clock). A crashed or
+  cancelled call stores nothing and still releases (or leaves) its hold as before.
+* A caller that wins the run hold reads ``holder_of`` the done unit again
+  before it runs anything. A result stored between its first read and its claim
+  is possible still: the finisher's hold may have expired meanwhile (this
+  caller stalled past ``ttl``), it may have been released (``keep`` < ``ttl``,
+  or a caller on the previous release, which always released), or the record is
+  in the previous release's form (its holder was the call's own, so
+  ``claims_of`` the fixed holder cannot find it). The same read tells a result
+  stored with a different payload (a conflict), which ``claims_of`` the fixed
+  holder cannot see.
+* Records written by the previous release (the done claim under the call's own
+  holder) are found by that read and replayed with ``claims_of`` their holder;
+  the previous release finds this one's records the same way, since its holder
+  starts with the payload fingerprint as before.
 
 The protocol is written once, as generators that yield store calls; a
 synchronous driver runs them for plain functions and an asynchronous one for
@@ -147,6 +176,8 @@ class _Record:
     fingerprint: str
     holder: str
     nonce: str
+    kept: str
+    """The stored result's holder: the same for every call with this name, key and payload."""
 
     @property
     def run(self) -> Unit:
@@ -188,7 +219,7 @@ def _begin(
     pause = _FIRST_PAUSE
     vanished = 0
     for attempt in itertools.count():
-        replay = yield from _read_done(record)
+        replay = yield from _read_kept(record)
         if replay is not None:
             return replay
         request_id = f"{record.holder}.run.{attempt}"
@@ -197,13 +228,25 @@ def _begin(
         won = yield from _claim(record, [record.run], ttl, request_id)
         if won:
             assert won.claim is not None
-            # A caller that finished between the read above and this claim
-            # wrote its result before releasing the run hold, so this read,
-            # made while holding it, sees that result if there is one.
-            if (yield ("holder_of", (record.done,), {})) is None:
+            # Read again under the hold: a result stored since the read above, by a
+            # caller whose hold then ended, one with another payload, or one in the
+            # previous release's form (see the module docstring). Stored results are
+            # written before their run hold ends, so this read, made while holding
+            # it, sees any there is.
+            try:
+                replay = yield from _read_done(record)
+            except RequestConflict:
+                yield from _release(record, won.claim)
+                raise
+            if replay is None:
                 return won.claim
             yield from _release(record, won.claim)
-            continue
+            return replay
+        # Refused: a call runs now, or one finished and its hold outlives it (the
+        # hold stays once the result is stored): a result first, then the hold.
+        replay = yield from _read_done(record)
+        if replay is not None:
+            return replay
         running: str | None = yield ("holder_of", (record.run,), {})
         if running is None:
             vanished += 1
@@ -248,27 +291,43 @@ def _recall(record: _Record, ttl: float, tried: list[str]) -> Generator[_Call, A
             yield from _release(record, won.claim)
 
 
+def _read_kept(record: _Record) -> Generator[_Call, Any, _Replay | None]:
+    """The result stored for this name, key and payload, in one read; None if there is none."""
+    claims: list[Claim] = yield ("claims_of", (record.kept,), {})
+    return _replay_of(record, claims)
+
+
 def _read_done(record: _Record) -> Generator[_Call, Any, _Replay | None]:
+    """The result stored for this key, in either form; raises if its payload differs."""
     holder: str | None = yield ("holder_of", (record.done,), {})
     if holder is None:
         return None
     if _fingerprint_of(holder) != record.fingerprint:
         raise _conflict(record)
     claims: list[Claim] = yield ("claims_of", (holder,), {})
+    return _replay_of(record, claims)  # None: it expired between the two reads
+
+
+def _replay_of(record: _Record, claims: list[Claim]) -> _Replay | None:
     for claim in claims:
         if record.done in claim.targets:
             return _Replay(_decode(claim))
-    return None  # it expired between the two reads
+    return None
 
 
 def _finish(
     record: _Record, run: Claim, result: list[Unit], keep: float
 ) -> Generator[_Call, Any, None]:
-    """Store the result, then end the run hold (in that order: see :func:`_begin`)."""
+    """Store the result; end the run hold only if the result would expire before it."""
     targets = [record.done, *result]
     # Not granted only when this call's run hold expired and another call, which
     # took it over, stored its result first: that result stands.
-    yield from _claim(record, targets, keep, f"{record.holder}.done")
+    stored = yield from _claim(record, targets, keep, f"{record.holder}.done", record.kept)
+    kept = stored.claim
+    if kept is not None and _outlives(kept, run):
+        # The hold may stay to its TTL: every duplicate reads the result before it
+        # looks at the hold, and the result lasts longer (module docstring).
+        return
     # The result is stored: the function's caller gets it even if ending the run
     # hold fails, since a duplicate reads the result before it looks at that hold,
     # which expires after its ttl all the same.
@@ -276,8 +335,15 @@ def _finish(
         yield from _release(record, run)
 
 
+def _outlives(kept: Claim, run: Claim) -> bool:
+    # Both expiries are the store's own clock, so they compare without skew.
+    if kept.expires_at is None:
+        return True
+    return run.expires_at is not None and kept.expires_at >= run.expires_at
+
+
 def _claim(
-    record: _Record, targets: list[Unit], ttl: float, request_id: str
+    record: _Record, targets: list[Unit], ttl: float, request_id: str, holder: str | None = None
 ) -> Generator[_Call, Any, ClaimResult]:
     """Claim with a request ID, retrying a store that could not be reached.
 
@@ -290,7 +356,7 @@ def _claim(
             result: ClaimResult = yield (
                 "claim",
                 (targets,),
-                {"holder": record.holder, "ttl": ttl, "request_id": request_id},
+                {"holder": holder or record.holder, "ttl": ttl, "request_id": request_id},
             )
             return result
         except StoreUnavailable:
@@ -484,7 +550,12 @@ def idempotent(
                     idem = str(idem)
             nonce = secrets.token_hex(_NONCE_BYTES)
             holder = f"{PREFIX}.{fingerprint}.{nonce}"
-            return _Record(scope, check_name(idem, "key"), fingerprint, holder, nonce)
+            checked = check_name(idem, "key")
+            # A digest of the name and key keeps the holder short whatever their size;
+            # a replay also checks the done unit itself, so a collision misleads nobody.
+            scoped = json.dumps([scope, checked]).encode()
+            kept = f"{PREFIX}.{fingerprint}.kept.{hashlib.sha256(scoped).hexdigest()[:32]}"
+            return _Record(scope, checked, fingerprint, holder, nonce, kept)
 
         def retention() -> float:
             if keep is not None:
