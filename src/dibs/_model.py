@@ -396,8 +396,8 @@ def claim_from_micros(values: dict[str, Any]) -> Claim:
     """A :class:`Claim` from a dict of its fields with times in whole microseconds.
 
     ``values`` holds ``id``, ``holder``, ``targets``, ``state``, ``fence``,
-    ``request_id``, ``taken_over`` (and ``mode`` unless exclusive) and, in place of the
-    three datetimes,
+    ``request_id`` (and ``taken_over`` unless false, ``mode`` unless exclusive: absent,
+    they read the class defaults) and, in place of the three datetimes,
     ``_expires_at_us`` (or None), ``_created_at_us`` and ``_updated_at_us``
     (microseconds since the epoch). The datetimes are made when first read, so
     a store that keeps integer times (memory://) builds a claim with one dict

@@ -132,7 +132,10 @@ _unit_key = attrgetter("resource", "slot")  # Unit's order, from C
 # dibs._model.claim_from_micros): the Claim's fields with its three times kept
 # as whole microseconds. A snapshot is then one dict copy, and no datetime is
 # made unless a caller reads one. Its fields are guarded as the module
-# docstring says.
+# docstring says. A field at the Claim's class default (``taken_over``,
+# ``mode``) is left out until it changes, and ``_ttl`` is the TTL the claim
+# asked for, which its request record needs (a snapshot carries it too, as a
+# private attribute): ten keys fill the smallest dict table that holds them.
 class _Record(TypedDict):
     id: str
     holder: str
@@ -140,16 +143,37 @@ class _Record(TypedDict):
     state: ClaimState
     fence: int
     request_id: str | None
-    taken_over: bool
+    _ttl: float | None
     _expires_at_us: int | None
     _created_at_us: int
     _updated_at_us: int
+    taken_over: NotRequired[bool]  # set once a takeover marks the claim
     mode: NotRequired[str]  # set for a shared claim only
 
 
 # A request record: (holder, targets, ttl, claim ID or None, taken, created at µs, mode).
-# A plain tuple: one is made per claim with a request ID.
 _Request = tuple[str, tuple[Target, ...], float | None, str | None, tuple[Target, ...], int, str]
+# What _requests keeps: a request that an inline path granted keeps the claim's
+# own record (its holder, targets, _ttl, id and created time are the request's
+# and never change), so a claim with a request ID makes no object of its own for
+# the request, which the garbage collector would walk for as long as it is kept.
+# Any other request keeps a _Request. _request() reads either as a _Request.
+_RequestEntry = _Request | _Record
+
+
+def _request(entry: _RequestEntry) -> _Request:
+    if type(entry) is tuple:
+        return entry
+    record: _Record = entry  # type: ignore[assignment]
+    return (
+        record["holder"],
+        record["targets"],
+        record["_ttl"],
+        record["id"],
+        (),
+        record["_created_at_us"],
+        EXCLUSIVE,  # the inline paths claim exclusively
+    )
 
 
 def _live(record: _Record, now: int) -> bool:
@@ -169,20 +193,21 @@ def _snapshot(record: _Record, now: int) -> Claim:
 def _kill(record: _Record, now: int, *, taken_over: bool) -> None:
     """Mark a dead hold expired (idempotent; see the module docstring)."""
     record["state"] = _EXPIRED
-    record["taken_over"] = record["taken_over"] or taken_over
+    if taken_over:
+        record["taken_over"] = True
     record["_updated_at_us"] = now
 
 
 def _takeable(record: _Record) -> bool:
     """Whether a claim granted on a target of this dead record takes it over."""
     state = record["state"]
-    return state is _HELD or (state is _EXPIRED and not record["taken_over"])
+    return state is _HELD or (state is _EXPIRED and not record.get("taken_over", False))
 
 
 def _indexed(record: _Record) -> bool:
     """Whether the unit and span indexes must keep this record (the reason rule)."""
     state = record["state"]
-    return state in _OCCUPYING or (state is _EXPIRED and not record["taken_over"])
+    return state in _OCCUPYING or (state is _EXPIRED and not record.get("taken_over", False))
 
 
 def _granted(claim: Claim) -> ClaimResult:
@@ -226,7 +251,7 @@ class MemoryStore(Store):
         self._units: dict[Unit, _Record] = {}
         self._readers: dict[Unit, list[_Record]] = {}
         self._spans: dict[str, list[tuple[Span, _Record]]] = {}
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _RequestEntry] = {}
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
         self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
@@ -447,7 +472,7 @@ class MemoryStore(Store):
                 "state": _CONFIRMED if ttl is None else _HELD,
                 "fence": fence,
                 "request_id": request_id,
-                "taken_over": False,
+                "_ttl": ttl,
                 "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
                 "_created_at_us": now,
                 "_updated_at_us": now,
@@ -466,7 +491,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, claimed, ttl, claim_id, (), now, EXCLUSIVE)
+                self._requests[request_id] = record
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -518,7 +543,7 @@ class MemoryStore(Store):
                 "state": _CONFIRMED if ttl is None else _HELD,
                 "fence": fence,
                 "request_id": request_id,
-                "taken_over": False,
+                "_ttl": ttl,
                 "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
                 "_created_at_us": now,
                 "_updated_at_us": now,
@@ -537,7 +562,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, units, ttl, claim_id, (), now, EXCLUSIVE)
+                self._requests[request_id] = record
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -769,7 +794,8 @@ class MemoryStore(Store):
         set are one step.
         """
         if request_id is not None:
-            prior = self._requests.get(request_id)
+            entry = self._requests.get(request_id)
+            prior = None if entry is None else _request(entry)
             if prior is not None and prior[5] + self._retention_us > now:
                 if (prior[0], prior[1], prior[2], prior[6]) != (holder, targets, ttl, mode):
                     raise RequestConflict(
@@ -876,7 +902,7 @@ class MemoryStore(Store):
             "state": _CONFIRMED if ttl is None else _HELD,
             "fence": fence,
             "request_id": request_id,
-            "taken_over": False,
+            "_ttl": ttl,
             "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
             "_created_at_us": now,
             "_updated_at_us": now,
@@ -966,7 +992,7 @@ class MemoryStore(Store):
             fence=fence,
             state=state,
             dead=state is _HELD and record["_expires_at_us"] <= now,  # type: ignore[operator]
-            taken_over=record["taken_over"],
+            taken_over=record.get("taken_over", False),
         )
         if reason is not None:
             raise hold_lost(record["id"], reason, fence)
@@ -1134,12 +1160,12 @@ class MemoryStore(Store):
                         self._claims.pop(record["id"], None)
                         self._group_stripes.pop(record["id"], None)
                         purged_claims += 1
-        for request_id, request in list(self._requests.copy().items()):
-            if request[5] + self._retention_us <= now:
+        for request_id, entry in list(self._requests.copy().items()):
+            if _request(entry)[5] + self._retention_us <= now:
                 stripe = hash(request_id) % self._nstripes
                 with self._locked((stripe,)):
                     current = self._requests.get(request_id)
-                    if current is not None and current[5] + self._retention_us <= now:
+                    if current is not None and _request(current)[5] + self._retention_us <= now:
                         del self._requests[request_id]
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):
