@@ -61,12 +61,17 @@ class Unit:
     # Units are dict keys on every claim; the generated __hash__ builds a tuple
     # per call, so hash once.
     _hash: int = field(init=False, repr=False, compare=False, default=0)
+    # The same key as one string, for a store's own indexes: a dict looks a str
+    # up without calling back into Python (Unit.__hash__ is a Python call), and
+    # the string keeps its hash. Names hold no NUL, so no two units share one.
+    _key: str = field(init=False, repr=False, compare=False, default="")
 
     def __post_init__(self) -> None:
         _check_id("resource", self.resource)
         if type(self.slot) is not str or not is_plain_name(self.slot):
             _check_name("slot", self.slot)
         object.__setattr__(self, "_hash", hash((self.resource, self.slot)))
+        object.__setattr__(self, "_key", f"{self.resource}\x00{self.slot}")
 
     def __hash__(self) -> int:
         return self._hash
@@ -79,6 +84,7 @@ class Unit:
         object.__setattr__(self, "resource", state[0])
         object.__setattr__(self, "slot", state[1])
         object.__setattr__(self, "_hash", hash(state))
+        object.__setattr__(self, "_key", f"{state[0]}\x00{state[1]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +360,7 @@ def checked_unit(resource: str, slot: str) -> Unit:
     _set_field(unit, "resource", resource)
     _set_field(unit, "slot", slot)
     _set_field(unit, "_hash", hash((resource, slot)))
+    _set_field(unit, "_key", f"{resource}\x00{slot}")
     return unit
 
 

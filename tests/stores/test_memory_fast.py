@@ -547,7 +547,7 @@ def test_transitions_racing_sweeps_and_takeovers_keep_one_live_claim_per_unit() 
                 live.setdefault(unit, []).append(claim.id)
     assert all(len(ids) == 1 for ids in live.values()), live
     for unit, ids in live.items():
-        assert store._units[unit]["id"] == ids[0]
+        assert store._units[unit._key]["id"] == ids[0]
 
 
 # --- the same, over drawn inputs: any sequence of calls answers alike on both paths -----------

@@ -9,8 +9,8 @@ sits on the claim path.
 
 What guards what:
 
-* ``_units[unit]``, ``_readers[unit]`` and the ``_spans[resource]`` list: the
-  stripe of that key.
+* ``_units[unit._key]``, ``_readers[unit._key]`` and the ``_spans[resource]``
+  list: the stripe of that key (the unit's stripe).
 * ``_requests[request_id]``: the stripe of that request ID (any stripe may be
   shared by several keys; sharing only serializes more), taken together
   with the claim's stripes, so the record is written in the claim's atomic step.
@@ -46,8 +46,8 @@ that a :class:`~dibs.Claim` snapshot copies in one step (see
 ``dibs._model.claim_from_micros``): its times stay integer microseconds until a
 caller reads one.
 
-Shared claims (``mode="shared"``): a unit's exclusive claim is ``_units[unit]``
-and its shared ones are the list ``_readers[unit]``; a span entry carries its
+Shared claims (``mode="shared"``): a unit's exclusive claim is ``_units[unit._key]``
+and its shared ones are the list ``_readers[unit._key]``; a span entry carries its
 record, whose ``mode`` key is set only for a shared claim. A claim is decided
 under the same stripes whatever its mode, so readers and writers on one target
 serialize there. The exclusive inline paths look at ``_readers`` only when it
@@ -248,8 +248,9 @@ class MemoryStore(Store):
             )
         self._locks = [threading.Lock() for _ in range(stripes)]
         self._nstripes = stripes
-        self._units: dict[Unit, _Record] = {}
-        self._readers: dict[Unit, list[_Record]] = {}
+        # Keyed by Unit._key: a str key is looked up without a Python-level hash call.
+        self._units: dict[str, _Record] = {}
+        self._readers: dict[str, list[_Record]] = {}
         self._spans: dict[str, list[tuple[Span, _Record]]] = {}
         self._requests: dict[str, _RequestEntry] = {}
         self._claims: dict[str, _Record] = {}
@@ -423,7 +424,8 @@ class MemoryStore(Store):
         try:
             # Linearization point: the check and the set below run with the
             # unit's stripe (and the request ID's) held.
-            current = self._units.get(targets)
+            key = targets._key
+            current = self._units.get(key)
             if (
                 current is not None
                 and current["state"] is _CONFIRMED
@@ -461,7 +463,7 @@ class MemoryStore(Store):
                 values["granted"] = False
                 values["taken"] = claimed
                 return lost
-            if self._readers and targets in self._readers:
+            if self._readers and key in self._readers:
                 return self._claim_locked(claimed, holder, request_id, ttl, now)  # readers
             fence = self._newest_fence = next(self._fences)
             claim_id = self._id_prefix + str(fence)
@@ -477,7 +479,7 @@ class MemoryStore(Store):
                 "_created_at_us": now,
                 "_updated_at_us": now,
             }
-            self._units[targets] = record
+            self._units[key] = record
             self._claims[claim_id] = record
             # The holder's index, under the holder's lock: the sweep drops an
             # empty dict under it (module docstring).
@@ -531,7 +533,7 @@ class MemoryStore(Store):
             if request_id is not None and request_id in self._requests:
                 return self._claim_locked(units, holder, request_id, ttl, now)  # replay
             for unit in units:
-                if unit in index or (readers and unit in readers):
+                if unit._key in index or (readers and unit._key in readers):
                     # Taken, or a dead hold to take over: the general step decides.
                     return self._claim_locked(units, holder, request_id, ttl, now)
             fence = self._newest_fence = next(self._fences)
@@ -549,7 +551,7 @@ class MemoryStore(Store):
                 "_updated_at_us": now,
             }
             for unit in units:
-                index[unit] = record
+                index[unit._key] = record
             self._claims[claim_id] = record
             self._group_stripes[claim_id] = mine
             holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
@@ -702,8 +704,8 @@ class MemoryStore(Store):
             record["_expires_at_us"] = None
             record["_updated_at_us"] = now
             units = self._units
-            if units.get(unit) is record:
-                del units[unit]
+            if units.get(unit._key) is record:
+                del units[unit._key]
             mine = self._by_holder.get(holder)
             if mine is not None:
                 mine.pop(claim_id, None)
@@ -736,8 +738,8 @@ class MemoryStore(Store):
                 if type(target) is not Unit or "mode" in record:
                     self._detach(record)  # spans or readers: the general way
                     break
-                if index.get(target) is record:
-                    del index[target]
+                if index.get(target._key) is record:
+                    del index[target._key]
             else:
                 mine = self._by_holder.get(record["holder"])
                 if mine is not None:
@@ -843,8 +845,8 @@ class MemoryStore(Store):
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 # The unit's exclusive claim excludes any claim; its readers, a writer.
-                writer = units.get(target)
-                around = readers.get(target, ()) if exclusive and readers else ()
+                writer = units.get(target._key)
+                around = readers.get(target._key, ()) if exclusive and readers else ()
                 for other in (writer, *around) if around else (writer,):
                     if other is None:
                         continue
@@ -917,17 +919,17 @@ class MemoryStore(Store):
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 if exclusive:
-                    units[target] = record
+                    units[target._key] = record
                     if readers:
                         # Every reader here was dead and is now taken over.
-                        readers.pop(target, None)
+                        readers.pop(target._key, None)
                     continue
-                writer = units.get(target)
+                writer = units.get(target._key)
                 if writer is not None and not _indexed(writer):
-                    del units[target]  # a dead writer this reader took over
-                others = readers.get(target)
+                    del units[target._key]  # a dead writer this reader took over
+                others = readers.get(target._key)
                 if others is None:
-                    readers[target] = [record]
+                    readers[target._key] = [record]
                 else:
                     others[:] = [e for e in others if _indexed(e)]
                     others.append(record)
@@ -1055,13 +1057,13 @@ class MemoryStore(Store):
         """Remove an ended record from the indexes; caller holds all its stripes."""
         for target in record["targets"]:
             if isinstance(target, Unit):
-                if self._units.get(target) is record:
-                    del self._units[target]
-                readers = self._readers.get(target)
+                if self._units.get(target._key) is record:
+                    del self._units[target._key]
+                readers = self._readers.get(target._key)
                 if readers is not None:
                     readers[:] = [e for e in readers if e is not record and _indexed(e)]
                     if not readers:
-                        del self._readers[target]
+                        del self._readers[target._key]
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
@@ -1089,11 +1091,11 @@ class MemoryStore(Store):
         try:
             now = self._now_us()
             if isinstance(target, Unit):
-                record = self._units.get(target)
+                record = self._units.get(target._key)
                 if record is not None and _live(record, now):
                     return record["holder"]
                 # Readers: the oldest live one answers.
-                for record in self._readers.get(target, ()):
+                for record in self._readers.get(target._key, ()):
                     if _live(record, now):
                         return record["holder"]
                 return None
