@@ -59,14 +59,22 @@ class Unit:
     resource: str
     slot: str = ""
     # Units are dict keys on every claim; the generated __hash__ builds a tuple
-    # per call, so hash once.
-    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    # per call, so hash once. (No defaults on these two: __init__ would set each
+    # before __post_init__ does, and setting a frozen field is a slow call.)
+    _hash: int = field(init=False, repr=False, compare=False)
+    # The same key as one string, for a store's own indexes: a dict looks a str
+    # up without calling back into Python (Unit.__hash__ is a Python call), and
+    # the string keeps its hash, which is the unit's. Names hold no NUL, so no
+    # two units share one. Hashing it costs no more than hashing (resource, slot).
+    _key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_id("resource", self.resource)
         if type(self.slot) is not str or not is_plain_name(self.slot):
             _check_name("slot", self.slot)
-        object.__setattr__(self, "_hash", hash((self.resource, self.slot)))
+        key = f"{self.resource}\x00{self.slot}"
+        _set_hash(self, hash(key))
+        _set_key(self, key)
 
     def __hash__(self) -> int:
         return self._hash
@@ -78,7 +86,9 @@ class Unit:
         # String hashes differ between processes: recompute after unpickling.
         object.__setattr__(self, "resource", state[0])
         object.__setattr__(self, "slot", state[1])
-        object.__setattr__(self, "_hash", hash(state))
+        key = f"{state[0]}\x00{state[1]}"
+        object.__setattr__(self, "_hash", hash(key))
+        object.__setattr__(self, "_key", key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,13 +361,19 @@ def checked_unit(resource: str, slot: str) -> Unit:
     (``dibs.Lot`` makes a vehicle's unit on every park).
     """
     unit: Unit = _new(Unit)
-    _set_field(unit, "resource", resource)
-    _set_field(unit, "slot", slot)
-    _set_field(unit, "_hash", hash((resource, slot)))
+    key = f"{resource}\x00{slot}"
+    _set_resource(unit, resource)
+    _set_slot(unit, slot)
+    _set_hash(unit, hash(key))
+    _set_key(unit, key)
     return unit
 
 
 _set_field = object.__setattr__
+# A slot's own setter: what the frozen class's object.__setattr__ ends in, called directly.
+_set_resource, _set_slot, _set_hash, _set_key = (
+    vars(Unit)[name].__set__ for name in ("resource", "slot", "_hash", "_key")
+)
 
 
 def make_claim(
@@ -396,8 +412,8 @@ def claim_from_micros(values: dict[str, Any]) -> Claim:
     """A :class:`Claim` from a dict of its fields with times in whole microseconds.
 
     ``values`` holds ``id``, ``holder``, ``targets``, ``state``, ``fence``,
-    ``request_id``, ``taken_over`` (and ``mode`` unless exclusive) and, in place of the
-    three datetimes,
+    ``request_id`` (and ``taken_over`` unless false, ``mode`` unless exclusive: absent,
+    they read the class defaults) and, in place of the three datetimes,
     ``_expires_at_us`` (or None), ``_created_at_us`` and ``_updated_at_us``
     (microseconds since the epoch). The datetimes are made when first read, so
     a store that keeps integer times (memory://) builds a claim with one dict

@@ -94,7 +94,7 @@ def test_an_expired_hold_leaves_the_indexes_when_it_is_purged() -> None:
     store.claim(Unit("keeper", ""), holder="keeper")  # the newest claim is kept
     clock.advance(10)
     assert store.sweep().purged_claims == 50
-    assert list(store._units) == [Unit("keeper", "")]
+    assert list(store._units) == [Unit("keeper", "")._key]
     assert store._spans == {}
     assert list(store._by_holder) == ["keeper"]
 

@@ -232,6 +232,54 @@ def claims_and_replays(store: MemoryStore, clock: FakeClock) -> list[Callable[[]
     ]
 
 
+def requests_across_transitions(store: MemoryStore, clock: FakeClock) -> list[Callable[[], Any]]:
+    # An inline grant keeps its claim's record as the request's record: the
+    # replay must still see the TTL asked for after confirm and extend moved the
+    # claim's expiry, see the claim's current state, and the request must go
+    # with the sweep on its own clock (created at), not the claim's.
+    a, b, c = Unit("seat", "a"), Unit("seat", "b"), Unit("seat", "c")
+    made: dict[str, Claim] = {}
+
+    def hold(key: str, targets: Any, **kwargs: Any) -> Any:
+        result = store.claim(targets, **kwargs)
+        if result.claim is not None and not result.replayed:
+            made[key] = result.claim
+        return result
+
+    def on(key: str, method: str, **kwargs: Any) -> Any:
+        claim = made[key]
+        return getattr(store, method)(claim.id, holder=claim.holder, fence=claim.fence, **kwargs)
+
+    return [
+        lambda: hold("a", a, holder="alice", ttl=5, request_id="ra"),
+        lambda: hold("g", [b, c], holder="gus", ttl=7.5, request_id="rg"),
+        lambda: on("a", "extend", ttl=50),
+        lambda: store.claim(a, holder="alice", ttl=5, request_id="ra"),  # replay, extended
+        lambda: store.claim(a, holder="alice", ttl=50, request_id="ra"),  # conflict: TTL
+        lambda: store.claim(a, holder="alice", request_id="ra"),  # conflict: no TTL
+        lambda: on("g", "confirm"),
+        lambda: store.claim((c, b), holder="gus", ttl=7.5, request_id="rg"),  # replay, confirmed
+        lambda: store.claim([b, c], holder="gus", ttl=7, request_id="rg"),  # conflict
+        lambda: store.claim([b], holder="gus", ttl=7.5, request_id="rg"),  # conflict: targets
+        lambda: on("g", "release"),
+        lambda: store.claim([b, c], holder="gus", ttl=7.5, request_id="rg"),  # replay, released
+        lambda: clock.advance(60),
+        lambda: hold("d", a, holder="dora", ttl=90_000, request_id="rd"),  # takes a over
+        lambda: store.claim(a, holder="alice", ttl=5, request_id="ra"),  # replay, taken over
+        store.sweep,
+        lambda: clock.advance(24 * 3600 - 30),
+        store.sweep,  # purges ra, rg and their claims; rd stays
+        lambda: store.claim(a, holder="alice", ttl=9, request_id="ra"),  # new: dora has a
+        lambda: store.claim(a, holder="dora", ttl=90_000, request_id="rd"),  # replay
+        lambda: store.claim([b, c], holder="erin", request_id="rg"),  # new, granted
+        lambda: clock.advance(60),
+        store.sweep,
+        lambda: store.claim(Unit("seat", "e"), holder="dora", ttl=5, request_id="rd"),  # new
+        lambda: store.claim(a, holder="alice", ttl=9, request_id="ra"),  # replayed refusal
+        lambda: store.claims_of("erin"),
+    ]
+
+
 SCENARIOS: list[Scenario] = [
     wrong_holder,
     wrong_fence,
@@ -241,6 +289,7 @@ SCENARIOS: list[Scenario] = [
     live_transitions,
     bad_input,
     claims_and_replays,
+    requests_across_transitions,
 ]
 
 
@@ -498,7 +547,7 @@ def test_transitions_racing_sweeps_and_takeovers_keep_one_live_claim_per_unit() 
                 live.setdefault(unit, []).append(claim.id)
     assert all(len(ids) == 1 for ids in live.values()), live
     for unit, ids in live.items():
-        assert store._units[unit]["id"] == ids[0]
+        assert store._units[unit._key]["id"] == ids[0]
 
 
 # --- the same, over drawn inputs: any sequence of calls answers alike on both paths -----------

@@ -9,8 +9,8 @@ sits on the claim path.
 
 What guards what:
 
-* ``_units[unit]``, ``_readers[unit]`` and the ``_spans[resource]`` list: the
-  stripe of that key.
+* ``_units[unit._key]``, ``_readers[unit._key]`` and the ``_spans[resource]``
+  list: the stripe of that key (the unit's stripe).
 * ``_requests[request_id]``: the stripe of that request ID (any stripe may be
   shared by several keys; sharing only serializes more), taken together
   with the claim's stripes, so the record is written in the claim's atomic step.
@@ -46,8 +46,8 @@ that a :class:`~dibs.Claim` snapshot copies in one step (see
 ``dibs._model.claim_from_micros``): its times stay integer microseconds until a
 caller reads one.
 
-Shared claims (``mode="shared"``): a unit's exclusive claim is ``_units[unit]``
-and its shared ones are the list ``_readers[unit]``; a span entry carries its
+Shared claims (``mode="shared"``): a unit's exclusive claim is ``_units[unit._key]``
+and its shared ones are the list ``_readers[unit._key]``; a span entry carries its
 record, whose ``mode`` key is set only for a shared claim. A claim is decided
 under the same stripes whatever its mode, so readers and writers on one target
 serialize there. The exclusive inline paths look at ``_readers`` only when it
@@ -132,7 +132,10 @@ _unit_key = attrgetter("resource", "slot")  # Unit's order, from C
 # dibs._model.claim_from_micros): the Claim's fields with its three times kept
 # as whole microseconds. A snapshot is then one dict copy, and no datetime is
 # made unless a caller reads one. Its fields are guarded as the module
-# docstring says.
+# docstring says. A field at the Claim's class default (``taken_over``,
+# ``mode``) is left out until it changes, and ``_ttl`` is the TTL the claim
+# asked for, which its request record needs (a snapshot carries it too, as a
+# private attribute): ten keys fill the smallest dict table that holds them.
 class _Record(TypedDict):
     id: str
     holder: str
@@ -140,16 +143,37 @@ class _Record(TypedDict):
     state: ClaimState
     fence: int
     request_id: str | None
-    taken_over: bool
+    _ttl: float | None
     _expires_at_us: int | None
     _created_at_us: int
     _updated_at_us: int
+    taken_over: NotRequired[bool]  # set once a takeover marks the claim
     mode: NotRequired[str]  # set for a shared claim only
 
 
 # A request record: (holder, targets, ttl, claim ID or None, taken, created at µs, mode).
-# A plain tuple: one is made per claim with a request ID.
 _Request = tuple[str, tuple[Target, ...], float | None, str | None, tuple[Target, ...], int, str]
+# What _requests keeps: a request that an inline path granted keeps the claim's
+# own record (its holder, targets, _ttl, id and created time are the request's
+# and never change), so a claim with a request ID makes no object of its own for
+# the request, which the garbage collector would walk for as long as it is kept.
+# Any other request keeps a _Request. _request() reads either as a _Request.
+_RequestEntry = _Request | _Record
+
+
+def _request(entry: _RequestEntry) -> _Request:
+    if type(entry) is tuple:
+        return entry
+    record: _Record = entry  # type: ignore[assignment]
+    return (
+        record["holder"],
+        record["targets"],
+        record["_ttl"],
+        record["id"],
+        (),
+        record["_created_at_us"],
+        EXCLUSIVE,  # the inline paths claim exclusively
+    )
 
 
 def _live(record: _Record, now: int) -> bool:
@@ -169,20 +193,21 @@ def _snapshot(record: _Record, now: int) -> Claim:
 def _kill(record: _Record, now: int, *, taken_over: bool) -> None:
     """Mark a dead hold expired (idempotent; see the module docstring)."""
     record["state"] = _EXPIRED
-    record["taken_over"] = record["taken_over"] or taken_over
+    if taken_over:
+        record["taken_over"] = True
     record["_updated_at_us"] = now
 
 
 def _takeable(record: _Record) -> bool:
     """Whether a claim granted on a target of this dead record takes it over."""
     state = record["state"]
-    return state is _HELD or (state is _EXPIRED and not record["taken_over"])
+    return state is _HELD or (state is _EXPIRED and not record.get("taken_over", False))
 
 
 def _indexed(record: _Record) -> bool:
     """Whether the unit and span indexes must keep this record (the reason rule)."""
     state = record["state"]
-    return state in _OCCUPYING or (state is _EXPIRED and not record["taken_over"])
+    return state in _OCCUPYING or (state is _EXPIRED and not record.get("taken_over", False))
 
 
 def _granted(claim: Claim) -> ClaimResult:
@@ -223,10 +248,11 @@ class MemoryStore(Store):
             )
         self._locks = [threading.Lock() for _ in range(stripes)]
         self._nstripes = stripes
-        self._units: dict[Unit, _Record] = {}
-        self._readers: dict[Unit, list[_Record]] = {}
+        # Keyed by Unit._key: a str key is looked up without a Python-level hash call.
+        self._units: dict[str, _Record] = {}
+        self._readers: dict[str, list[_Record]] = {}
         self._spans: dict[str, list[tuple[Span, _Record]]] = {}
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _RequestEntry] = {}
         self._claims: dict[str, _Record] = {}
         self._by_holder: dict[str, dict[str, _Record]] = {}
         self._holder_locks = [threading.Lock() for _ in range(_HOLDER_LOCKS)]
@@ -398,7 +424,8 @@ class MemoryStore(Store):
         try:
             # Linearization point: the check and the set below run with the
             # unit's stripe (and the request ID's) held.
-            current = self._units.get(targets)
+            key = targets._key
+            current = self._units.get(key)
             if (
                 current is not None
                 and current["state"] is _CONFIRMED
@@ -436,7 +463,7 @@ class MemoryStore(Store):
                 values["granted"] = False
                 values["taken"] = claimed
                 return lost
-            if self._readers and targets in self._readers:
+            if self._readers and key in self._readers:
                 return self._claim_locked(claimed, holder, request_id, ttl, now)  # readers
             fence = self._newest_fence = next(self._fences)
             claim_id = self._id_prefix + str(fence)
@@ -447,12 +474,12 @@ class MemoryStore(Store):
                 "state": _CONFIRMED if ttl is None else _HELD,
                 "fence": fence,
                 "request_id": request_id,
-                "taken_over": False,
+                "_ttl": ttl,
                 "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
                 "_created_at_us": now,
                 "_updated_at_us": now,
             }
-            self._units[targets] = record
+            self._units[key] = record
             self._claims[claim_id] = record
             # The holder's index, under the holder's lock: the sweep drops an
             # empty dict under it (module docstring).
@@ -466,7 +493,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, claimed, ttl, claim_id, (), now, EXCLUSIVE)
+                self._requests[request_id] = record
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -506,7 +533,7 @@ class MemoryStore(Store):
             if request_id is not None and request_id in self._requests:
                 return self._claim_locked(units, holder, request_id, ttl, now)  # replay
             for unit in units:
-                if unit in index or (readers and unit in readers):
+                if unit._key in index or (readers and unit._key in readers):
                     # Taken, or a dead hold to take over: the general step decides.
                     return self._claim_locked(units, holder, request_id, ttl, now)
             fence = self._newest_fence = next(self._fences)
@@ -518,13 +545,13 @@ class MemoryStore(Store):
                 "state": _CONFIRMED if ttl is None else _HELD,
                 "fence": fence,
                 "request_id": request_id,
-                "taken_over": False,
+                "_ttl": ttl,
                 "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
                 "_created_at_us": now,
                 "_updated_at_us": now,
             }
             for unit in units:
-                index[unit] = record
+                index[unit._key] = record
             self._claims[claim_id] = record
             self._group_stripes[claim_id] = mine
             holder_lock = self._holder_locks[hash(holder) % _HOLDER_LOCKS]
@@ -537,7 +564,7 @@ class MemoryStore(Store):
             finally:
                 holder_lock.release()
             if request_id is not None:
-                self._requests[request_id] = (holder, units, ttl, claim_id, (), now, EXCLUSIVE)
+                self._requests[request_id] = record
             claim: Claim = _new(Claim)
             claim.__dict__.update(record)
         finally:
@@ -677,8 +704,8 @@ class MemoryStore(Store):
             record["_expires_at_us"] = None
             record["_updated_at_us"] = now
             units = self._units
-            if units.get(unit) is record:
-                del units[unit]
+            if units.get(unit._key) is record:
+                del units[unit._key]
             mine = self._by_holder.get(holder)
             if mine is not None:
                 mine.pop(claim_id, None)
@@ -711,8 +738,8 @@ class MemoryStore(Store):
                 if type(target) is not Unit or "mode" in record:
                     self._detach(record)  # spans or readers: the general way
                     break
-                if index.get(target) is record:
-                    del index[target]
+                if index.get(target._key) is record:
+                    del index[target._key]
             else:
                 mine = self._by_holder.get(record["holder"])
                 if mine is not None:
@@ -769,7 +796,8 @@ class MemoryStore(Store):
         set are one step.
         """
         if request_id is not None:
-            prior = self._requests.get(request_id)
+            entry = self._requests.get(request_id)
+            prior = None if entry is None else _request(entry)
             if prior is not None and prior[5] + self._retention_us > now:
                 if (prior[0], prior[1], prior[2], prior[6]) != (holder, targets, ttl, mode):
                     raise RequestConflict(
@@ -817,8 +845,8 @@ class MemoryStore(Store):
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 # The unit's exclusive claim excludes any claim; its readers, a writer.
-                writer = units.get(target)
-                around = readers.get(target, ()) if exclusive and readers else ()
+                writer = units.get(target._key)
+                around = readers.get(target._key, ()) if exclusive and readers else ()
                 for other in (writer, *around) if around else (writer,):
                     if other is None:
                         continue
@@ -876,7 +904,7 @@ class MemoryStore(Store):
             "state": _CONFIRMED if ttl is None else _HELD,
             "fence": fence,
             "request_id": request_id,
-            "taken_over": False,
+            "_ttl": ttl,
             "_expires_at_us": None if ttl is None else now + round(ttl * 1_000_000),
             "_created_at_us": now,
             "_updated_at_us": now,
@@ -891,17 +919,17 @@ class MemoryStore(Store):
         for target in targets:
             if type(target) is Unit or isinstance(target, Unit):
                 if exclusive:
-                    units[target] = record
+                    units[target._key] = record
                     if readers:
                         # Every reader here was dead and is now taken over.
-                        readers.pop(target, None)
+                        readers.pop(target._key, None)
                     continue
-                writer = units.get(target)
+                writer = units.get(target._key)
                 if writer is not None and not _indexed(writer):
-                    del units[target]  # a dead writer this reader took over
-                others = readers.get(target)
+                    del units[target._key]  # a dead writer this reader took over
+                others = readers.get(target._key)
                 if others is None:
-                    readers[target] = [record]
+                    readers[target._key] = [record]
                 else:
                     others[:] = [e for e in others if _indexed(e)]
                     others.append(record)
@@ -966,7 +994,7 @@ class MemoryStore(Store):
             fence=fence,
             state=state,
             dead=state is _HELD and record["_expires_at_us"] <= now,  # type: ignore[operator]
-            taken_over=record["taken_over"],
+            taken_over=record.get("taken_over", False),
         )
         if reason is not None:
             raise hold_lost(record["id"], reason, fence)
@@ -1029,13 +1057,13 @@ class MemoryStore(Store):
         """Remove an ended record from the indexes; caller holds all its stripes."""
         for target in record["targets"]:
             if isinstance(target, Unit):
-                if self._units.get(target) is record:
-                    del self._units[target]
-                readers = self._readers.get(target)
+                if self._units.get(target._key) is record:
+                    del self._units[target._key]
+                readers = self._readers.get(target._key)
                 if readers is not None:
                     readers[:] = [e for e in readers if e is not record and _indexed(e)]
                     if not readers:
-                        del self._readers[target]
+                        del self._readers[target._key]
             else:
                 entries = self._spans.get(target.resource)
                 if entries is not None:
@@ -1063,11 +1091,11 @@ class MemoryStore(Store):
         try:
             now = self._now_us()
             if isinstance(target, Unit):
-                record = self._units.get(target)
+                record = self._units.get(target._key)
                 if record is not None and _live(record, now):
                     return record["holder"]
                 # Readers: the oldest live one answers.
-                for record in self._readers.get(target, ()):
+                for record in self._readers.get(target._key, ()):
                     if _live(record, now):
                         return record["holder"]
                 return None
@@ -1134,12 +1162,12 @@ class MemoryStore(Store):
                         self._claims.pop(record["id"], None)
                         self._group_stripes.pop(record["id"], None)
                         purged_claims += 1
-        for request_id, request in list(self._requests.copy().items()):
-            if request[5] + self._retention_us <= now:
+        for request_id, entry in list(self._requests.copy().items()):
+            if _request(entry)[5] + self._retention_us <= now:
                 stripe = hash(request_id) % self._nstripes
                 with self._locked((stripe,)):
                     current = self._requests.get(request_id)
-                    if current is not None and current[5] + self._retention_us <= now:
+                    if current is not None and _request(current)[5] + self._retention_us <= now:
                         del self._requests[request_id]
                         purged_requests += 1
         for holder, mine in list(self._by_holder.copy().items()):

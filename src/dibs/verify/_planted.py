@@ -92,7 +92,7 @@ class _CheckThenActMemory(MemoryStore):
             time.sleep(RACE_WINDOW)
             for t in targets:  # BUG: act on a stale check, dropping whoever came in between
                 if isinstance(t, Unit):
-                    self._units.pop(t, None)
+                    self._units.pop(t._key, None)
         return super()._claim(request)
 
 

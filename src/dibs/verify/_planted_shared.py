@@ -34,7 +34,11 @@ class _ReaderBesideWriterMemory(MemoryStore):
         with self._locked(tuple(sorted(stripes))):
             # BUG: the writers on the reader's targets are hidden from its check (and
             # put back after), as if a reader looked only at other readers.
-            writers = {t: self._units.pop(t) for t in request.targets if t in self._units}
+            writers = {
+                t._key: self._units.pop(t._key)
+                for t in request.targets
+                if isinstance(t, Unit) and t._key in self._units
+            }
             spans: dict[str, list[tuple[Span, object]]] = {}
             for target in request.targets:
                 if isinstance(target, Span) and target.resource in self._spans:
