@@ -157,6 +157,23 @@ def module_fixture_group(item: pytest.Item) -> str | None:
     return None
 
 
+def start_rank(item: pytest.Item) -> int:
+    """Under ``pytest -n``, when a test goes out to a worker: 0, the long tests of a module
+    that says ``RUN_EARLY = True``; 1, those that start processes or use a server, the
+    seconds-long ones (``dibs verify`` runs, process races, the etcd and PostgreSQL
+    variants); 2, the in-process rest, which fills the last minutes evenly. Within a rank
+    the collection order stays (xdist sends the tests of an ``xdist_group`` first anyway)."""
+    if getattr(getattr(item, "module", None), "RUN_EARLY", False):
+        return 0
+    if (
+        folder_of(item) == "verify"
+        or item.get_closest_marker("processes") is not None
+        or backends_of(item) - IN_PROCESS_KINDS
+    ):
+        return 1
+    return 2
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in {**MARKERS, **FOLDERS}.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -170,10 +187,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unstable:
         raise pytest.UsageError(f"test IDs that differ per process (give them ids=): {unstable}")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Under -n the long tests of a module that says RUN_EARLY = True go out first, so
-        # they overlap the many short ones instead of running alone at the end. Every
+        # Under -n the long tests go out first, so they overlap the many short ones instead
+        # of running alone at the end: every worker stays busy to the last minute. Every
         # worker sorts alike (a stable sort), as xdist requires.
-        items.sort(key=lambda item: not getattr(getattr(item, "module", None), "RUN_EARLY", False))
+        items.sort(key=start_rank)
     for item in items:
         backends = backends_of(item)
         for backend in sorted(backends):

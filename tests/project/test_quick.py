@@ -11,17 +11,27 @@ import pytest
 
 from layout import ROOT
 
-# Loaded into one collection of the whole suite: writes each test's ID and the names of its
-# markers (conftest's included), the names `pytest -m` matches an expression against.
+# Loaded into the one collection (``-m quick``) the tests below read: writes every test's ID
+# with the names of its markers (conftest's included), the names `pytest -m` matches an
+# expression against, and a mark on the tests that `-m quick` kept. It wraps the selection:
+# it sees every test before `-m` deselects, and the survivors after.
 MARKS_PLUGIN = """\
 import os
 
+import pytest
 
-def pytest_collection_finish(session):
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(session, config, items):
+    every = list(items)
+    result = yield
+    kept = set(map(id, items))
     with open(os.environ["COLLECTED_MARKS"], "w", encoding="utf-8") as out:
-        for item in session.items:
+        for item in every:
             names = sorted({mark.name for mark in item.iter_markers()})
-            out.write(item.nodeid + "\\t" + " ".join(names) + "\\n")
+            out.write(item.nodeid + "\\t" + ("+" if id(item) in kept else "-") + "\\t")
+            out.write(" ".join(names) + "\\n")
+    return result
 """
 
 
@@ -36,28 +46,40 @@ def _collect(*args: str, env: dict[str, str] | None = None) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def quick() -> list[str]:
-    return _collect("-m", "quick")
-
-
-@pytest.fixture(scope="module")
-def everything(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[str]]:
-    """Every test of the suite with its markers, from one collection: the selections by marker
-    below are read from it instead of collecting the whole suite again for each (a collection
-    imports every test module, about a minute on a loaded machine)."""
+def collection(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[list[str], dict[str, frozenset[str]]]:
+    """One collection of the whole suite with ``-m quick``: the tests it selected, and every
+    test with its markers. The selections by marker below are read from it instead of
+    collecting the suite again for each (a collection imports every test module, about a
+    minute on a loaded machine)."""
     here = tmp_path_factory.mktemp("marks")
     (here / "collected_marks.py").write_text(MARKS_PLUGIN)
     out = here / "marks.tsv"
     pythonpath = os.pathsep.join([str(here), str(ROOT / "src")])
     ids = _collect(
-        "-p", "collected_marks", env={"PYTHONPATH": pythonpath, "COLLECTED_MARKS": str(out)}
-    )
-    lines = out.read_text(encoding="utf-8").splitlines()
-    marks = {
-        nodeid: frozenset(names.split()) for nodeid, _, names in (x.partition("\t") for x in lines)
-    }
-    assert list(marks) == ids  # the plug-in saw what pytest collected
-    return marks
+        "-m", "quick", "-p", "collected_marks",
+        env={"PYTHONPATH": pythonpath, "COLLECTED_MARKS": str(out)},
+    )  # fmt: skip
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    marks = {nodeid: frozenset(names.split()) for nodeid, _, names in rows}
+    kept = [nodeid for nodeid, sign, _ in rows if sign == "+"]
+    assert kept == ids  # the plug-in saw what pytest selected
+    return ids, marks
+
+
+@pytest.fixture(scope="module")
+def quick(collection: tuple[list[str], dict[str, frozenset[str]]]) -> list[str]:
+    """What ``pytest -m quick`` runs."""
+    return collection[0]
+
+
+@pytest.fixture(scope="module")
+def everything(
+    collection: tuple[list[str], dict[str, frozenset[str]]],
+) -> dict[str, frozenset[str]]:
+    """Every test of the suite with its markers."""
+    return collection[1]
 
 
 def _quick_modules() -> set[str]:
