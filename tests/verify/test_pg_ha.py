@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -465,6 +466,9 @@ def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None
             eventually(lambda: ghost.waiting() is not None, "the commit waits")
             _thread.interrupt_main()
 
+        # interrupt_main() does nothing while SIGINT is ignored, as it is in a background
+        # job of a script (CI's shell): the claim would then wait for ever. Handle it here.
+        before = signal.signal(signal.SIGINT, signal.default_int_handler)
         presser = threading.Thread(target=press_ctrl_c)
         presser.start()
         try:
@@ -472,6 +476,7 @@ def test_a_wait_interrupted_by_ctrl_c_blames_no_later_call(ghost: Ghost) -> None
                 store.claim(seat, holder="a", request_id="k", ttl=60)
         finally:
             presser.join()
+            signal.signal(signal.SIGINT, before)
         assert store.holder_of(seat) == "a"  # committed on the primary; a read, not a loss
 
 

@@ -63,7 +63,10 @@ def named(root: str) -> list[int]:
 
 
 def start(body: str) -> tuple[subprocess.Popen[str], str, int]:
-    code = f"import sys, time\nsys.path.insert(0, {str(SUPPORT)!r})\n"
+    # SIGINT handled as at a terminal, even when this run inherited it ignored (a
+    # background job of a script): else the SIGINT case would test nothing.
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    code += f"import sys, time\nsys.path.insert(0, {str(SUPPORT)!r})\n"
     code += textwrap.dedent(body) + "\ntime.sleep(3600)\n"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
