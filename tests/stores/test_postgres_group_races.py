@@ -12,9 +12,9 @@ answers what was decided (the same claim, or the same refusal, replayed).
 
 Planted bugs fail it every run (checked by hand when it was written): a first
 try that records a late loss instead of raising DB010 leaves the loser's first
-unit taken (and its dead hold taken over); a plan that answers DB010 with a
-refusal instead of the second try leaves the loss unrecorded, so its replay
-is no replay.
+unit taken (and its dead hold taken over); one that records it as granted
+grants a unit twice; a plan that answers DB010 with a refusal instead of the
+second try leaves the loss unrecorded, so its replay is no replay.
 """
 
 from __future__ import annotations
