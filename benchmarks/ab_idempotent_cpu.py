@@ -73,12 +73,15 @@ def main() -> None:
     sides = {"base": args.base, "this": str(HERE.parent / "src")}
     with PostgresServer() as server:
         url = server.create_database("ab")
-        run(sides["this"], url, 1)  # the schema, before any timed run
+        # A schema per side: the two checkouts may write different schema versions.
+        urls = {side: f"{url}?schema=ab_{side}" for side in sides}
+        for side, src in sides.items():
+            run(src, urls[side], 1)  # the schema, before any timed run
         runs: dict[str, list[list[float]]] = {side: [] for side in sides}
         for r in range(args.pairs):
             order = list(sides.items()) if r % 2 else list(reversed(sides.items()))
             for side, src in order:
-                runs[side].append(run(src, url, args.calls))
+                runs[side].append(run(src, urls[side], args.calls))
     med = statistics.median
     for i, what in enumerate(MEASURES):
         this, base = [x[i] for x in runs["this"]], [x[i] for x in runs["base"]]

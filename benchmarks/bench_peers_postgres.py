@@ -410,9 +410,12 @@ def compare(
     based: list[float] = []
     for r in range(repeat + 1):  # round 0 warms both up and is not counted
         p_rate, p_p99 = run_round(peer, url[peer], procs, ops)
+        if base is not None and r % 2:  # the base first every other round: no order bias
+            b_rate, _ = run_round(f"{ours}@{base}", url[ours], procs, ops)
         d_rate, d_p99 = run_round(ours, url[ours], procs, ops)
         if base is not None:
-            b_rate, _ = run_round(f"{ours}@{base}", url[ours], procs, ops)
+            if not r % 2:
+                b_rate, _ = run_round(f"{ours}@{base}", url[ours], procs, ops)
             if r:
                 based.append(d_rate / b_rate)
         if r:

@@ -109,6 +109,7 @@ class _Setup:
             "slo": None,
             "shi": None,
             "mode": "shared",
+            "undo": False,  # the store's first try
         }
         row = conn.execute(self.sql.claim, params).fetchone()
         assert row is not None and row[0] == "granted", row

@@ -101,6 +101,7 @@ class _Setup:
             "slo": None,
             "shi": None,
             "mode": "exclusive",
+            "undo": False,  # the store's first try
         }
 
     def take_over(self, conn: psycopg.Connection[Any], unit: Unit, how: str) -> datetime:

@@ -296,14 +296,14 @@ def test_version_4_code_on_a_schema_that_is_not_version_4_says_so(pg_url: str) -
         # Another version of dibs changed the schema under this process.
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE {schema}.units_v4 RENAME TO units_v5")
-            conn.execute(f"UPDATE {schema}.meta SET value = '6' WHERE key = 'schema_version'")
+            conn.execute(f"UPDATE {schema}.meta SET value = '7' WHERE key = 'schema_version'")
         with pytest.raises(SchemaError) as raised:
             store.claim(Unit("seat", "2"), holder="bob")
-        assert (raised.value.found, raised.value.supported) == (6, SCHEMA_VERSION)
-        assert "version 6" in str(raised.value)
+        assert (raised.value.found, raised.value.supported) == (7, SCHEMA_VERSION)
+        assert "version 7" in str(raised.value)
     with pytest.raises(SchemaError) as raised:
         dibs.open(schema_url(pg_url, schema))  # and a newer schema is refused at open
-    assert (raised.value.found, raised.value.supported) == (6, SCHEMA_VERSION)
+    assert (raised.value.found, raised.value.supported) == (7, SCHEMA_VERSION)
     drop_schema(pg_url, schema)
 
 

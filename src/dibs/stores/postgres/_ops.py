@@ -538,13 +538,26 @@ class Operations:
             "slo": [_bound(x.start) for x in spans] if spans else None,
             "shi": [_bound(x.end) for x in spans] if spans else None,
             "mode": request.mode,
+            "undo": False,
         }
-        row = yield (
-            self.sql.claim,
-            params,
-            ONE,
-            lambda exc: _claim_error(exc, sent, request_id),
-        )
+        try:
+            # The first try takes the targets without a subtransaction; a loss
+            # after it took some rolls the whole statement back (DB010), and
+            # the second try, with one, decides and records it (claim_v4.sql).
+            row = yield (
+                self.sql.claim,
+                params,
+                ONE,
+                lambda exc: _claim_error(exc, sent, request_id, first_try=True),
+            )
+        except LeaveItToTheFunction:
+            params["undo"] = True
+            row = yield (
+                self.sql.claim,
+                params,
+                ONE,
+                lambda exc: _claim_error(exc, sent, request_id),
+            )
         outcome, taken = row[0], row[1]
         if outcome in ("granted", "replayed"):
             claim = claim_from_row(row[2:12], row[13], row[12]) if row[2] is not None else None
@@ -740,10 +753,21 @@ class Operations:
 
 
 def _claim_error(
-    exc: psycopg.Error, targets: tuple[Target, ...], request_id: str | None
+    exc: psycopg.Error,
+    targets: tuple[Target, ...],
+    request_id: str | None,
+    *,
+    first_try: bool = False,
 ) -> Exception | None:
-    """The dibs error for the claim function's own SQLSTATEs, else None."""
+    """The dibs error for the claim function's own SQLSTATEs, else None.
+
+    DB010 from a first try (a group claim that lost after taking targets,
+    rolled back whole) is :class:`LeaveItToTheFunction`: try again with the
+    subtransaction. From the second try it would be a bug: the usual translation.
+    """
     diag = exc.diag
+    if exc.sqlstate == "DB010" and first_try:
+        return LeaveItToTheFunction()
     if exc.sqlstate == "DB002":
         return RequestConflict(
             f"request ID {request_id!r} was already used with different input",

@@ -121,7 +121,7 @@ class Statements:
         self.claim = render(
             "SELECT * FROM {s}.claim_v4(%(holder)s, %(targets)s, %(ttl)s, %(rid)s, %(fp)s, "
             "%(now)s, %(retention)s, %(ures)s::text[], %(uslot)s::text[], %(sres)s::text[], "
-            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[], %(mode)s) "
+            "%(skind)s::text[], %(slo)s::numeric[], %(shi)s::numeric[], %(mode)s, %(undo)s) "
             f"WHERE {REPLICATED}"  # a replay, a recorded refusal: see REPLICATED
         )
         # One unit, in one statement. A replay of a live request is a plain

@@ -8,12 +8,27 @@
 -- its targets as a reader; never a natural-key replay); the result's mode
 -- column says the claim's mode.
 --
+-- p_undo: a group or span claim's first try passes false and takes its targets
+-- without a subtransaction (schema version 6). A PL/pgSQL block with an
+-- EXCEPTION clause starts one on entry, won or lost: a second transaction ID
+-- on every granted group claim, in pg_subtrans and the commit record (every
+-- @dibs.idempotent result is such a claim). A try that loses after it took
+-- some targets cannot undo them by hand (a takeover replaced a dead claim's
+-- row and archived it), so it raises DB010 and the whole statement rolls back,
+-- its request reservation with it: nothing was decided or answered yet. The
+-- caller then asks again with p_undo true, the path below with the
+-- subtransaction, which decides, records a loss under the request ID and
+-- answers. A loss at the first of its units wrote nothing, so it is decided
+-- and recorded on the first try (the usual loss in a race for the same
+-- targets, and a natural-key replay), as is every win.
+--
 -- Recreated from this file whenever the schema is upgraded (dibs.stores._migrate).
 CREATE OR REPLACE FUNCTION {s}.claim_v4(
     p_holder text, p_targets text, p_ttl double precision,
     p_request_id text, p_fingerprint text, p_now timestamptz, p_retention double precision,
     p_ures text[], p_uslot text[],
-    p_sres text[], p_skind text[], p_slo numeric[], p_shi numeric[], p_mode text
+    p_sres text[], p_skind text[], p_slo numeric[], p_shi numeric[], p_mode text,
+    p_undo boolean
 ) RETURNS TABLE (
     outcome text, taken integer[], id bigint, holder text, targets text, state text,
     fence bigint, expires_at timestamptz, taken_over boolean, request_id text,
@@ -107,16 +122,31 @@ BEGIN
         v_expires := CASE WHEN p_ttl IS NULL THEN NULL
                           ELSE v_now + make_interval(secs => p_ttl) END;
         LOOP
-            BEGIN
+            IF NOT p_undo THEN
+                -- The first try: no subtransaction (see the header).
                 SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all_v4(
                     v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo, p_shi,
                     v_shared);
-                IF cardinality(v_taken) > 0 THEN
-                    RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
+                -- Lost, and not at the first unit (only there does a loss
+                -- write nothing; {-1} says nothing of where; a reader's try
+                -- locks the row it lost at): roll it all back and ask again.
+                IF cardinality(v_taken) > 0 AND NOT (0 = ANY(v_taken) AND NOT v_shared
+                        AND coalesce(array_length(p_ures, 1), 0) > 0) THEN
+                    RAISE EXCEPTION 'a group claim lost after taking targets'
+                        USING ERRCODE = 'DB010';
                 END IF;
-            EXCEPTION WHEN SQLSTATE 'DB010' THEN
-                NULL;  -- all or nothing: undo the targets this attempt took
-            END;
+            ELSE
+                BEGIN
+                    SELECT * INTO v_taken, v_blockers, v_dead FROM {s}.take_all_v4(
+                        v_id, v_expires, v_now, p_ures, p_uslot, p_sres, p_skind, p_slo,
+                        p_shi, v_shared);
+                    IF cardinality(v_taken) > 0 THEN
+                        RAISE EXCEPTION 'lost' USING ERRCODE = 'DB010';
+                    END IF;
+                EXCEPTION WHEN SQLSTATE 'DB010' THEN
+                    NULL;  -- all or nothing: undo the targets this attempt took
+                END;
+            END IF;
             -- {-1}: what blocked it was gone when it looked again; try again.
             EXIT WHEN v_taken IS DISTINCT FROM ARRAY[-1];
             v_now := coalesce(p_now, clock_timestamp());
