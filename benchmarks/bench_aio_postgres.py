@@ -19,6 +19,12 @@ and noisy, so a single round means little.
     python benchmarks/bench_aio_postgres.py --url postgresql://user:pw@host/db
     python benchmarks/bench_aio_postgres.py --json aio-postgres.json   # for benchmarks/plot.py
     python benchmarks/bench_aio_postgres.py --loop uvloop      # the async side on uvloop
+    python benchmarks/bench_aio_postgres.py --async-store threaded   # see below
+
+``--async-store threaded`` replaces the native async store with dibs's
+``ThreadedStore`` over a sync PostgreSQL store (its calls on worker threads, as
+``dibs.aio`` runs SQLite): a measurement of the other async I/O path, not
+something ``dibs.aio.open`` does for PostgreSQL.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import dibs.aio
 # The throwaway server lives with the tests; run_round and p99 with the sync benchmark.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import p99, run_round
+from dibs.stores.threaded import ThreadedStore
 from dibs.verify.harness import PostgresServer
 
 
@@ -85,12 +92,18 @@ def bench(
     claims: int,
     repeat: int,
     new_loop: Callable[[], asyncio.AbstractEventLoop],
+    async_kind: str = "native",
 ) -> tuple[str, list[Any]]:
     """Alternate sync and async rounds at one client count; return the row and series."""
     options = f"schema=bench_{tag}&pool_min={clients}&pool_max={clients}"
     loop = new_loop()
     sync_store = dibs.open(f"{url}?{options}")
-    async_store = loop.run_until_complete(dibs.aio.open(f"{url}?{options}").open())
+    async_store: Any
+    if async_kind == "threaded":
+        inner = dibs.open(f"{url}?{options}")
+        async_store = ThreadedStore(None, {}, store=inner, threads=clients)
+    else:
+        async_store = loop.run_until_complete(dibs.aio.open(f"{url}?{options}").open())
     rounds: list[tuple[float, float, float, float]] = []
     cpu: list[tuple[float, float]] = []  # client CPU µs per claim: async, sync
     try:
@@ -188,6 +201,12 @@ def main() -> None:
     parser.add_argument(
         "--loop", choices=["asyncio", "uvloop"], default="asyncio", help="the async side's loop"
     )
+    parser.add_argument(
+        "--async-store",
+        choices=["native", "threaded"],
+        default="native",
+        help="the async side: dibs.aio's native store, or ThreadedStore over a sync store",
+    )
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -202,7 +221,10 @@ def main() -> None:
             where = f"private server, fsync {'on' if args.durable else 'off'}"
         tag = secrets.token_hex(3)
         new_loop = loop_factory(args.loop)
-        print(f"PostgreSQL ({where}); {args.loop} event loop; {args.claims} claims per round,")
+        print(
+            f"PostgreSQL ({where}); {args.loop} event loop, {args.async_store} async store; "
+            f"{args.claims} claims per round,"
+        )
         print(f"{args.repeat} rounds of async and sync, interleaved; medians (ratio range)")
         print(
             f"{'clients':>7} | {'async/s':>8} {'sync/s':>8} {'ratio':>6} {'':>11} | "
@@ -210,7 +232,9 @@ def main() -> None:
         )
         series: list[Any] = []
         for clients in args.clients:
-            row, more = bench(url, tag, clients, args.claims, args.repeat, new_loop)
+            row, more = bench(
+                url, tag, clients, args.claims, args.repeat, new_loop, args.async_store
+            )
             print(row, flush=True)
             series += more
         print(driver_floor(url, args.claims, args.repeat, new_loop), flush=True)
