@@ -20,8 +20,6 @@ second try leaves the loss unrecorded, so its replay is no replay.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -29,6 +27,7 @@ import pytest
 
 import dibs
 import dibs.aio
+from _race import race_outcomes
 from dibs import ClaimResult, FakeClock, Unit
 from pg_fixtures import drop_schema, schema_url
 
@@ -112,7 +111,7 @@ def test_group_claims_round_a_ring_are_all_or_nothing_and_replay(pg_url: str) ->
         for rnd in range(ROUNDS):
             dead = _dead_holds(store, rnd)
             clock.advance(2)
-            answers = _race([partial(store.claim, **_ask(rnd, i)) for i in range(RING)])
+            answers = race_outcomes([partial(store.claim, **_ask(rnd, i)) for i in range(RING)])
             replays = [store.claim(**_ask(rnd, i)) for i in range(RING)]
             late += _check_round(store, rnd, answers, replays, dead)
         assert late > 0  # the race reached the second try
@@ -143,23 +142,3 @@ def test_async_group_claims_round_a_ring_are_all_or_nothing_and_replay(pg_url: s
     finally:
         sync.close()
         drop_schema(pg_url, url.rsplit("schema=", 1)[1])
-
-
-def _race(calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run ``calls`` in threads released together; their results, or the exceptions raised."""
-    barrier = threading.Barrier(len(calls))
-    out: list[Any] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = calls[i]()
-        except Exception as exc:  # the race's answer, checked by the caller
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 import dibs
+from _race import race_outcomes
 from dibs import ClaimState, FakeClock, HoldLost, HoldLostReason, Unit
 from eventually import eventually
 from pg_fixtures import drop_schema, schema_url
@@ -48,26 +49,6 @@ def racing(pg_url: str) -> Iterator[tuple[dibs.Store, FakeClock, str]]:
         drop_schema(pg_url, url.rsplit("schema=", 1)[1])
 
 
-def _race(calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run ``calls`` in threads released together; their results, or the exceptions raised."""
-    barrier = threading.Barrier(len(calls))
-    out: list[Any] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            out[i] = calls[i]()
-        except Exception as exc:  # the race's answer, checked by the caller
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
-
 @pytest.mark.parametrize("before", ["free", "released", "dead", "swept"])
 def test_claimers_of_one_unit_have_one_winner_and_rising_fences(
     racing: tuple[dibs.Store, FakeClock, str], before: str
@@ -86,7 +67,7 @@ def test_claimers_of_one_unit_have_one_winner_and_rising_fences(
                 clock.advance(6)
                 if before == "swept":
                     assert store.sweep().expired == 1
-        results = _race(
+        results = race_outcomes(
             [lambda n=n, u=unit: store.claim(u, holder=f"h{n}", ttl=5) for n in range(THREADS)]
         )
         assert not [r for r in results if isinstance(r, Exception)], results
@@ -122,7 +103,7 @@ def test_a_confirm_racing_a_takeover_and_a_sweep_never_both_win(
             return store.claim(unit, holder="rival", ttl=5)
 
         calls: list[Callable[[], Any]] = [confirm, take_over, store.sweep]
-        confirmed, rival, swept = _race(calls)
+        confirmed, rival, swept = race_outcomes(calls)
         assert not isinstance(swept, Exception), swept
         if isinstance(confirmed, dibs.Claim):
             outcomes.add("confirmed")
@@ -153,7 +134,7 @@ def test_retries_of_one_request_all_answer_its_one_claim(
     store, _, _ = racing
     for r in range(ROUNDS):
         unit = Unit("order", str(r % 3))
-        results = _race(
+        results = race_outcomes(
             [
                 lambda u=unit, r=r: store.claim(u, holder="alice", ttl=60, request_id=f"req-{r}")
                 for _ in range(THREADS)
@@ -176,7 +157,7 @@ def test_one_request_id_with_other_inputs_at_once_grants_one(
 ) -> None:
     store, _, _ = racing
     for r in range(ROUNDS):
-        results = _race(
+        results = race_outcomes(
             [
                 lambda n=n, r=r: store.claim(
                     Unit("order", f"{r}-{n}"), holder="alice", ttl=60, request_id=f"mixed-{r}"
