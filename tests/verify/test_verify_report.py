@@ -124,6 +124,18 @@ def test_the_report_renders_its_timeline_in_chromium(
                 marked = await page.locator("svg.timeline rect.op[fill='#c62828']").count()
                 box = await page.locator("svg.timeline").first.bounding_box()
                 assert box is not None and box["width"] > 500 and box["height"] > 30
+                # Whatever is drawn over a bar (a store-clock tick, a label) lets its
+                # clicks through: the middle of every bar is some operation's bar.
+                missed = await page.evaluate(
+                    """() => [...document.querySelectorAll('svg.timeline rect.op')].filter(r => {
+                        r.scrollIntoView({block: 'center'});
+                        const b = r.getBoundingClientRect();
+                        const x = b.x + b.width / 2, y = b.y + b.height / 2;
+                        const hit = document.elementFromPoint(x, y);
+                        return !(hit && hit.matches('rect.op'));
+                    }).length"""
+                )
+                assert missed == 0
                 await page.locator("svg.timeline rect.op").first.click(force=True)
                 detail = await page.locator("#detail").text_content()
                 assert detail and "->" in detail  # the clicked op, described

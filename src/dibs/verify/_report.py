@@ -306,12 +306,13 @@ def _timeline(
         if tick is not None and lo <= tick <= hi:
             out.append(
                 f"<line class='tick' x1='{x(tick):.1f}' x2='{x(tick):.1f}' y1='{y - 2}' "
-                f"y2='{y + LANE - 5}' stroke='#000' stroke-width='1.5'/>"
+                # Not a click target, nor the label below: a click on a bar reaches the bar.
+                f"y2='{y + LANE - 5}' stroke='#000' stroke-width='1.5' pointer-events='none'/>"
             )
         if zoom and op.id in witness and x1 - x0 > 40:
             label = html.escape(_label(op))
             out.append(
-                f"<text class='label' x='{x0 + 3:.1f}' y='{y + 9}' "
+                f"<text class='label' x='{x0 + 3:.1f}' y='{y + 9}' pointer-events='none' "
                 f"style='fill:#fff;font-size:9px'>{label}</text>"
             )
     ms_lo, ms_hi = (lo - origin) * 1000, (hi - origin) * 1000
