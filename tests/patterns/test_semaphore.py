@@ -108,6 +108,53 @@ def test_a_lowered_limit_admits_no_one_until_the_count_is_below_it(store: Store)
         lease.__exit__(None, None, None)
 
 
+class _PausingStore:
+    """The store, but the first permit claim of holder ``a`` waits for ``go``: an
+    acquirer stopped between reading the limit and claiming its slot."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.paused = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def lease(self, target: Unit, **options: Any) -> Any:
+        if options["holder"] == "a" and not self.paused.is_set():
+            self.paused.set()
+            assert self.go.wait(60)
+        return self.store.lease(target, **options)
+
+
+def test_an_admission_is_judged_again_when_the_limit_changed_before_its_claim(
+    store: Store,
+) -> None:
+    # A reads the limit (4) and stops before claiming a slot. The limit drops to 1 and B
+    # is admitted. A's claim then lands under the new limit: it must not stand.
+    pausing = _PausingStore(store)
+    sem_a = dibs.Semaphore(pausing, "rejudge", permits=4)  # type: ignore[arg-type]
+    sem_a.current_permits()  # declared now, so that A's lease declares nothing later
+    outcome: list[object] = []
+
+    def acquire_a() -> None:
+        try:
+            with sem_a.lease(holder="a", ttl=30, wait=0):
+                outcome.append("admitted")
+        except ResourceBusy:
+            outcome.append("busy")
+
+    a = threading.Thread(target=acquire_a)
+    a.start()
+    assert pausing.paused.wait(60)
+    sem = dibs.Semaphore(store, "rejudge", permits=1)  # its first use lowers the limit to 1
+    with sem.lease(holder="b", ttl=30, wait=0):
+        pausing.go.set()
+        a.join(60)
+        assert outcome == ["busy"]  # judged again under 1, with B holding
+        assert sem.holders() == ["b"]
+
+
 def test_a_lost_permit_raises_hold_lost(store: Store) -> None:
     sem = dibs.Semaphore(store, "k", permits=1)
     # Renewing often, the lease learns of the loss at its next renewal, not in 10 s.
