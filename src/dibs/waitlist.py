@@ -53,7 +53,7 @@ from dibs._model import (
     shown,
 )
 from dibs._queue import QCall, queue_name
-from dibs.exceptions import ClaimNotFound, HoldLost, InvalidInput, StoreClosed
+from dibs.exceptions import ClaimNotFound, HoldLost, HoldLostReason, InvalidInput, StoreClosed
 from dibs.stores.base import Store
 from dibs.stores.capabilities import ChangeFeed, UnchangingFeed
 
@@ -320,7 +320,17 @@ class _Rules:
 
     def _decline_rule(self, offer: object) -> _Rule:
         offer = _check_offer(offer)
-        yield from self._release(offer.claim, offer.holder)
+        try:
+            yield QCall(
+                "release",
+                (offer.claim.id,),
+                {"holder": offer.holder, "fence": offer.claim.fence},
+            )
+        except HoldLost as lost:
+            if lost.reason is HoldLostReason.FENCE:
+                raise  # not this offer's token: the hold and its record stay as they are
+        except ClaimNotFound:
+            pass
         if (yield from self._close_record(offer.claim.id)):
             return (yield from self._offer_rule(offer.unit))
         return None  # a sweep passed it on already

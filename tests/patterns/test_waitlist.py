@@ -9,6 +9,7 @@ freed unit is one offer, and one entry gets at most one offer, under races.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 import dibs
 import dibs.aio
 from conftest import fresh_url
-from dibs import ClaimState, HoldLost, InvalidInput, Store, Unit
+from dibs import ClaimState, HoldLost, HoldLostReason, InvalidInput, NotHolder, Store, Unit
 from dibs.waitlist import Offer
 from eventually import eventually
 
@@ -82,6 +83,56 @@ def test_a_declined_offer_goes_to_the_next_and_an_empty_list_leaves_the_unit_fre
     again = wl.decline(following)
     assert again is None and store.holder_of(SEATS[0]) is None  # no one left: free
     assert wl.offer(SEATS[0]) is None
+
+
+def _forgeries(offer: Offer) -> list[tuple[Offer, type[Exception]]]:
+    """The offer with a wrong fence, and with a holder it was not made to."""
+    return [
+        (
+            dataclasses.replace(
+                offer, claim=dataclasses.replace(offer.claim, fence=offer.fence + 1)
+            ),
+            HoldLost,
+        ),
+        (dataclasses.replace(offer, holder="mallory"), NotHolder),
+    ]
+
+
+def test_a_forged_offer_declines_nothing(store: Store) -> None:
+    wl = dibs.Waitlist(store, "show-42", offer_ttl=600)
+    sold = _sold(store, SEATS[0])
+    wl.join("alice")
+    wl.join("bob")
+    [offer] = wl.release(sold.id, holder="buyer", fence=sold.fence)
+    for forged, error in _forgeries(offer):
+        with pytest.raises(error) as raised:
+            wl.decline(forged)
+        if isinstance(raised.value, HoldLost):
+            assert raised.value.reason is HoldLostReason.FENCE
+        # Nothing moved: her hold, its record and bob's place are as they were.
+        assert wl.offers("alice") == [offer] and wl.position("bob") == 1
+        assert wl.sweep() == []
+    assert wl.accept(offer).state is ClaimState.CONFIRMED
+
+
+async def _async_forgeries(url: str) -> None:
+    async with dibs.aio.open(url) as store:
+        wl = dibs.aio.Waitlist(store, "show-42", offer_ttl=600)
+        sold = (await store.claim(SEATS[0], holder="buyer")).claim
+        assert sold is not None
+        await wl.join("alice")
+        await wl.join("bob")
+        [offer] = await wl.release(sold.id, holder="buyer", fence=sold.fence)
+        for forged, error in _forgeries(offer):
+            with pytest.raises(error):
+                await wl.decline(forged)
+            assert await wl.offers("alice") == [offer] and await wl.position("bob") == 1
+            assert await wl.sweep() == []
+        assert (await wl.accept(offer)).state is ClaimState.CONFIRMED
+
+
+def test_a_forged_offer_declines_nothing_async(url: str) -> None:
+    asyncio.run(_async_forgeries(url))
 
 
 def test_a_lapsed_offer_is_passed_on_by_a_sweep(url: str) -> None:
