@@ -155,6 +155,71 @@ def test_an_admission_is_judged_again_when_the_limit_changed_before_its_claim(
         assert sem.holders() == ["b"]
 
 
+class _PausedLease:
+    """An async lease whose entry first waits for the test's ``go``."""
+
+    def __init__(self, lease: Any, pausing: _AsyncPausingStore) -> None:
+        self.lease = lease
+        self.pausing = pausing
+
+    async def __aenter__(self) -> Any:
+        self.pausing.paused.set()
+        await asyncio.wait_for(self.pausing.go.wait(), 60)
+        return await self.lease.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self.lease.__aexit__(*exc)
+
+
+class _AsyncPausingStore:
+    """:class:`_PausingStore` for the async face: A's first permit claim waits for ``go``."""
+
+    def __init__(self, store: dibs.aio.AsyncStore) -> None:
+        self.store = store
+        self.paused = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def lease(self, target: Unit, **options: Any) -> Any:
+        lease = self.store.lease(target, **options)
+        if options["holder"] == "a" and not self.paused.is_set():
+            return _PausedLease(lease, self)
+        return lease
+
+
+async def _async_rejudge(url: str) -> list[object]:
+    async with dibs.aio.open(url) as store:
+        pausing = _AsyncPausingStore(store)
+        sem_a = dibs.aio.Semaphore(pausing, "rejudge", permits=4)  # type: ignore[arg-type]
+        await sem_a.current_permits()  # declared now, so that A's lease declares nothing later
+        outcome: list[object] = []
+
+        async def acquire_a() -> None:
+            try:
+                async with sem_a.lease(holder="a", ttl=30, wait=0):
+                    outcome.append("admitted")
+            except ResourceBusy:
+                outcome.append("busy")
+
+        a = asyncio.create_task(acquire_a())
+        await asyncio.wait_for(pausing.paused.wait(), 60)
+        sem = dibs.aio.Semaphore(store, "rejudge", permits=1)  # lowers the limit to 1
+        async with sem.lease(holder="b", ttl=30, wait=0):
+            pausing.go.set()
+            await asyncio.wait_for(a, 60)
+            assert await sem.holders() == ["b"]
+        return outcome
+
+
+def test_an_admission_is_judged_again_when_the_limit_changed_before_its_claim_async(
+    url: str,
+) -> None:
+    # The async face of the test above: A's claim lands under the lowered limit.
+    assert asyncio.run(_async_rejudge(url)) == ["busy"]
+
+
 def test_a_lost_permit_raises_hold_lost(store: Store) -> None:
     sem = dibs.Semaphore(store, "k", permits=1)
     # Renewing often, the lease learns of the loss at its next renewal, not in 10 s.
