@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from dibs._bell import listen
 from dibs._drive import drive
 from dibs._model import (
     Claim,
@@ -52,7 +53,7 @@ from dibs._model import (
     check_ttl,
     shown,
 )
-from dibs._queue import QCall, queue_name
+from dibs._queue import QCall, QPause, queue_name
 from dibs.exceptions import ClaimNotFound, HoldLost, HoldLostReason, InvalidInput, StoreClosed
 from dibs.stores.base import Store
 from dibs.stores.capabilities import ChangeFeed, UnchangingFeed
@@ -72,7 +73,12 @@ FEED_POLL = 0.05
 _DECIDED = (HoldLost, ClaimNotFound)
 _random = random.Random()  # our own: a watcher never moves the global random state
 _logger = logging.getLogger("dibs.waitlist")
-_Rule = Generator[QCall, Any, Any]
+_Rule = Generator[QCall | QPause, Any, Any]
+_FIRST_PAUSE = 0.001
+_MAX_PAUSE = 0.05
+"""Seconds a joiner that lost its number waits at most before trying the next one."""
+_PROBES = 4
+"""Numbers a joiner tries, each the one after the number it lost, before reading the list again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,12 +246,17 @@ class _Rules:
     def _join_rule(self, holder: object) -> _Rule:
         holder = check_holder(holder)
         who = Unit(self._who, holder)
+        pause = _FIRST_PAUSE
+        misses = _PROBES  # numbers tried since the list was last read
+        number = 0
         while True:
-            entries: list[Entry] = yield from self._entries_rule()
-            for entry in entries:
-                if entry.holder == holder:
-                    return entry  # in the list already: one entry per holder
-            number = max((entry.number for entry in entries), default=0) + 1
+            if misses >= _PROBES:
+                entries: list[Entry] = yield from self._entries_rule()
+                for entry in entries:
+                    if entry.holder == holder:
+                        return entry  # in the list already: one entry per holder
+                number = max((entry.number for entry in entries), default=0) + 1
+                misses = 0
             request_id = f"{self._list}-join-{uuid.uuid4().hex}"
             # Linearization point: the claim of the number's unit (with the holder's).
             result: ClaimResult = yield QCall(
@@ -255,11 +266,24 @@ class _Rules:
             )
             claim = result.claim
             if not result or claim is None or claim.request_id != request_id:
-                continue  # the number, or this holder's entry, came first: read again
+                if who in result.taken:
+                    misses = _PROBES  # this holder's entry came first: read it
+                    continue
+                # Another joiner took the number. In a crowd every joiner read the same
+                # list: reading it again after each loss makes a join cost a read of the
+                # whole list per joiner ahead (cubic in all). Try the next number instead,
+                # after a random pause that doubles, as the queue's joiners do; read the
+                # list again only after a few misses in a row.
+                number += 1
+                misses += 1
+                yield QPause(_random.uniform(0, pause))
+                pause = min(pause * 2, _MAX_PAUSE)
+                continue
             after: list[Entry] = yield from self._entries_rule()
             if any(entry.number > number for entry in after):
                 # The number was freed meanwhile and a later joiner is above it: go behind.
                 yield from self._release(claim, self._list)
+                misses = _PROBES
                 continue
             return next(entry for entry in after if entry.claim.id == claim.id)
 
@@ -479,7 +503,9 @@ class Waitlist(_Rules):
         """
         return Watcher(self, units, every=every)
 
-    def _perform(self, step: QCall) -> Any:
+    def _perform(self, step: QCall | QPause) -> Any:
+        if isinstance(step, QPause):
+            return listen(None, step.seconds)
         return getattr(self.store, step.method)(*step.args, **step.kwargs)
 
     # --- end of the generated part ---

@@ -192,6 +192,39 @@ def test_sync_and_async_lists_of_one_key_are_one_list(url: str) -> None:
         assert [entry.holder for entry in wl.entries()] == ["sync-one", "async-one"]
 
 
+async def _crowd(url: str, size: int) -> None:
+    async with dibs.aio.open(url) as store:
+        wl = dibs.aio.Waitlist(store, "crowd")
+        early = [f"early-{n}" for n in range(6)]
+        for holder in early:
+            await wl.join(holder)
+        # The crowd joins all at once (two of it twice) while half the early entries
+        # leave: joiners collide on numbers, a holder's second join meets its first,
+        # and the numbers the leavers free lie below the crowd's.
+        crowd = [f"crowd-{n}" for n in range(size)]
+        leavers = early[::2]
+        joined = await asyncio.gather(
+            *(wl.join(holder) for holder in [*crowd, *crowd[:2]]),
+            *(wl.leave(holder) for holder in leavers),
+        )
+        twice = joined[:2], joined[size : size + 2]
+        assert [entry.number for entry in twice[0]] == [entry.number for entry in twice[1]]
+        late = await wl.join("late")  # joined after the whole crowd had
+        entries = await wl.entries()
+        holders = [entry.holder for entry in entries]
+        assert sorted(holders) == sorted([*early[1::2], *crowd, "late"])  # one place each
+        assert [entry.position for entry in entries] == list(range(1, len(entries) + 1))
+        assert len({entry.number for entry in entries}) == len(entries)
+        # Whoever had joined before the crowd stays ahead of it; "late" is behind it.
+        assert holders[:3] == early[1::2] and holders[-1] == "late" == late.holder
+        assert late.position == len(entries)
+
+
+@pytest.mark.timeout(300)
+def test_a_crowd_joining_at_once_gets_one_place_each_in_order(url: str, store_kind: str) -> None:
+    asyncio.run(_crowd(url, {"memory": 40, "sqlite": 16, "postgresql": 16, "etcd": 8}[store_kind]))
+
+
 ROUNDS = {"memory": 30, "sqlite": 8, "postgresql": 6, "etcd": 4}
 
 

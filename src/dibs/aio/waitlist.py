@@ -13,9 +13,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from dibs._bell import alisten
 from dibs._drive import adrive
 from dibs._model import Claim, Unit
-from dibs._queue import QCall
+from dibs._queue import QCall, QPause
 from dibs.exceptions import StoreClosed
 from dibs.stores.base_async import AsyncStore
 from dibs.stores.capabilities import AsyncChangeFeed, UnchangingFeed
@@ -118,7 +119,9 @@ class Waitlist(_Rules):
         """
         return Watcher(self, units, every=every)
 
-    async def _perform(self, step: QCall) -> Any:
+    async def _perform(self, step: QCall | QPause) -> Any:
+        if isinstance(step, QPause):
+            return await alisten(None, step.seconds)
         return await getattr(self.store, step.method)(*step.args, **step.kwargs)
 
     # --- end of the shared part ---
