@@ -130,10 +130,11 @@ def test_the_first_host_back_catches_up_from_the_watermark(
 
 
 def test_max_running_holds_across_hosts(fleet: Fleet, clock: FakeClock) -> None:
+    # Runs block until the gate opens; closed first, or the first run could end before it.
+    fleet.gate.clear()
     hosts = [fleet.host(lease=1000), fleet.host(lease=1000)]  # fake time jumps past short leases
     for host in hosts:
         host.every(10, "tick", id="s", start=T0, misfire=Misfire(coalesce="all"))
-    fleet.gate.clear()  # runs block until the gate opens
     eventually(lambda: len(fleet.runs) >= 1)
     for _ in range(4):
         clock.advance(10)

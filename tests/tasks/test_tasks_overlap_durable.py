@@ -85,10 +85,10 @@ def fleet(make_store: StoreMaker) -> Iterator[Fleet]:
 
 
 def test_skip_holds_across_hosts(fleet: Fleet) -> None:
+    fleet.gate.clear()  # the run at T0 blocks (closed first, or it could end before)
     hosts = [fleet.host(), fleet.host()]
     for host in hosts:
         host.every(10, "tick", id="s", start=T0, overlap="skip", catch_up="all")
-    fleet.gate.clear()  # the run at T0 blocks
     eventually(lambda: len(fleet.runs) >= 1, timeout=GUARD)
     for _ in range(4):
         fleet.clock.advance(10)
@@ -142,9 +142,9 @@ def test_skip_jobs_carry_the_schedules_lock_key(fleet: Fleet) -> None:
 
 
 def test_allow_lets_runs_of_one_schedule_overlap(fleet: Fleet) -> None:
+    fleet.gate.clear()  # before the schedule: its first run must block too
     host = fleet.host()
     host.every(10, "tick", id="s", start=T0, overlap="allow")
-    fleet.gate.clear()
     for count in (1, 2, 3):
         eventually(lambda c=count: len(fleet.runs) >= c, timeout=GUARD)  # type: ignore[misc]
         fleet.clock.advance(10)
