@@ -29,7 +29,11 @@ PERMIT = {"ttl": 60}
 
 @pytest.fixture
 def svc(aio_url: str) -> Iterator[Running]:
-    config = ServiceConfig(store_url=aio_url, keys_file=None, rate=10_000, burst=10_000)
+    # The races here check who gets what, not how fast: a store slowed by a loaded
+    # machine (aio-etcd at a load average of 20+) must not turn calls into 503s.
+    config = ServiceConfig(
+        store_url=aio_url, keys_file=None, rate=10_000, burst=10_000, request_timeout=120
+    )
     with serve_in_thread(config) as running:
         yield running
 

@@ -9,7 +9,6 @@ units go to the first in line, one each, exactly once. No reading of wall time.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,11 @@ SEATS = [{"resource": f"seat-{n}", "slot": "show-42"} for n in range(2)]
 
 @pytest.fixture
 def svc(aio_url: str) -> Iterator[Running]:
-    config = ServiceConfig(store_url=aio_url, keys_file=None, rate=10_000, burst=10_000)
+    # The races here check who gets what, not how fast: a store slowed by a loaded
+    # machine (aio-etcd at a load average of 20+) must not turn calls into 503s.
+    config = ServiceConfig(
+        store_url=aio_url, keys_file=None, rate=10_000, burst=10_000, request_timeout=120
+    )
     with serve_in_thread(config) as running:
         yield running
 
@@ -196,12 +199,7 @@ def test_racing_clients_get_one_unit_each_in_line_order(svc: Running) -> None:
         name = f"p{i}"
         with svc.client(name) as c:
             start.wait()
-            # 14 joiners contend for the next number; on a loaded machine a join can
-            # outlast the store timeout, and 503 says "retry": a join is idempotent.
             joined = c.post("/v1/waitlists/race/entries")
-            while joined.status_code == 503:
-                time.sleep(float(joined.headers.get("Retry-After", "1")))
-                joined = c.post("/v1/waitlists/race/entries")
             assert joined.status_code == 200, joined.text
             with lock:
                 numbers[name] = joined.json()["number"]

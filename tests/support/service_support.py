@@ -58,7 +58,9 @@ class Running:
 
     def client(self, holder: str | None = None, **options: Any) -> httpx.Client:
         headers = {} if holder is None else {"Authorization": f"Bearer {self.token(holder)}"}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **options)
+        # A guard against a hung server only: above any fixture's request_timeout.
+        options.setdefault("timeout", 150)
+        return httpx.Client(base_url=self.url, headers=headers, **options)
 
 
 class GatedStore(SharedFace):
