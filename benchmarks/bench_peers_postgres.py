@@ -30,13 +30,16 @@ their counters are flushed).
     python benchmarks/bench_peers_postgres.py --procs 1 8 --ops 2000 --repeat 5 --json out.json
     python benchmarks/bench_peers_postgres.py --workloads pairs --fsyncs   # + fsyncs per pair
 
-``--base SRC`` also runs the idem workloads' dibs side with the dibs in another
-checkout's ``src`` (each of its workers imports that one), interleaved with
-this checkout's, and prints this ÷ base per round: an A/B in one command.
+``--base SRC`` also runs the pairs' and the idem workloads' dibs side with the
+dibs in another checkout's ``src`` (each of its workers imports that one),
+interleaved with this checkout's (the base first every other round), and
+prints this ÷ base per round: an A/B in one command.
 
     mkdir /tmp/base && git archive main src | tar -x -C /tmp/base
     python benchmarks/bench_peers_postgres.py --workloads idem-first idem-replay \
         --procs 1 8 --ops 400 --repeat 5 --base /tmp/base/src
+    python benchmarks/bench_peers_postgres.py --workloads pairs --procs 1 8 --ops 400 \
+        --repeat 5 --base /tmp/base/src
 """
 
 from __future__ import annotations
@@ -140,10 +143,11 @@ def redis_server() -> Iterator[str]:
 
 
 def _dibs_pairs(url: str, tag: str, n: int, ops: int) -> Callable[[int], None]:
-    store = dibs.open(f"{url}?schema=peers_{tag}&pool_min=1&pool_max=1")
+    lib: Any = importlib.import_module("dibs")  # at call time: --base may have swapped it
+    store = lib.open(f"{url}?schema=peers_{tag}&pool_min=1&pool_max=1")
 
     def op(i: int) -> None:
-        claim = store.claim(dibs.Unit(f"seat-{n}", f"{tag}-{i}"), holder=f"h{n}", ttl=300).claim
+        claim = store.claim(lib.Unit(f"seat-{n}", f"{tag}-{i}"), holder=f"h{n}", ttl=300).claim
         assert claim is not None
         store.confirm(claim.id, holder=f"h{n}", fence=claim.fence)
 
@@ -428,7 +432,7 @@ def compare(
         f"{med(x[1] for x in rounds):>8,.0f} | {med(ratios):>5.2f}x "
         f"({min(ratios):.2f}-{max(ratios):.2f}) | "
         f"{med(x[2] for x in rounds) * 1e3:>7.2f}ms {med(x[3] for x in rounds) * 1e3:>7.2f}ms"
-        f"{against}",
+        f"{against} | load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     return {
@@ -460,7 +464,7 @@ def main() -> None:
         "--fsyncs", action="store_true", help="also count fsyncs per operation (untimed rounds)"
     )
     parser.add_argument(
-        "--base", metavar="SRC", help="idem workloads: also run the dibs in this src directory"
+        "--base", metavar="SRC", help="pairs, idem: also run the dibs in this src directory"
     )
     args = parser.parse_args()
 
@@ -481,7 +485,7 @@ def main() -> None:
             for workload in args.workloads:
                 ours, peer = PAIRS[workload]
                 for procs in args.procs:
-                    base = args.base if workload.startswith("idem") else None
+                    base = args.base if workload != "replay" else None
                     results.append(
                         compare(workload, ours, peer, urls, procs, args.ops, args.repeat, base)
                     )

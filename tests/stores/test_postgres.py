@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -215,16 +213,17 @@ class _Flaky:
         self.calls = 0
         self._lock = threading.Lock()  # guards failures and calls
 
-    @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def getconn(self) -> Any:
         with self._lock:
             self.calls += 1
             fail = self.failures > 0
             self.failures -= 1
         if fail:
             raise self._error
-        with self._pool.connection() as conn:
-            yield conn
+        return self._pool.getconn()
+
+    def putconn(self, conn: Any) -> None:
+        self._pool.putconn(conn)
 
     def close(self) -> None:
         self._pool.close()

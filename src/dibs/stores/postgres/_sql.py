@@ -233,24 +233,31 @@ class Statements:
         # the hold dead takes no lock: transition_v4 then judges the loss
         # under the row lock, so it waits for a takeover in flight and
         # answers taken_over, never an 'expired' dated after its stamp.)
+        # The row is found by its claim ID alone: the holder is compared in the
+        # "C" collation (byte-wise, as every deterministic collation compares
+        # for equality), which the holder index cannot serve, so no plan reads
+        # the holder's claims one by one. Without the table's statistics (a new
+        # or busy table that autovacuum has not analyzed yet) the planner
+        # preferred that index: a confirm read every row of its holder (issue 27).
+        mine = 'u.id = %(id)s AND u.holder = %(h)s COLLATE "C" AND u.fence = %(f)s'
         self.confirm = render(
             "UPDATE {s}.units_v4 u SET state = 'confirmed', expires_at = NULL, updated_at = t.n "
             "FROM (SELECT NOW AS n) t "
-            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
+            f"WHERE {mine} AND u.state = 'held' "
             "AND u.expires_at > t.n "
             "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at"
         )
         self.extend = render(
             "UPDATE {s}.units_v4 u SET expires_at = t.n + make_interval(secs => %(ttl)s), "
             "updated_at = t.n FROM (SELECT NOW AS n) t "
-            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s AND u.state = 'held' "
+            f"WHERE {mine} AND u.state = 'held' "
             "AND u.expires_at > t.n "
             "RETURNING u.resource, u.slot, u.request_id, u.created_at, u.updated_at, u.expires_at"
         )
         self.release = render(
             "UPDATE {s}.units_v4 u SET state = 'released', expires_at = NULL, updated_at = t.n "
             "FROM (SELECT NOW AS n) t "
-            "WHERE u.id = %(id)s AND u.holder = %(h)s AND u.fence = %(f)s "
+            f"WHERE {mine} "
             "AND (u.state = 'confirmed' OR (u.state = 'held' AND u.expires_at > t.n)) "
             "RETURNING true"
         )

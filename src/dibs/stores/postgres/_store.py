@@ -296,7 +296,13 @@ class PostgresStore(Store):
         while True:
             answered = False
             try:
-                with self._pool.connection() as conn:
+                # getconn and putconn, not the pool's connection() context: that one adds
+                # a generator and the connection's own context (a commit call, a no-op in
+                # autocommit) to every statement; putconn rolls back or replaces a
+                # connection left in a transaction or broken, as the context would.
+                pool = self._pool
+                conn = pool.getconn()
+                try:
                     # Many rows on a throwaway cursor: the kept one would pin them.
                     cur = (
                         conn.cursor()
@@ -309,6 +315,8 @@ class PostgresStore(Store):
                     # A commit whose wait for the synchronous standbys was cancelled
                     # reports success: never pass it on as one.
                     lost = unreplicated(conn, self._where)
+                finally:
+                    pool.putconn(conn)
             except (psycopg.Error, UnicodeError) as exc:
                 if isinstance(exc, RETRY):  # rolled back whole: run it again, after a pause
                     backoff = backoff or _backoff(self.max_retries)
