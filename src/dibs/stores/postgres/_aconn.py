@@ -85,7 +85,17 @@ class AsyncStoreConnection(psycopg.AsyncConnection[TupleRow]):
     async def _drive(self, gen: Any, state: int, *, hand_off: bool) -> Any:
         while True:
             try:
-                ready = await self._readiness(state)
+                waiter = self._arm(state)
+                if waiter is None:  # bytes the reader took in with nobody waiting
+                    ready = _READY_R
+                else:
+                    try:
+                        await waiter
+                    finally:
+                        self._waiter = None
+                        if self._writing:
+                            self._stop_writing()
+                    ready = self._ready
             except asyncio.CancelledError:
                 if hand_off:  # the statement stays: read it to its end in a task of its own
                     # The reader may have taken its answer in already: look first.
@@ -113,35 +123,32 @@ class AsyncStoreConnection(psycopg.AsyncConnection[TupleRow]):
         except Exception as exc:  # the caller left; the pool judges the connection
             logger.debug("a cancelled call's statement ended with %r", exc)
 
-    async def _readiness(self, state: int) -> int:
-        """Wait until the socket can do what ``state`` asks; what it can do."""
+    def _arm(self, state: int) -> asyncio.Future[None] | None:
+        """The future the loop answers once the socket can do what ``state`` asks.
+
+        None when the reader already took bytes in that nobody was woken for:
+        the generator looks at them first.
+        """
         fd = self.pgconn.socket  # raises OperationalError once libpq lost the socket
         loop = asyncio.get_running_loop()
         if fd != self._fd or loop is not self._loop:
             self._unwatch()
             loop.add_reader(fd, self._readable)
             self._fd, self._loop = fd, loop
-        if self._unread:  # bytes the reader took in with nobody waiting: look at them first
+        if self._unread:
             self._unread = False
-            return _READY_R
+            return None
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiter, self._wants, self._ready = waiter, state, 0
-        if not state & _WAIT_W:
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-            return self._ready
-        loop.add_writer(fd, self._writable)
-        self._writing = True
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            if self._writing:
-                self._writing = False
-                loop.remove_writer(fd)
-        return self._ready
+        if state & _WAIT_W:
+            loop.add_writer(fd, self._writable)
+            self._writing = True
+        return waiter
+
+    def _stop_writing(self) -> None:
+        self._writing = False
+        if self._loop is not None and self._fd >= 0:
+            self._loop.remove_writer(self._fd)
 
     def _readable(self) -> None:
         """The loop's reader: take in what came, and wake the waiter once it has an answer."""
