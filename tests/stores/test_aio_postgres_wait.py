@@ -159,6 +159,8 @@ def test_a_socket_libpq_closed_leaves_the_loop_before_its_number_is_reused(
     async def main() -> None:
         old = await AsyncStoreConnection.connect(pg_url, autocommit=True, application_name=app)
         await (await old.execute("SELECT 1")).fetchone()
+        old.unwatch_if_broken()  # what the pool's putconn does: a healthy one stays watched
+        assert old._fd == old.pgconn.socket
         watch.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             (app,),

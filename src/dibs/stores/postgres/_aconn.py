@@ -41,6 +41,7 @@ _WAIT_R = int(Wait.R)
 _WAIT_W = int(Wait.W)
 _READY_R = int(Ready.R)
 _READY_W = int(Ready.W)
+_OK = psycopg.pq.ConnStatus.OK
 
 
 class AsyncStoreConnection(psycopg.AsyncConnection[TupleRow]):
@@ -179,15 +180,22 @@ class AsyncStoreConnection(psycopg.AsyncConnection[TupleRow]):
             waiter.set_result(None)
 
     def _check_socket(self) -> None:
-        """Stop watching a socket libpq closed (or replaced), before anyone reuses its number."""
+        """Stop watching a socket libpq closed (or replaced), before anyone reuses its number.
+
+        A broken connection stops too: libpq closes its socket when it is freed.
+        """
         if self._fd < 0:
             return
         try:
-            fd = self.pgconn.socket
+            fd = self.pgconn.socket if self.pgconn.status == _OK else -1
         except psycopg.Error:
             fd = -1
         if fd != self._fd:
             self._unwatch()
+
+    def unwatch_if_broken(self) -> None:
+        """For the pool: a broken connection it drops (without ``close()``) leaves the loop."""
+        self._check_socket()
 
     def _unwatch(self) -> None:
         loop, fd, writing = self._loop, self._fd, self._writing

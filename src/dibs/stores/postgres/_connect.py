@@ -256,4 +256,5 @@ class AsyncRecordingPool(AsyncConnectionPool[AsyncStoreConnection]):
         # As RecordingPool.putconn: a ``reset`` step would send each return
         # through a worker task, two loop hops before the next call has it.
         forget_replication(conn)
+        conn.unwatch_if_broken()  # the pool drops a broken one without closing it
         await super().putconn(conn)
