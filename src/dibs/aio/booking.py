@@ -123,8 +123,8 @@ async def _settle(store: AsyncStore, queue: str, place: Place) -> None:
 async def _claim(store: AsyncStore, unit: Unit, me: str, ttl: float) -> ClaimResult:
     """The entry's claim; a cancelled entry ends once it has, and holds nothing.
 
-    On a store whose calls can outlive their await (threads, a native driver's
-    inner task), a claim cancelled in flight may still land later and hold the
+    On a store whose calls can outlive their await (threads, a statement that
+    finishes on the server), a claim cancelled in flight may still land and hold the
     resource for its whole TTL; so the cancelled entry waits for it and gives
     it back before the cancellation goes on (as :class:`dibs.aio.Lot`'s park).
     """

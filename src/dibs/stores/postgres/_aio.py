@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Coroutine
 from typing import Any, Self, TypeVar
 
@@ -29,6 +28,7 @@ from dibs._request import ClaimRequest
 from dibs.stores._fork import abandon
 from dibs.stores.base import DEFAULT_REQUEST_RETENTION
 from dibs.stores.base_async import AsyncStore, TokenFeed
+from dibs.stores.postgres._aconn import AsyncStoreConnection
 from dibs.stores.postgres._connect import (
     AsyncRecordingPool,
     awatch_replication,
@@ -62,40 +62,22 @@ logger = logging.getLogger("dibs.stores.postgres")
 _T = TypeVar("_T")
 
 
-class _Job:
-    """One operation in flight: its plan, its next statement, and the caller's future."""
-
-    __slots__ = ("plan", "step", "task", "waiter")
-
-    def __init__(self, plan: Plan[Any], step: Step, waiter: asyncio.Future[Any]) -> None:
-        self.plan = plan
-        self.step = step
-        self.waiter = waiter
-        """What the caller awaits; cancelled with the caller, and then no further
-        statement is sent."""
-        self.task: asyncio.Task[None] | None = None
-        """The inner task, once started and not yet done; it leaves the store's
-        in-flight set itself when it ends (no done-callback: one loop hop less)."""
-
-    @property
-    def abandoned(self) -> bool:
-        return self.waiter.done()
-
-
-if sys.version_info >= (3, 12):
-
-    def _start(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
-    ) -> asyncio.Task[None]:
-        # Eagerly: the task runs at once, up to its first wait for the server.
-        return asyncio.Task(coro, loop=loop, eager_start=True)
-
-else:  # pragma: no cover (Python 3.11)
-
-    def _start(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
-    ) -> asyncio.Task[None]:
-        return loop.create_task(coro)
+async def _rest(work: Coroutine[Any, Any, None], waiting: object) -> None:
+    """Run a coroutine that stopped at its first wait (for ``waiting``) to its end."""
+    try:
+        while True:
+            if isinstance(waiting, asyncio.Future):
+                await asyncio.wait([waiting])  # the coroutine reads the outcome itself
+            else:  # a bare yield (asyncio.sleep(0))
+                await asyncio.sleep(0)
+            try:
+                waiting = work.send(None)
+            except StopIteration:
+                return
+    except Exception as exc:  # pragma: no cover (the pool closes what it cannot take)
+        logger.debug("returning a connection to the pool failed: %r", exc)
+    finally:
+        work.close()
 
 
 class AsyncPostgresStore(AsyncStore):
@@ -111,24 +93,25 @@ class AsyncPostgresStore(AsyncStore):
     ``pool_timeout`` seconds for a connection, then raises
     :class:`~dibs.StoreUnavailable`. One store belongs to one event loop.
 
-    **Cancellation.** Each call runs its statements in an inner task that owns
-    its pooled connection, and the caller awaits a future that task answers
-    (as if through :func:`asyncio.shield`: cancelling the caller never cancels
-    the task). Cancelling the caller returns at once; what happens to the
-    call depends on how far it got:
+    **Cancellation.** A call runs in its caller's task, on a pooled
+    :class:`~dibs.stores.postgres._aconn.AsyncStoreConnection`. Cancelling the
+    caller returns at once; what happens to the call depends on how far it got:
 
-    * no statement sent yet (the inner task had not started, or was waiting
-      for a pool connection or a retry's pause): none is sent, no claim is made;
-    * a statement sent: it finishes on the server, and its connection goes
-      back to the pool idle, never mid-statement or mid-transaction. Each
-      statement is one transaction, so the claim either committed or did not;
-      a retry with the same request ID learns which, and never makes a second
-      claim. (A claim without a request ID that committed is a claim nobody
-      knows the ID of, as after :class:`~dibs.StoreUnavailable`: a hold
-      expires with its ``ttl``; a claim confirmed at once stays until
-      released, and ``claims_of(holder)`` finds it.)
+    * no statement sent yet (it was waiting for a pool connection or a retry's
+      pause): none is sent, no claim is made;
+    * a statement sent: it finishes on the server (the store never asks the
+      server to cancel it), the connection's own task reads its answer to the
+      end, and then a task of the store's puts the connection back in the pool
+      idle, never mid-statement or mid-transaction. Each statement is one
+      transaction, so the claim either committed or did not; a retry with the
+      same request ID learns which, and never makes a second claim. (A claim
+      without a request ID that committed is a claim nobody knows the ID of,
+      as after :class:`~dibs.StoreUnavailable`: a hold expires with its
+      ``ttl``; a claim confirmed at once stays until released, and
+      ``claims_of(holder)`` finds it.)
 
-    :meth:`close` waits for such statements to finish before closing the pool.
+    :meth:`close` waits for the calls in flight, and for such statements, to
+    finish before closing the pool.
 
     ``clock`` is for tests only, as on the sync store.
     """
@@ -172,6 +155,9 @@ class AsyncPostgresStore(AsyncStore):
         self._pid = os.getpid()
         self._fork_locks: dict[int, asyncio.Lock] = {}
         self._inflight: set[asyncio.Task[Any]] = set()
+        """Tasks returning cancelled calls' connections, once their statements ended."""
+        self._calls = 0  # calls in flight, for close() to wait for
+        self._drained: asyncio.Future[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
@@ -204,6 +190,7 @@ class AsyncPostgresStore(AsyncStore):
         return AsyncRecordingPool(
             self._conninfo,
             kwargs={"autocommit": True},
+            connection_class=AsyncStoreConnection,
             name=f"dibs-aio-{self.schema}",
             configure=awatch_replication,
             open=False,
@@ -225,6 +212,7 @@ class AsyncPostgresStore(AsyncStore):
             if self._pid != os.getpid():
                 abandon(pool, *self._inflight)
                 self._inflight = set()
+                self._calls, self._drained = 0, None
                 fresh = self._new_pool()
                 await fresh.open(wait=False)
                 self._own_pool = fresh
@@ -246,6 +234,9 @@ class AsyncPostgresStore(AsyncStore):
             if pool is not None:
                 abandon(pool)
             return
+        if self._calls:  # calls in flight: let them end
+            self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._drained])
         if self._inflight:  # statements whose callers were cancelled: let them finish
             await asyncio.wait(set(self._inflight))
         if pool is not None:
@@ -254,76 +245,99 @@ class AsyncPostgresStore(AsyncStore):
     # --- the one boundary with the driver -------------------------------------------------------
 
     async def _run(self, plan: Plan[_T]) -> _T:
-        """Run an operation's statements in an inner task; see the class docstring."""
+        """Run an operation's statements in the caller's task; see the class docstring."""
         try:
             step = next(plan)
         except StopIteration as done:  # settled without the server (an ID never given out)
             result: _T = done.value
             return result
-        # The inner task answers through a plain future: cancelling the caller
-        # cancels the future, never the task (the job of asyncio.shield, at one
-        # hop less through the event loop).
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[_T] = loop.create_future()
-        job = _Job(plan, step, waiter)
-        task = _start(loop, self._perform(job))
-        if not task.done():
-            job.task = task
-            self._inflight.add(task)
-        return await waiter
-
-    async def _perform(self, job: _Job) -> None:
-        """Run a job's plan on one pooled connection and answer its waiter, if still there."""
-        waiter = job.waiter
+        pool = self._own_pool
+        if pool is None or self._pid != os.getpid():  # not yet open, or forked
+            pool = await self._pool()
+        self._calls += 1
         try:
-            result = await self._plan(job)
-        except asyncio.CancelledError:
-            if not waiter.done():  # the loop is shutting down under us
-                waiter.cancel()
-            raise
-        except BaseException as exc:  # a dibs error, or a bug: the caller's to see
-            if not waiter.done():
-                waiter.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            if not waiter.done():
-                waiter.set_result(result)
+            return await self._plan(pool, plan, step)
         finally:
-            if job.task is not None:
-                self._inflight.discard(job.task)
+            self._calls -= 1
+            if not self._calls and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
 
-    async def _plan(self, job: _Job) -> Any:
-        if job.abandoned:  # cancelled before this task first ran
-            raise asyncio.CancelledError
-        plan, step = job.plan, job.step
+    async def _plan(self, pool: AsyncRecordingPool, plan: Plan[_T], step: Step) -> _T:
+        """Run a plan on one pooled connection; a cancelled caller leaves it as documented."""
         try:
-            pool = self._own_pool
-            if pool is None or self._pid != os.getpid():  # not yet open, or forked
-                pool = await self._pool()
-            conn = await pool.getconn()
+            try:
+                conn = await pool.getconn()  # cancelled here: the pool keeps the connection
+            except BaseException:
+                plan.close()
+                raise
 
             async def perform(now: Step) -> Any:
                 nonlocal step
                 step = now
-                return await self._statement(conn, now, job)
+                return await self._statement(conn, now)
 
             try:
-                return await adrive(plan, perform, LeaveItToTheFunction, first=step)
-            finally:
-                await pool.putconn(conn)
+                result = await adrive(plan, perform, LeaveItToTheFunction, first=step)
+            except asyncio.CancelledError:
+                # The caller left. A statement it sent finishes on the server and is
+                # read to its end by the connection's own task; the connection goes
+                # back to the pool after that, in a task of the store's.
+                self._give_back_later(pool, conn)
+                raise
+            except BaseException:
+                await self._put(pool, conn)
+                raise
+            await self._put(pool, conn)
+            return result
         except (psycopg.Error, UnicodeError) as exc:  # the pool's: closed, timed out, connecting
             error = await self._translate(exc, step[1], answered=False)
             self._outage.failed(error)
             raise error from exc
 
-    async def _statement(self, conn: psycopg.AsyncConnection[Any], step: Step, job: _Job) -> Any:
+    async def _put(self, pool: AsyncRecordingPool, conn: AsyncStoreConnection) -> None:
+        """``pool.putconn(conn)``, which a cancellation must not stop halfway.
+
+        psycopg_pool's ``putconn`` may wait for a lock of the pool's, and a
+        cancellation landing there would lose the connection (and the waiting
+        caller it was being handed to). It runs here inline up to its first
+        wait, which it nearly never meets; if it does, a task runs the rest.
+        """
+        work = pool.putconn(conn)
+        try:
+            waiting = work.send(None)
+        except StopIteration:
+            return
+        await asyncio.shield(self._track(_rest(work, waiting)))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    def _give_back_later(self, pool: AsyncRecordingPool, conn: AsyncStoreConnection) -> None:
+        finishing, conn.finishing = conn.finishing, None
+        self._track(self._give_back(pool, conn, finishing))
+
+    async def _give_back(
+        self,
+        pool: AsyncRecordingPool,
+        conn: AsyncStoreConnection,
+        finishing: asyncio.Task[None] | None,
+    ) -> None:
+        """Return a cancelled call's connection once its statement (if any) has ended."""
+        if finishing is not None:
+            await asyncio.wait([finishing])
+        try:
+            await pool.putconn(conn)
+        except Exception as exc:  # pragma: no cover (the pool closes what it cannot take)
+            logger.debug("returning a cancelled call's connection failed: %r", exc)
+
+    async def _statement(self, conn: AsyncStoreConnection, step: Step) -> Any:
         """One statement's answer, retrying serialization failures and deadlocks."""
         query, params, many, explain = step
         retry = None  # made on the first transient error only
         while True:
-            if job.abandoned:  # the caller left before this statement went out
-                raise asyncio.CancelledError
             answered = False
             try:
                 # Many rows on a throwaway cursor: the kept one would pin them.

@@ -25,6 +25,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from dibs.exceptions import StoreMisconfigured, StoreUnavailable
+from dibs.stores.postgres._aconn import AsyncStoreConnection
 
 __all__ = [
     "AsyncRecordingPool",
@@ -234,12 +235,15 @@ class RecordingPool(ConnectionPool[psycopg.Connection[TupleRow]]):
         super().putconn(conn)
 
 
-class AsyncRecordingPool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
-    """:class:`RecordingPool` for asyncio: remembers why its last connection attempt failed."""
+class AsyncRecordingPool(AsyncConnectionPool[AsyncStoreConnection]):
+    """:class:`RecordingPool` for asyncio: remembers why its last connection attempt failed.
+
+    Its connections are :class:`~dibs.stores.postgres._aconn.AsyncStoreConnection`.
+    """
 
     last_error: str | None = None
 
-    async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
+    async def _connect(self, timeout: float | None = None) -> AsyncStoreConnection:
         try:
             conn = await super()._connect(timeout)
         except psycopg.Error as exc:
@@ -248,8 +252,9 @@ class AsyncRecordingPool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]])
         self.last_error = None
         return conn
 
-    async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    async def putconn(self, conn: AsyncStoreConnection) -> None:
         # As RecordingPool.putconn: a ``reset`` step would send each return
         # through a worker task, two loop hops before the next call has it.
         forget_replication(conn)
+        conn.unwatch_if_broken()  # the pool drops a broken one without closing it
         await super().putconn(conn)
