@@ -39,7 +39,8 @@ def run(request: pytest.FixtureRequest) -> Callable[[Awaitable[Any]], Any]:
     """Run a coroutine to its end on a fresh loop of each kind."""
     factory: Any = asyncio.new_event_loop
     if request.param == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
+        import uvloop  # the service extra's, which the test command installs
+
         factory = uvloop.new_event_loop
 
     def runner(coroutine: Awaitable[_T]) -> _T:
@@ -83,6 +84,21 @@ async def _parked(watch: psycopg.Connection[Any], app: str, n: int = 1) -> None:
 
 
 # --- the connection -------------------------------------------------------------------------------
+
+
+def test_psycopg_still_has_the_wait_this_connection_replaces() -> None:
+    # AsyncStoreConnection overrides AsyncConnection.wait and speaks psycopg's
+    # generator protocol (Wait/Ready); a psycopg that changed either must fail here,
+    # not in production.
+    import inspect
+
+    from psycopg.waiting import Ready, Wait
+
+    params = list(inspect.signature(psycopg.AsyncConnection.wait).parameters)
+    assert params[:2] == ["self", "gen"] and set(params[2:]) <= {"interval", "timeout"}
+    assert {int(Wait.R), int(Wait.W), int(Wait.RW)} == {1, 2, 3}
+    assert {int(Ready.R), int(Ready.W)} == {1, 2}
+    assert callable(psycopg.pq.PGconn.consume_input) and callable(psycopg.pq.PGconn.is_busy)
 
 
 def test_a_cancelled_statement_finishes_on_the_server_and_the_connection_ends_idle(
