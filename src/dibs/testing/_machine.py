@@ -40,6 +40,39 @@ STEPS = [TTL_MIN, 0.5, 2.0, 4.999, 5.0, 7.0, 11.0, RETENTION, TTL_MAX]
 
 
 @st.composite
+def _points(draw: st.DrawFn, kind: str) -> list[int | float | datetime]:
+    """Five increasing bounds of one kind, close together."""
+    if kind == "number":
+        low = draw(_LOW_NUMBERS)
+        # Past 2**53 a float step of 1 is no step: space float bounds by their ulp.
+        step = 1 if isinstance(low, int) else max(0.25, 2 * math.ulp(low))
+        return [low + step * i for i in range(5)]
+    start = draw(_STARTS)
+    minutes = draw(_MINUTES)
+    utc = start.astimezone(UTC)
+    return [(utc + timedelta(minutes=minutes * i)).astimezone(start.tzinfo) for i in range(5)]
+
+
+# Every strategy is built once, here or once per universe (StoreStateMachine.draw_universe):
+# Hypothesis validates a new strategy object, and works out its filters' bounds, on its first
+# draw, which cost more than the draws themselves when a rule built its strategies at each step.
+_LOW_NUMBERS = span_numbers().filter(lambda x: x <= NUMBER_MAX - 2**13)
+_STARTS = aware_datetimes().filter(lambda d: d.year < 9999)
+_MINUTES = st.sampled_from([1, 20, 30, 60])
+_POINTS = {kind: _points(kind) for kind in ("number", "time")}
+_RESOURCES = st.lists(names(), min_size=2, max_size=2, unique=True)
+_SLOTS = st.lists(names(allow_empty=True), min_size=4, max_size=4, unique=True)
+_KINDS = st.sampled_from(["number", "time", "both"])
+_CALLERS = st.lists(names(), min_size=3, max_size=3, unique=True)
+"""Three holders, or three request ids."""
+_MODES = {
+    # Readers beside writers on stores that take shared claims.
+    True: st.sampled_from(["exclusive", "shared"]),
+    False: st.sampled_from(["exclusive"]),
+}
+
+
+@st.composite
 def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[str]]:
     """A few units and spans that collide often, with names and bounds from the whole domain.
 
@@ -47,33 +80,19 @@ def _universe(draw: st.DrawFn) -> tuple[list[Unit], list[Span], list[str], list[
     numbers clustered at an edge (2**53, 2**63) or in datetimes around a DST
     fold, so claims overlap, replay and switch kinds as often as they win.
     """
-    resources = draw(st.lists(names(), min_size=2, max_size=2, unique=True))
-    slots = draw(st.lists(names(allow_empty=True), min_size=4, max_size=4, unique=True))
+    resources = draw(_RESOURCES)
+    slots = draw(_SLOTS)
     units = [Unit(resources[i % 2], slot) for i, slot in enumerate(slots)]
     spans: list[Span] = []
     for resource in resources:
-        kind = draw(st.sampled_from(["number", "time", "both"]))
+        kind = draw(_KINDS)
         for each in ("number", "time") if kind == "both" else (kind,):
-            points = draw(_points(each))
+            points = draw(_POINTS[each])
             for a, b in [(0, 2), (1, 3), (2, 4), (0, 4)]:
                 spans.append(Span(resource, points[a], points[b]))
-    holders = draw(st.lists(names(), min_size=3, max_size=3, unique=True))
-    request_ids = draw(st.lists(names(), min_size=3, max_size=3, unique=True))
+    holders = draw(_CALLERS)
+    request_ids = draw(_CALLERS)
     return units, spans, holders, request_ids
-
-
-@st.composite
-def _points(draw: st.DrawFn, kind: str) -> list[int | float | datetime]:
-    """Five increasing bounds of one kind, close together."""
-    if kind == "number":
-        low = draw(span_numbers().filter(lambda x: x <= NUMBER_MAX - 2**13))
-        # Past 2**53 a float step of 1 is no step: space float bounds by their ulp.
-        step = 1 if isinstance(low, int) else max(0.25, 2 * math.ulp(low))
-        return [low + step * i for i in range(5)]
-    start = draw(aware_datetimes().filter(lambda d: d.year < 9999))
-    minutes = draw(st.sampled_from([1, 20, 30, 60]))
-    utc = start.astimezone(UTC)
-    return [(utc + timedelta(minutes=minutes * i)).astimezone(start.tzinfo) for i in range(5)]
 
 
 class StoreStateMachine(RuleBasedStateMachine):
@@ -91,6 +110,10 @@ class StoreStateMachine(RuleBasedStateMachine):
         self.spans: list[Span] = []
         self.holders: list[str] = []
         self.request_ids: list[str] = []
+        # The claim rule's strategies, built once per universe (draw_universe).
+        self._draw_targets: st.SearchStrategy[list[Target]] = st.nothing()
+        self._draw_holder: st.SearchStrategy[str] = st.nothing()
+        self._draw_request_id: st.SearchStrategy[str | None] = st.nothing()
 
     def teardown(self) -> None:
         self.store.close()
@@ -100,17 +123,16 @@ class StoreStateMachine(RuleBasedStateMachine):
     @initialize(universe=_universe())
     def draw_universe(self, universe: tuple[list[Unit], list[Span], list[str], list[str]]) -> None:
         self.units, self.spans, self.holders, self.request_ids = universe
+        self._draw_targets = target_lists(st.sampled_from([*self.units, *self.spans]))
+        self._draw_holder = st.sampled_from(self.holders)
+        self._draw_request_id = st.one_of(st.none(), st.sampled_from(self.request_ids))
 
     @rule(data=st.data(), ttl=st.sampled_from(TTLS))
     def claim(self, data: Any, ttl: float | None) -> None:
-        targets: list[Target] = data.draw(
-            target_lists(st.sampled_from([*self.units, *self.spans])), "targets"
-        )
-        holder = data.draw(st.sampled_from(self.holders), "holder")
-        request_id = data.draw(st.one_of(st.none(), st.sampled_from(self.request_ids)), "id")
-        # Readers beside writers on stores that take shared claims.
-        modes = ["exclusive", "shared"] if self.store.shared_holds else ["exclusive"]
-        mode = data.draw(st.sampled_from(modes), "mode")
+        targets = data.draw(self._draw_targets, "targets")
+        holder = data.draw(self._draw_holder, "holder")
+        request_id = data.draw(self._draw_request_id, "id")
+        mode = data.draw(_MODES[bool(self.store.shared_holds)], "mode")
         normalized = normalize_targets(targets)
         expected: ModelOutcome | DibsError
         try:
