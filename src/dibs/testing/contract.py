@@ -259,6 +259,19 @@ class StoreContract:
         assert raised.value.reason is HoldLostReason.EXPIRED
         assert raised.value.claim_id == claim.id
 
+    def test_a_hold_is_dead_at_its_expiry_instant(self, store: Store) -> None:
+        # Every reader and writer agrees on the boundary: expires_at <= now is dead.
+        claim = store.claim(SEAT, holder="alice", ttl=60).claim
+        assert claim is not None
+        _clock(store).advance(60)
+        assert store.holder_of(SEAT) is None
+        assert store.claims_of("alice") == []
+        seen = store.get(claim.id)
+        assert seen is not None and seen.state is ClaimState.EXPIRED
+        assert store.release(claim.id, holder="alice", fence=claim.fence) is False
+        taken = store.claim(SEAT, holder="bob")
+        assert taken and taken.claim is not None and taken.claim.fence > claim.fence
+
     @pytest.mark.parametrize("operation", ["confirm", "extend"])
     def test_taken_over_hold_raises_taken_over(self, store: Store, operation: str) -> None:
         claim = store.claim([SEAT, SEAT_B], holder="alice", ttl=60).claim
