@@ -268,8 +268,15 @@ class _Slots:
     def _refused(self, cost: int, now_us: int) -> Decision:
         # Fewer than ``cost`` slots are free at now_us; the retry is when enough
         # of the held ones end (each is held until its free_at, never less).
-        held = [t for t in self._free_at if t > now_us]
-        needed = cost - (len(self._free_at) - len(held))
+        # One look at the hint: another thread may replace it (a lost claim's snapshot)
+        # or fill its slots meanwhile, so it is read once.
+        free_at = self._free_at
+        held = [t for t in free_at if t > now_us]
+        needed = cost - (len(free_at) - len(held))
+        if needed <= 0:
+            # Slots came free in the hint after this call looked (another thread learned
+            # of them): refused all the same, and worth trying again at once.
+            return Decision(False, 0.0, None)
         ends = heapq.nsmallest(needed, held)[-1]
         return Decision(False, (ends - now_us) / 1_000_000, None)
 

@@ -152,6 +152,23 @@ def test_costs_add_up_and_a_refusal_says_when_enough_ends(store: Store, clock: F
     assert not limit.acquire(cost=3)  # 4 + 2 + 4 in the window
 
 
+def test_a_refusal_whose_slots_came_free_meanwhile_says_retry_now(
+    store: Store, clock: FakeClock
+) -> None:
+    # Another thread of the process can learn between this call's pick and its refusal
+    # that slots came free (it replaces the shared hint): the refusal must still answer.
+    # Here the pick refuses while every slot is free, as it would in that race.
+    limit = RateLimit(store, "api:bob", rate="4/s")
+    assert limit.acquire(cost=4)
+    clock.advance(1)  # all four ended
+    picked_too_early = limit._pick
+    limit._pick = lambda cost, now: None  # type: ignore[method-assign]
+    refused = limit.acquire(cost=2)
+    assert not refused and refused.retry_after == 0.0
+    limit._pick = picked_too_early  # type: ignore[method-assign]
+    assert limit.acquire(cost=4)
+
+
 def test_instances_and_stores_share_one_limit(make_store: StoreMaker, clock: FakeClock) -> None:
     one, two = make_store(clock), make_store(clock)
     a, b = RateLimit(one, "shared", "3/s"), RateLimit(two, "shared", "3/s")
