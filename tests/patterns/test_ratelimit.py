@@ -307,6 +307,22 @@ def test_the_async_face_answers_as_the_sync_one(aio_url: str) -> None:
     ]  # fmt: skip
 
 
+def test_an_async_refusal_whose_slots_came_free_meanwhile_says_retry_now(aio_url: str) -> None:
+    async def main() -> tuple[bool, float, bool]:
+        clock = FakeClock()
+        async with dibs.aio.open(aio_url, clock=clock) as store:
+            limit = dibs.aio.RateLimit(store, "api:bob", "4/s")
+            assert await limit.acquire(cost=4)
+            clock.advance(1)
+            picked_too_early = limit._pick
+            limit._pick = lambda cost, now: None  # type: ignore[method-assign]
+            refused = await limit.acquire(cost=2)
+            limit._pick = picked_too_early  # type: ignore[method-assign]
+            return bool(refused), refused.retry_after, bool(await limit.acquire(cost=4))
+
+    assert asyncio.run(main()) == (False, 0.0, True)
+
+
 def test_async_tasks_never_pass_the_limit(aio_url: str) -> None:
     async def main() -> list[bool]:
         async with dibs.aio.open(aio_url, clock=FakeClock()) as store:
