@@ -15,6 +15,7 @@ import itertools
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -252,6 +253,38 @@ def test_every_call_is_one_request_on_the_transport(url: str, face: str) -> None
             await ops(store, wire, counted(driver), awaited=True)
 
     asyncio.run(main())
+
+
+def test_stores_and_threads_share_one_tls_context(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading certificates costs tens of ms of CPU: no async store, no thread pays it again."""
+    from dibs.stores.etcd import _wire
+
+    made = _wire._ssl_context()
+    built: list[object] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+
+    async def twice() -> None:
+        for n in range(2):
+            async with dibs.aio.open(url) as store:
+                assert await store.claim(Unit("seat", f"a{n}"), holder="h")
+
+    asyncio.run(twice())
+    with dibs.open(url) as store:
+        worker = threading.Thread(
+            target=store.claim, args=(Unit("seat", "t"),), kwargs={"holder": "h"}
+        )
+        worker.start()
+        worker.join()
+        assert store.holder_of(Unit("seat", "t")) == "h"
+    assert built == [] and _wire._ssl_context() is made
 
 
 def test_limits_are_refused_before_sending(store: EtcdStore) -> None:

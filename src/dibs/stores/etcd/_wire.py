@@ -224,6 +224,25 @@ def _send_request(transport: httpx.BaseTransport, request: httpx.Request) -> htt
     return response
 
 
+_ssl: ssl.SSLContext | None = None
+_ssl_lock = threading.Lock()  # guards _ssl
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The process's one TLS context for the drivers' transports, made on first use.
+
+    httpx builds (and loads certificates into) a context per transport by default:
+    27-65 ms of CPU, which every thread's client and every async store paid once (the
+    async tests open hundreds). The members are spoken to over plain ``http://``, so
+    the context is never used for a handshake; sharing one is safe in any case.
+    """
+    global _ssl
+    with _ssl_lock:
+        if _ssl is None:
+            _ssl = httpx.create_ssl_context()
+        return _ssl
+
+
 def _close_client(client: httpx.Client, pid: int) -> None:
     """Close ``client`` if this process opened it; a forked child leaves the parent's alone."""
     if os.getpid() == pid:
@@ -258,10 +277,9 @@ class SyncDriver:
         self.members = _Members(settings)
         self._local = threading.local()
         self._finalizers: set[weakref.finalize[Any, Any]] = set()
-        self._ssl: ssl.SSLContext | None = None
         self._closed = False
         self._store = store
-        self._lock = threading.Lock()  # guards _finalizers, _ssl, _closed and each _Own.busy
+        self._lock = threading.Lock()  # guards _finalizers, _closed and each _Own.busy
 
     def _http(self) -> httpx.Client:
         return self._own().client
@@ -274,13 +292,7 @@ class SyncDriver:
         pid = os.getpid()
         if own is not None and own.pid == pid and not own.client.is_closed:
             return own
-        with self._lock:
-            if self._ssl is None:
-                # httpx builds (and loads certificates into) a context per client by
-                # default, about 65 ms: a new thread would pay it. One per store instead.
-                self._ssl = httpx.create_ssl_context()
-            context = self._ssl
-        transport = httpx.HTTPTransport(limits=_LIMITS, verify=context)
+        transport = httpx.HTTPTransport(limits=_LIMITS, verify=_ssl_context())
         client = httpx.Client(timeout=self.members.timeout(), transport=transport)
         own = _Own(client, transport, pid)
         finalizer = weakref.finalize(own, _close_client, client, pid)
@@ -371,7 +383,7 @@ class AsyncDriver:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._pid != os.getpid():
-            transport = httpx.AsyncHTTPTransport(limits=_LIMITS)
+            transport = httpx.AsyncHTTPTransport(limits=_LIMITS, verify=_ssl_context())
             self._client = httpx.AsyncClient(timeout=self.members.timeout(), transport=transport)
             self._transport = transport
             self._pid = os.getpid()
