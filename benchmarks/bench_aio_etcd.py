@@ -17,6 +17,11 @@ noisy: a single round means little.
     python benchmarks/bench_aio_etcd.py --url etcd://127.0.0.1:2379
     python benchmarks/bench_aio_etcd.py --profile aio.prof   # cProfile one async round
 
+The last line is the floor: httpx alone, one ``/v3/kv/range`` POST on its
+transport (as the drivers send them) in a loop, async vs sync, interleaved
+the same way: what httpcore's async path (anyio locks, cancel scopes and
+timeouts per read and write) costs per request without dibs.
+
 The private member keeps its data on /dev/shm when it exists, so the disk's
 fsync is not measured; both faces pay the same Raft round trips.
 """
@@ -31,6 +36,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import httpx
 
 import dibs
 import dibs.aio
@@ -91,6 +98,47 @@ async def async_round(store: dibs.aio.AsyncStore, tag: str, calls: int) -> Costs
     return costs
 
 
+def floor(endpoint: str, calls: int, repeat: int) -> str:
+    """httpx alone: the same gateway read on each face's transport, CPU and wall per request."""
+    body = {"key": "Zmxvb3I="}  # base64 of "floor": absent, a short answer
+
+    def request() -> httpx.Request:
+        return httpx.Request("POST", f"{endpoint}/v3/kv/range", json=body)
+
+    loop = asyncio.new_event_loop()
+    sync_t, async_t = httpx.HTTPTransport(), httpx.AsyncHTTPTransport()
+
+    def sync_many() -> None:
+        for _ in range(calls):
+            response = sync_t.handle_request(request())
+            response.read()
+
+    async def async_many() -> None:
+        for _ in range(calls):
+            response = await async_t.handle_async_request(request())
+            await response.aread()
+
+    cpu, wall = [], []
+    try:
+        for r in range(repeat + 1):
+            costs: Costs = {}
+            for face in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
+                with timed(costs, face):
+                    sync_many() if face == "sync" else loop.run_until_complete(async_many())
+            if r:
+                cpu.append(costs["async"][0] / costs["sync"][0])
+                wall.append(costs["async"][1] / costs["sync"][1])
+    finally:
+        sync_t.close()
+        loop.run_until_complete(async_t.aclose())
+        loop.close()
+    med = statistics.median
+    return (
+        f"httpx alone, one POST per call: aio/sync CPU {med(cpu):.2f} ({min(cpu):.2f}-"
+        f"{max(cpu):.2f}), wall {med(wall):.2f} ({min(wall):.2f}-{max(wall):.2f})"
+    )
+
+
 def bench(url: str, calls: int, repeat: int, profile: str | None) -> None:
     loop = asyncio.new_event_loop()
     sync_store = dibs.open(url)
@@ -125,6 +173,8 @@ def bench(url: str, calls: int, repeat: int, profile: str | None) -> None:
         loop.close()
         sync_store.close()
     report(rounds, calls)
+    endpoint = "http://" + url.removeprefix("etcd://").split("/")[0].split(",")[0].split("?")[0]
+    print(floor(endpoint, calls, repeat))
 
 
 def report(rounds: list[tuple[Costs, Costs]], calls: int) -> None:
