@@ -45,6 +45,7 @@ NAMES = {
     "AsyncChangeFeed": "ChangeFeed",
     "adrive": "drive",
     "alisten": "listen",
+    "_asend_request": "_send_request",
 }
 
 RULES = [

@@ -15,6 +15,7 @@ import itertools
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -175,6 +176,115 @@ def test_an_uncontended_hold_is_one_lease_grant_and_one_txn(store: EtcdStore) ->
     counting.calls.clear()
     assert store.claim([Unit("a"), Unit("b")], holder="bob")  # no TTL: no lease
     assert counting.calls == ["/v3/kv/txn"]
+
+
+class _Wire:
+    """Wraps a driver's transport: every request that reaches the wire, and its answer."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.requests: list[httpx.Request] = []
+        self.responses: list[httpx.Response] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.responses.append(self.real.handle_request(request))
+        return self.responses[-1]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.responses.append(await self.real.handle_async_request(request))
+        return self.responses[-1]
+
+
+def _one_request_per_call(wire: _Wire, calls: list[str], timeout: float) -> None:
+    """Each plan call was one request on the wire, as a client would send it, read whole."""
+    assert [r.url.path for r in wire.requests] == calls
+    for request, response in zip(wire.requests, wire.responses, strict=True):
+        assert request.method == "POST" and request.headers["content-type"] == "application/json"
+        assert request.extensions["timeout"]["read"] == timeout
+        assert response.is_closed and response.request is request  # its connection is free
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_every_call_is_one_request_on_the_transport(url: str, face: str) -> None:
+    """The drivers hand requests straight to the client's transport: no extra request."""
+
+    async def ops(store: Any, wire: _Wire, calls: list[str], awaited: bool) -> None:
+        async def do(result: Any) -> Any:
+            return await result if awaited else result
+
+        won = await do(store.claim(SEAT, holder="alice", ttl=30))
+        assert calls[:2] == ["/v3/lease/grant", "/v3/kv/txn"] and len(calls) == 2
+        claim = won.claim
+        assert (await do(store.get(claim.id))) == claim
+        assert [c.id for c in await do(store.claims_of("alice"))] == [claim.id]
+        await do(store.confirm(claim.id, holder="alice", fence=claim.fence))
+        assert not await do(store.claim(SEAT, holder="bob"))
+        assert await do(store.release(claim.id, holder="alice", fence=claim.fence))
+        _one_request_per_call(wire, calls, store.settings.timeout)
+
+    def counted(driver: Any) -> list[str]:
+        calls: list[str] = []
+        send = driver.send
+
+        def counting(call: Any) -> Any:
+            calls.append(call.path)
+            return send(call)
+
+        async def acounting(call: Any) -> Any:
+            calls.append(call.path)
+            return await send(call)
+
+        driver.send = acounting if face == "async" else counting
+        return calls
+
+    if face == "sync":
+        with dibs.open(url) as store:
+            own = store._driver._own()
+            own.transport = wire = _Wire(own.transport)
+            asyncio.run(ops(store, wire, counted(store._driver), awaited=False))
+        return
+
+    async def main() -> None:
+        async with dibs.aio.open(url) as store:
+            driver = store._driver
+            driver._transport = wire = _Wire(driver._pool())
+            await ops(store, wire, counted(driver), awaited=True)
+
+    asyncio.run(main())
+
+
+def test_stores_and_threads_share_one_tls_context(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading certificates costs tens of ms of CPU: no async store, no thread pays it again."""
+    from dibs.stores.etcd import _wire
+
+    made = _wire._ssl_context()
+    built: list[object] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+
+    async def twice() -> None:
+        for n in range(2):
+            async with dibs.aio.open(url) as store:
+                assert await store.claim(Unit("seat", f"a{n}"), holder="h")
+
+    asyncio.run(twice())
+    with dibs.open(url) as store:
+        worker = threading.Thread(
+            target=store.claim, args=(Unit("seat", "t"),), kwargs={"holder": "h"}
+        )
+        worker.start()
+        worker.join()
+        assert store.holder_of(Unit("seat", "t")) == "h"
+    assert built == [] and _wire._ssl_context() is made
 
 
 def test_limits_are_refused_before_sending(store: EtcdStore) -> None:

@@ -146,6 +146,8 @@ class _Members:
         self._urls = [f"http://{e}" for e in settings.endpoints]
         self._first = 0
         self._lock = threading.Lock()  # guards _first
+        self._timeouts = {"timeout": self.timeout().as_dict()}  # as a client would pass them
+        self._parsed: dict[str, httpx.URL] = {}  # parsing a URL was a third of a request's
 
     def order(self) -> list[str]:
         with self._lock:
@@ -160,6 +162,14 @@ class _Members:
 
     def timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.settings.timeout, connect=self.settings.connect_timeout)
+
+    def request(self, url: str, call: Call) -> httpx.Request:
+        """The POST of ``call`` to ``url``: JSON as httpx encodes it, and this store's timeouts."""
+        where = url + call.path
+        parsed = self._parsed.get(where)
+        if parsed is None:  # a handful: members times the gateway's paths
+            parsed = self._parsed[where] = httpx.URL(where)
+        return httpx.Request("POST", parsed, json=call.body, extensions=self._timeouts)
 
 
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -178,6 +188,61 @@ tasks bound their number.
 """
 
 
+# A plan's requests go straight to the client's transport (its connection pool), as
+# ``Client.send`` would hand them on, minus what etcd's gateway never needs on each
+# request: merging the client's URL, headers and cookies into it, the auth and redirect
+# flows, event hooks, and parsing every answer for cookies through ``http.cookiejar``.
+# That was about half the client CPU of a call, on both faces. The transport raises the
+# same ``httpx`` errors; each function below reads the answer whole, as a client does,
+# and closes it on any error (a cancellation too), so its connection goes back to the
+# pool or is dropped, never left half read.
+
+
+async def _asend_request(
+    transport: httpx.AsyncBaseTransport, request: httpx.Request
+) -> httpx.Response:
+    """``request``'s whole answer from ``transport``: ``AsyncClient.send`` without the extras."""
+    response = await transport.handle_async_request(request)
+    response.request = request
+    try:
+        await response.aread()
+    except BaseException:
+        await response.aclose()
+        raise
+    return response
+
+
+def _send_request(transport: httpx.BaseTransport, request: httpx.Request) -> httpx.Response:
+    """``request``'s whole answer from ``transport``: ``Client.send`` without the extras."""
+    response = transport.handle_request(request)
+    response.request = request
+    try:
+        response.read()
+    except BaseException:
+        response.close()
+        raise
+    return response
+
+
+_ssl: ssl.SSLContext | None = None
+_ssl_lock = threading.Lock()  # guards _ssl
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The process's one TLS context for the drivers' transports, made on first use.
+
+    httpx builds (and loads certificates into) a context per transport by default:
+    27-65 ms of CPU, which every thread's client and every async store paid once (the
+    async tests open hundreds). The members are spoken to over plain ``http://``, so
+    the context is never used for a handshake; sharing one is safe in any case.
+    """
+    global _ssl
+    with _ssl_lock:
+        if _ssl is None:
+            _ssl = httpx.create_ssl_context()
+        return _ssl
+
+
 def _close_client(client: httpx.Client, pid: int) -> None:
     """Close ``client`` if this process opened it; a forked child leaves the parent's alone."""
     if os.getpid() == pid:
@@ -187,10 +252,11 @@ def _close_client(client: httpx.Client, pid: int) -> None:
 class _Own:
     """One thread's client; when the thread ends its holder goes, and a finalizer closes it."""
 
-    __slots__ = ("__weakref__", "busy", "client", "close", "pid")
+    __slots__ = ("__weakref__", "busy", "client", "close", "pid", "transport")
 
-    def __init__(self, client: httpx.Client, pid: int) -> None:
+    def __init__(self, client: httpx.Client, transport: httpx.BaseTransport, pid: int) -> None:
         self.client = client
+        self.transport = transport  # the client's own: closing the client closes it
         self.pid = pid
         self.busy = 0  # plans running on it now (its driver's _lock guards this)
         self.close: Callable[[], object] = client.close  # its finalizer, once it has one
@@ -211,27 +277,24 @@ class SyncDriver:
         self.members = _Members(settings)
         self._local = threading.local()
         self._finalizers: set[weakref.finalize[Any, Any]] = set()
-        self._ssl: ssl.SSLContext | None = None
         self._closed = False
         self._store = store
-        self._lock = threading.Lock()  # guards _finalizers, _ssl, _closed and each _Own.busy
+        self._lock = threading.Lock()  # guards _finalizers, _closed and each _Own.busy
 
     def _http(self) -> httpx.Client:
         return self._own().client
+
+    def _pool(self) -> httpx.BaseTransport:
+        return self._own().transport
 
     def _own(self) -> _Own:
         own: _Own | None = getattr(self._local, "own", None)
         pid = os.getpid()
         if own is not None and own.pid == pid and not own.client.is_closed:
             return own
-        with self._lock:
-            if self._ssl is None:
-                # httpx builds (and loads certificates into) a context per client by
-                # default, about 65 ms: a new thread would pay it. One per store instead.
-                self._ssl = httpx.create_ssl_context()
-            context = self._ssl
-        client = httpx.Client(timeout=self.members.timeout(), limits=_LIMITS, verify=context)
-        own = _Own(client, pid)
+        transport = httpx.HTTPTransport(limits=_LIMITS, verify=_ssl_context())
+        client = httpx.Client(timeout=self.members.timeout(), transport=transport)
+        own = _Own(client, transport, pid)
         finalizer = weakref.finalize(own, _close_client, client, pid)
         finalizer.atexit = False  # the process is going: its sockets go with it
         own.close = finalizer
@@ -272,14 +335,14 @@ class SyncDriver:
 
     # --- generated from AsyncDriver.send (scripts/unasync.py): edit that, then run it ---
     def send(self, call: Call) -> Any:
-        client = self._http()
+        transport = self._pool()
 
         def post(step: tuple[str, float]) -> Outcome:
             url, pause = step
             if pause:
                 time.sleep(pause)
             try:
-                return (client.post(url + call.path, json=call.body), None)
+                return (_send_request(transport, self.members.request(url, call)), None)
             except httpx.HTTPError as exc:
                 return (None, exc)
 
@@ -311,6 +374,7 @@ class AsyncDriver:
     def __init__(self, settings: Settings, store: str = "AsyncEtcdStore") -> None:
         self.members = _Members(settings)
         self._client: httpx.AsyncClient | None = None
+        self._transport: httpx.AsyncBaseTransport | None = None  # the client's own
         self._pid = 0
         self._closed = False
         self._store = store
@@ -319,9 +383,16 @@ class AsyncDriver:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._pid != os.getpid():
-            self._client = httpx.AsyncClient(timeout=self.members.timeout(), limits=_LIMITS)
+            transport = httpx.AsyncHTTPTransport(limits=_LIMITS, verify=_ssl_context())
+            self._client = httpx.AsyncClient(timeout=self.members.timeout(), transport=transport)
+            self._transport = transport
             self._pid = os.getpid()
         return self._client
+
+    def _pool(self) -> httpx.AsyncBaseTransport:
+        self._http()
+        assert self._transport is not None
+        return self._transport
 
     async def run(self, plan: Plan[_T]) -> _T:
         if self._closed:
@@ -336,14 +407,14 @@ class AsyncDriver:
 
     # --- shared with the sync face: scripts/unasync.py makes SyncDriver.send from this part ---
     async def send(self, call: Call) -> Any:
-        client = self._http()
+        transport = self._pool()
 
         async def post(step: tuple[str, float]) -> Outcome:
             url, pause = step
             if pause:
                 await asyncio.sleep(pause)
             try:
-                return (await client.post(url + call.path, json=call.body), None)
+                return (await _asend_request(transport, self.members.request(url, call)), None)
             except httpx.HTTPError as exc:
                 return (None, exc)
 
@@ -360,3 +431,4 @@ class AsyncDriver:
         if self._client is not None and self._pid == os.getpid():
             await self._client.aclose()
         self._client = None
+        self._transport = None
