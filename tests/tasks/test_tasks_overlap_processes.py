@@ -3,7 +3,8 @@
 Four processes on one SQLite file or one PostgreSQL schema all declare the same
 ``overlap="skip"`` schedule, every 0.2 s, of a run that takes 0.5 s: without the
 rule runs would overlap at every beat. Each start and end of a run is written to a
-ledger (a SQLite file outside the store) with its job, occurrence, process and
+ledger outside the store (a file per process, appended to, so a worker stopped
+mid-write holds no lock the others wait on) with its job, occurrence, process and
 wall-clock time (one host, one clock). Checked, as docs/tasks.md states them:
 
 * enqueue: exactly one job per occurrence run, fleet-wide (never two for one
@@ -21,9 +22,9 @@ Waits only guard against hangs; nothing asserts on time.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -49,21 +50,22 @@ PROCESSES = 4
 SKEW = 0.005
 
 WORKER = r"""
-import os, sqlite3, sys, threading, time
+import json, os, sys, time
 import dibs
 from dibs.tasks import TaskProcessor, current
 
 url, ledger, lease, interval, run = sys.argv[1:6]
-effects = sqlite3.connect(ledger, timeout=60, isolation_level=None, check_same_thread=False)
-lock = threading.Lock()
+# This process's own ledger, appended to with one write per line (atomic with O_APPEND).
+# A shared SQLite ledger would let a worker stopped mid-INSERT (SIGSTOP) hold its write
+# lock, and every other worker's next run would wait on it instead of running.
+effects = os.open(
+    os.path.join(ledger, f"{os.getpid()}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+)
 
 def note(what):
     context = current()
-    with lock:
-        effects.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
-            (what, context.job_id, context.nominal_time.timestamp(), os.getpid(), time.time()),
-        )
+    line = [what, context.job_id, context.nominal_time.timestamp(), os.getpid(), time.time()]
+    os.write(effects, (json.dumps(line) + "\n").encode())
 
 store = dibs.open(url)
 processor = TaskProcessor(store=store, workers=2, lease=float(lease), poll=0.02,
@@ -93,11 +95,8 @@ class Run:
 class Fleet:
     def __init__(self, tmp_path: Path, place: StoreMaker) -> None:
         self.place = place
-        self.ledger = tmp_path / "ledger.db"
-        with sqlite3.connect(self.ledger) as conn:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("CREATE TABLE runs (what TEXT, job TEXT, nominal REAL, pid INT, at REAL)")
-        conn.close()
+        self.ledger = tmp_path / "ledger"  # a file per worker process
+        self.ledger.mkdir()
         self.script = tmp_path / "worker.py"
         self.script.write_text(WORKER)
         self.store = dibs.open(place.url)
@@ -118,15 +117,16 @@ class Fleet:
 
     def runs(self) -> list[Run]:
         """Every run, in start order; a run that never ended has ``end`` None."""
-        with sqlite3.connect(self.ledger, timeout=60) as conn:
-            rows = conn.execute("SELECT what, job, nominal, pid, at FROM runs ORDER BY rowid")
-            found: dict[tuple[str, int], Run] = {}
-            for what, job, nominal, pid, at in rows.fetchall():
+        found: dict[tuple[str, int], Run] = {}
+        for ledger in self.ledger.glob("*.jsonl"):
+            text = ledger.read_text()
+            # A line being written as we read is not whole yet: it counts next time.
+            for line in text[: text.rfind("\n") + 1].splitlines():
+                what, job, nominal, pid, at = json.loads(line)
                 if what == "start":
                     found[(job, pid)] = Run(job, nominal, pid, at)
                 else:
                     found[(job, pid)].end = at
-        conn.close()
         return sorted(found.values(), key=lambda r: r.start)
 
     def done(self) -> list[str]:
