@@ -25,7 +25,7 @@ import dibs
 import dibs.aio
 from conftest import fresh_url
 from dibs import ClaimState, HoldLost, HoldLostReason, InvalidInput, NotHolder, Store, Unit
-from dibs.waitlist import Offer
+from dibs.waitlist import Entry, Offer
 from eventually import eventually
 
 QUICK = True
@@ -192,37 +192,79 @@ def test_sync_and_async_lists_of_one_key_are_one_list(url: str) -> None:
         assert [entry.holder for entry in wl.entries()] == ["sync-one", "async-one"]
 
 
+CROWD = {"memory": 40, "sqlite": 16, "postgresql": 16, "etcd": 8}
+EARLY = [f"early-{n}" for n in range(6)]
+
+
+def _crowd_of(size: int) -> tuple[list[str], list[str]]:
+    """The crowd's joins (two of its holders twice) and the early entries that leave.
+
+    Joiners collide on numbers, a holder's second join meets its first, and the
+    numbers the leavers free lie below the crowd's.
+    """
+    crowd = [f"crowd-{n}" for n in range(size)]
+    return [*crowd, *crowd[:2]], EARLY[::2]
+
+
+def _check_crowd(joined: list[Entry], entries: list[Entry], late: Entry, size: int) -> None:
+    assert [e.number for e in joined[:2]] == [e.number for e in joined[size : size + 2]]
+    holders = [entry.holder for entry in entries]
+    crowd = [f"crowd-{n}" for n in range(size)]
+    assert sorted(holders) == sorted([*EARLY[1::2], *crowd, "late"])  # one place each
+    assert [entry.position for entry in entries] == list(range(1, len(entries) + 1))
+    assert len({entry.number for entry in entries}) == len(entries)
+    # Whoever had joined before the crowd stays ahead of it; "late" is behind it.
+    assert holders[:3] == EARLY[1::2] and holders[-1] == "late" == late.holder
+    assert late.position == len(entries)
+
+
 async def _crowd(url: str, size: int) -> None:
     async with dibs.aio.open(url) as store:
         wl = dibs.aio.Waitlist(store, "crowd")
-        early = [f"early-{n}" for n in range(6)]
-        for holder in early:
+        for holder in EARLY:
             await wl.join(holder)
-        # The crowd joins all at once (two of it twice) while half the early entries
-        # leave: joiners collide on numbers, a holder's second join meets its first,
-        # and the numbers the leavers free lie below the crowd's.
-        crowd = [f"crowd-{n}" for n in range(size)]
-        leavers = early[::2]
-        joined = await asyncio.gather(
-            *(wl.join(holder) for holder in [*crowd, *crowd[:2]]),
-            *(wl.leave(holder) for holder in leavers),
+        joins, leavers = _crowd_of(size)
+        done = await asyncio.gather(
+            *(wl.join(holder) for holder in joins), *(wl.leave(holder) for holder in leavers)
         )
-        twice = joined[:2], joined[size : size + 2]
-        assert [entry.number for entry in twice[0]] == [entry.number for entry in twice[1]]
         late = await wl.join("late")  # joined after the whole crowd had
-        entries = await wl.entries()
-        holders = [entry.holder for entry in entries]
-        assert sorted(holders) == sorted([*early[1::2], *crowd, "late"])  # one place each
-        assert [entry.position for entry in entries] == list(range(1, len(entries) + 1))
-        assert len({entry.number for entry in entries}) == len(entries)
-        # Whoever had joined before the crowd stays ahead of it; "late" is behind it.
-        assert holders[:3] == early[1::2] and holders[-1] == "late" == late.holder
-        assert late.position == len(entries)
+        _check_crowd(list(done[: len(joins)]), await wl.entries(), late, size)
 
 
 @pytest.mark.timeout(300)
 def test_a_crowd_joining_at_once_gets_one_place_each_in_order(url: str, store_kind: str) -> None:
-    asyncio.run(_crowd(url, {"memory": 40, "sqlite": 16, "postgresql": 16, "etcd": 8}[store_kind]))
+    asyncio.run(_crowd(url, CROWD[store_kind]))
+
+
+@pytest.mark.timeout(300)
+def test_a_crowd_of_threads_joining_at_once_gets_one_place_each_in_order(
+    store: Store, store_kind: str
+) -> None:
+    size = CROWD[store_kind]
+    wl = dibs.Waitlist(store, "crowd")
+    for holder in EARLY:
+        wl.join(holder)
+    joins, leavers = _crowd_of(size)
+    start = threading.Barrier(len(joins) + len(leavers))
+    joined: list[Entry | None] = [None] * len(joins)
+
+    def join(i: int) -> None:
+        start.wait()
+        joined[i] = wl.join(joins[i])
+
+    def leave(holder: str) -> None:
+        start.wait()
+        wl.leave(holder)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(joins))]
+    threads += [threading.Thread(target=leave, args=(holder,)) for holder in leavers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert all(entry is not None for entry in joined)
+    late = wl.join("late")
+    _check_crowd([e for e in joined if e is not None], wl.entries(), late, size)
 
 
 ROUNDS = {"memory": 30, "sqlite": 8, "postgresql": 6, "etcd": 4}
