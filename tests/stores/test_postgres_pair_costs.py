@@ -25,6 +25,7 @@ in a second statement adds a statement and a transaction per pair; dropping
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,16 +50,25 @@ def url(pg_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every statement a psycopg cursor (sync or async) executes, in order."""
+    """Every statement a psycopg cursor (sync or async) executes in this test's thread.
+
+    Only this thread's: a pool's worker thread, or a store some earlier test of
+    the process left running, must not count (the async face runs its loop here).
+    """
     log: list[bytes] = []
     execute, aexecute = psycopg.Cursor.execute, psycopg.AsyncCursor.execute
+    mine = threading.get_ident()
+
+    def note(query: Any) -> None:
+        if threading.get_ident() == mine:
+            log.append(query if isinstance(query, bytes) else str(query).encode())
 
     def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        log.append(query if isinstance(query, bytes) else str(query).encode())
+        note(query)
         return execute(self, query, *args, **kwargs)
 
     async def acounting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        log.append(query if isinstance(query, bytes) else str(query).encode())
+        note(query)
         return await aexecute(self, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counting)
