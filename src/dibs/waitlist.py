@@ -344,17 +344,7 @@ class _Rules:
 
     def _decline_rule(self, offer: object) -> _Rule:
         offer = _check_offer(offer)
-        try:
-            yield QCall(
-                "release",
-                (offer.claim.id,),
-                {"holder": offer.holder, "fence": offer.claim.fence},
-            )
-        except HoldLost as lost:
-            if lost.reason is HoldLostReason.FENCE:
-                raise  # not this offer's token: the hold and its record stay as they are
-        except ClaimNotFound:
-            pass
+        yield from self._release(offer.claim, offer.holder)  # a forged offer raises here
         if (yield from self._close_record(offer.claim.id)):
             return (yield from self._offer_rule(offer.unit))
         return None  # a sweep passed it on already
@@ -409,12 +399,21 @@ class _Rules:
         return False
 
     def _release(self, claim: Claim, holder: str) -> _Rule:
-        """Release ``claim``, fenced; True if this call released it."""
+        """Release ``claim``, fenced; True if this call released it.
+
+        Gone already (lapsed, released, taken over) is False. A fence that is not
+        the claim's is no claim of this list's (a forged offer): ``HoldLost``, and
+        nothing changes; ``NotHolder`` likewise for another holder.
+        """
         try:
             released: bool = yield QCall(
                 "release", (claim.id,), {"holder": holder, "fence": claim.fence}
             )
-        except (HoldLost, ClaimNotFound):
+        except HoldLost as lost:
+            if lost.reason is HoldLostReason.FENCE:
+                raise
+            return False
+        except ClaimNotFound:
             return False
         return released
 
