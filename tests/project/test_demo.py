@@ -14,6 +14,7 @@ import itertools
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -287,11 +288,25 @@ def test_the_naive_store_without_a_flaw_passes() -> None:
 
 
 def test_audit_catches_a_confirm_that_ignores_expiry() -> None:
-    report = _run_naive("confirm_ignores_expiry")
+    with NaiveStore("confirm_ignores_expiry") as store:
+        report = run_demo(replace(SMALL, processes=0), store=store)
+        # Whether a late payer's seat was taken over (and then sold twice)
+        # before the late payment came depends on who arrived meanwhile, which
+        # the machine's load decides; the store's own records say what happened.
+        confirmed = Counter(
+            target
+            for record in store._claims.values()
+            if record.state is ClaimState.CONFIRMED
+            for target in record.targets
+        )
+    sold_twice = any(n > 1 for n in confirmed.values())
     failed = {c.name for c in report.checks if not c.passed}
     assert not report.passed
-    # Late payers were told "you got it", and seats they lost were sold twice.
-    assert {"late_payers_refused", "one_confirmed_holder_per_seat"} <= failed
+    # Late payers were told "you got it", whatever the timing.
+    assert "late_payers_refused" in failed
+    # A seat a late payer lost and paid for anyway is sold twice: the audit
+    # says so exactly when the store shows it.
+    assert ("one_confirmed_holder_per_seat" in failed) == sold_twice
     assert "no_errors" not in failed
     table = io.StringIO()
     render_summary(report, table)
