@@ -218,13 +218,17 @@ def test_a_bad_stored_configuration_is_a_typed_409(make_store: StoreMaker) -> No
     store.claim(Unit(CONFIG_PREFIX + "neg", "1"), holder=holder, ttl=None)
     with instance(make_store, keys) as a, _client(a, keys, tokens, "alice") as alice:
         for name in ("odd", "neg"):
+            seat = alice.post("/v1/claims", json={"targets": [SEAT]}).json()
+            back = {"claim_id": seat["id"], "fence": seat["fence"]}
             for r in (
                 alice.get(f"/v1/waitlists/{name}"),
-                alice.post(f"/v1/waitlists/{name}/entries"),
-                alice.get(f"/v1/waitlists/{name}/offers"),
+                alice.post(f"/v1/waitlists/{name}/release", json=back),  # before releasing
             ):
                 assert r.status_code == 409, r.text
                 assert (r.json()["error"], r.json()["version"]) == ("bad_config", 1)
+            assert alice.delete(f"/v1/claims/{seat['id']}", params={"fence": seat["fence"]}).json()[
+                "released"
+            ]
             fixed = alice.put(f"/v1/waitlists/{name}", json={"units": [], "offer_ttl": 30})
             assert fixed.status_code == 200 and fixed.json()["version"] == 2, fixed.text
             assert alice.get(f"/v1/waitlists/{name}").json()["offer_ttl"] == 30.0

@@ -774,7 +774,7 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
             security=True,
             params=(_WAITLIST,),
             body_required=False,
-            answers={"200": Answer("Your entry.", WAITLIST_ENTRY), **_BAD_CONFIG, **_COMMON},
+            answers={"200": Answer("Your entry.", WAITLIST_ENTRY), **_COMMON},
         ),
         Operation(
             "DELETE",
@@ -784,7 +784,7 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
             "Leave a waiting list",
             security=True,
             params=(_WAITLIST,),
-            answers={"200": Answer("Whether you were on it.", _LEFT), **_BAD_CONFIG, **_READ},
+            answers={"200": Answer("Whether you were on it.", _LEFT), **_READ},
         ),
         Operation(
             "GET",
@@ -796,7 +796,7 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
             "`expires_at`, or decline it.",
             security=True,
             params=(_WAITLIST,),
-            answers={"200": Answer("Your open offers.", _OFFERS), **_BAD_CONFIG, **_READ},
+            answers={"200": Answer("Your open offers.", _OFFERS), **_READ},
         ),
         Operation(
             "POST",

@@ -8,13 +8,15 @@ declines it, always as its API key's holder; nobody learns who else waits.
 
 ``PUT /v1/waitlists/{key}`` names the units the list serves and its offer TTL,
 kept in the store (:mod:`dibs.service._listconfig`), so every instance agrees
-on them: each operation on a list reads its configuration (one ``holder_of``
-when it did not change), and the offers an instance makes (on ``decline``,
-``release``, or a watch round) are held for the stored ``offer_ttl``.
+on them. Every operation that makes an offer (``decline``, ``release``, a watch
+round) or shows the configuration (``GET``) reads it first, one ``holder_of``
+when it did not change (benchmarks/bench_waitlist_config.py), so its offers are
+held for the stored ``offer_ttl`` even just after a PUT on another instance.
+Join, leave, accept and reading one's offers make no offer and read nothing more.
 
 Every instance watches every configured list: it learns of one from a PUT, from
-any request on it, or from the store's index of lists (read at start and every
-:data:`INDEX_EVERY` seconds). One instance at a time sweeps a list: the one
+a request that reads the configuration, or from the store's index of lists (read
+at start and every :data:`INDEX_EVERY` seconds). One instance at a time sweeps a list: the one
 holding the list's watch lease (a hold of :data:`LEAD_TTL` seconds, renewed each
 round, released when the service stops); the others try to take it over each
 round, so a dead leader's lists are swept again within :data:`LEAD_TTL` plus a
@@ -232,6 +234,14 @@ class Waitlists:
             self._watch(name)
         return self.handle(name, config)
 
+    def _seen(self, name: str) -> Waitlist:
+        """The list's handle for what makes no offer (join, leave, read, accept): no read.
+
+        Its offer TTL is the last one this instance read, and unused: the
+        configuration is read only where an offer is made (and by ``GET``).
+        """
+        return self.handle(name, self._configs.get(name, NO_CONFIG))
+
     def _watch(self, name: str) -> bool:
         """Watch the list on this instance (if not already); False when at MAX_WATCHED."""
         if name in self._watches:
@@ -341,14 +351,14 @@ class Waitlists:
         """``POST /v1/waitlists/{key}/entries``: join at the back (or find your entry)."""
         key = self.api.authorize(request)
         name = self._name(request)
-        entry = await self.api.call("waitlist_join", (await self._list(name)).join(key.holder))
+        entry = await self.api.call("waitlist_join", self._seen(name).join(key.holder))
         return JSONResponse({"name": name, "position": entry.position, "number": entry.number})
 
     async def leave(self, request: Request) -> Response:
         """``DELETE /v1/waitlists/{key}/entries``: take your entry off the list."""
         key = self.api.authorize(request)
         name = self._name(request)
-        left = await self.api.call("waitlist_leave", (await self._list(name)).leave(key.holder))
+        left = await self.api.call("waitlist_leave", self._seen(name).leave(key.holder))
         return JSONResponse({"name": name, "left": left})
 
     # --- offers -----------------------------------------------------------------------------------
@@ -358,7 +368,7 @@ class Waitlists:
         key = self.api.authorize(request)
         name = self._name(request)
         await self.api.load_ids()
-        found = await self.api.call("waitlist_offers", (await self._list(name)).offers(key.holder))
+        found = await self.api.call("waitlist_offers", self._seen(name).offers(key.holder))
         return JSONResponse(
             {
                 "snapshot": True,
@@ -367,14 +377,19 @@ class Waitlists:
             }
         )
 
-    async def _offer(self, request: Request, holder: str) -> tuple[Waitlist, Offer]:
-        """The list, and the caller's offer in the path under the body's fence; else 404."""
+    async def _offer(
+        self, request: Request, holder: str, *, offering: bool
+    ) -> tuple[Waitlist, Offer]:
+        """The list, and the caller's offer in the path under the body's fence; else 404.
+
+        ``offering``: the list under its stored configuration, to make offers with.
+        """
         name = self._name(request)
         fence = self.api.parse(FENCE_REQUEST, await self.api.read_body(request))["fence"]
         claim_id = (await self.api.load_ids()).from_wire(request.path_params["claim_id"])
         if claim_id is None:
             raise _not_found()
-        wl = await self._list(name)
+        wl = await self._list(name) if offering else self._seen(name)
         claim: Claim | None = await self.api.call("get", self.api.aio.get(claim_id))
         if (
             claim is None
@@ -390,7 +405,7 @@ class Waitlists:
     async def accept(self, request: Request) -> Response:
         """``POST /v1/waitlists/{key}/offers/{claim_id}/accept``: take it (a fenced confirm)."""
         key = self.api.authorize(request)
-        wl, offer = await self._offer(request, key.holder)
+        wl, offer = await self._offer(request, key.holder, offering=False)
         # The linearization point: the store's fenced confirm of the held unit.
         claim = await self.api.call("waitlist_accept", wl.accept(offer), [offer.unit])
         self.api.changed(claim.targets)
@@ -401,7 +416,7 @@ class Waitlists:
     async def decline(self, request: Request) -> Response:
         """``POST /v1/waitlists/{key}/offers/{claim_id}/decline``: pass the unit on."""
         key = self.api.authorize(request)
-        wl, offer = await self._offer(request, key.holder)
+        wl, offer = await self._offer(request, key.holder, offering=True)
 
         async def decline() -> Offer | None:
             # The fenced release first, so a stale fence or a lapsed offer is the
