@@ -24,6 +24,7 @@ from conftest import SHARED_STORE_KINDS, StoreMaker
 from dibs import Unit
 from dibs.service import KeyRing, ServiceConfig
 from dibs.service._listconfig import CONFIG_PREFIX, DATA_PREFIX
+from dibs.service._waitlists import LEAD_PREFIX
 from eventually import eventually
 from service_support import Running, serve_in_thread
 
@@ -154,6 +155,27 @@ def test_the_watch_goes_on_when_its_instance_stops(make_store: StoreMaker) -> No
 
         [offer] = eventually(alices_offer, "B offers the freed seat to alice")
         assert TTL - 60 < _held_for(offer) <= TTL + 1
+
+
+def test_a_dead_instances_lease_lapses_and_another_watches(make_store: StoreMaker) -> None:
+    """A lease left by an instance that died (never released) stops no one past its TTL."""
+    keys, tokens = KeyRing(None), {}
+    with (
+        instance(make_store, keys) as b,
+        _client(b, keys, tokens, "buyer") as buyer,
+        _client(b, keys, tokens, "alice") as alice,
+    ):
+        sold = buyer.post("/v1/claims", json={"targets": [SEAT], "ttl": 600}).json()
+        ghost = make_store().claim(Unit(LEAD_PREFIX + "w", ""), holder=f"{LEAD_PREFIX}x", ttl=2)
+        assert ghost, "the lease is free before the first PUT"
+        put = buyer.put("/v1/waitlists/w", json={"units": [SEAT], "offer_ttl": TTL})
+        assert put.status_code == 200, put.text
+        assert alice.post("/v1/waitlists/w/entries").status_code == 200
+        gone = buyer.delete(f"/v1/claims/{sold['id']}", params={"fence": sold["fence"]})
+        assert gone.json()["released"] is True
+        # Only a watch round offers it (a plain DELETE), and only once the ghost's lease lapsed.
+        [offer] = eventually(lambda: _offers(alice, "w"), "B takes the lapsed lease over")
+        assert TTL - 60 < _held_for(offer["claim"]) <= TTL + 1
 
 
 def test_racing_puts_settle_on_one_version(make_store: StoreMaker) -> None:
