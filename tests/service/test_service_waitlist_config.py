@@ -11,6 +11,7 @@ the store's clock), never with wall time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -20,10 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+import dibs.aio
 from conftest import SHARED_STORE_KINDS, StoreMaker
 from dibs import Unit
 from dibs.service import KeyRing, ServiceConfig
-from dibs.service._listconfig import CONFIG_PREFIX, DATA_PREFIX
+from dibs.service._listconfig import CONFIG_PREFIX, DATA_PREFIX, ListConfig, read_config
 from dibs.service._waitlists import LEAD_PREFIX
 from eventually import eventually
 from service_support import Running, serve_in_thread
@@ -128,6 +130,22 @@ def test_a_put_on_one_instance_changes_what_the_others_use(make_store: StoreMake
         fresh = on_b.put("/v1/waitlists/w", json={"units": [], "if_version": 2})
         assert fresh.status_code == 200 and fresh.json()["version"] == 3, fresh.text
         assert on_a.get("/v1/waitlists/w").json()["watching"] == 0
+        # A long configuration: 100 units of 200-character names, stored in several claims.
+        big = [
+            {"resource": f"{i:03d}" + "r" * 197, "slot": "ß\U0001f600" + "s" * 198}
+            for i in range(100)
+        ]
+        put = on_a.put("/v1/waitlists/big", json={"units": big, "offer_ttl": 0.5})
+        assert put.status_code == 200, put.text
+        view = on_b.get("/v1/waitlists/big").json()
+        assert (view["watching"], view["offer_ttl"]) == (100, 0.5)
+
+        async def stored() -> ListConfig:
+            async with dibs.aio.open(make_store.url) as store:
+                return await read_config(store, "big")
+
+        config = asyncio.run(stored())
+        assert config.units == tuple(Unit(u["resource"], u["slot"]) for u in big)
 
 
 def test_the_watch_goes_on_when_its_instance_stops(make_store: StoreMaker) -> None:
