@@ -66,6 +66,7 @@ def test_join_release_decline_accept_and_the_watcher(svc: Running) -> None:
             "position": None,
             "watching": 2,
             "offer_ttl": 600.0,
+            "version": 1,
         }
         for n, client in enumerate([a, b, c], 1):
             joined = client.post("/v1/waitlists/show-42/entries")

@@ -281,6 +281,7 @@ def create_app(
             log.exception("the claim-ID secret was not read; the first request retries")
         jobs = [asyncio.create_task(service.sweep_forever())]
         jobs += [asyncio.create_task(board.run()) for board in service.boards.values()]
+        jobs.append(asyncio.create_task(service.waitlists.run()))
         service.ready = True
         log.info("serving", extra={"store": aio.scheme})
         try:

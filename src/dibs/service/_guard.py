@@ -132,6 +132,15 @@ PROBLEMS: dict[str, tuple[str, str]] = {
         "The shared rate limit refused this cost now; retry after `retry_after` seconds "
         "(`Retry-After` rounds it up).",
     ),
+    "bad_config": (
+        "Bad waiting-list configuration",
+        "The list's configuration in the store is not one the service wrote; "
+        "`PUT /v1/waitlists/{key}` replaces it. `version` is the bad one.",
+    ),
+    "version_moved": (
+        "Configuration version moved",
+        "A `PUT` with `if_version` found another version in force; `version` is it.",
+    ),
     "internal": ("Internal error", "An unexpected error; `request_id` finds it in the logs."),
 }
 """Each error code's problem ``title`` (the same for every occurrence) and documentation."""
@@ -169,6 +178,10 @@ ERROR = Obj(
         ),
         "permits": Prop(
             Integer(0, description="With `no_permit`: the semaphore's limit."), required=False
+        ),
+        "version": Prop(
+            Integer(0, description="With `bad_config` and `version_moved`: the list's version."),
+            required=False,
         ),
         "retry_after": Prop(
             Raw(

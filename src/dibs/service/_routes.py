@@ -247,9 +247,18 @@ WAITLIST = Obj(
         "waiting": Integer(0, description="How many wait (never who)."),
         "position": Nullable(Integer(1), description="Your place (1: the next offer is yours)."),
         "watching": Nullable(
-            Integer(0), description="How many units this instance watches for the list, or null."
+            Integer(0),
+            description="How many units the list serves (its stored configuration), or null "
+            "if none was ever PUT.",
         ),
-        "offer_ttl": Number(0, MAX_TTL, description="Seconds an offer made here is held."),
+        "offer_ttl": Number(
+            0, MAX_TTL, description="Seconds an offer is held, whichever instance makes it."
+        ),
+        "version": Integer(
+            0,
+            description="The version of the list's configuration (0: never PUT); each PUT "
+            "that changes it writes the next. Send it as `if_version` to PUT only over it.",
+        ),
     },
     name="Waitlist",
 )
@@ -293,9 +302,17 @@ _RELEASED_TO_LIST = Obj(
         ),
     }
 )
+_BAD_CONFIG = {
+    "409": _error(
+        "`bad_config`: the list's configuration in the store is not one the service wrote; "
+        "a PUT replaces it."
+    )
+}
 _OFFER_ACTION = {
     "404": _NO_OFFER,
-    "409": _error("The offer lapsed, was declined or passed on, or the fence is stale."),
+    "409": _error(
+        "The offer lapsed, was declined or passed on, or the fence is stale; or `bad_config`."
+    ),
     **_COMMON,
 }
 
@@ -711,19 +728,24 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
             "/v1/waitlists/{key}",
             "waitlists.configure",
             "setWaitlist",
-            "Name the units a waiting list serves: this instance offers them as they come free",
-            "The list is shared by every API key and instance. This instance runs a "
-            "watcher for it from now on: a unit of `units` freed by anyone (a release, "
-            "a hold that lapses, a declined or lapsed offer) is held for the head of the "
-            "list for `offer_ttl` seconds, with no client action. Watchers on several "
-            "instances are safe: a freed unit is one offer. A PUT replaces this "
-            "instance's watch; a restarted instance watches again once PUT again.",
+            "Name the units a waiting list serves, and its offer TTL, for every instance",
+            "The list is shared by every API key and instance, and so is what a PUT sets: "
+            "it is kept in the store, and every instance on the store uses it from its "
+            "next operation on the list (restarted ones too). From now on a unit of "
+            "`units` freed by anyone (a release, a hold that lapses, a declined or lapsed "
+            "offer) is held for the head of the list for `offer_ttl` seconds, with no "
+            "client action; one instance at a time watches (a lease, taken over when it "
+            "dies). Two PUTs at once: the later version wins, unless `if_version` makes "
+            "each a compare-and-set.",
             security=True,
             params=(_WAITLIST,),
             body=WAITLIST_REQUEST,
             answers={
                 "200": Answer("The list now.", WAITLIST),
-                "409": _error("`too_many`: this instance watches as many lists as it may."),
+                "409": _error(
+                    "`too_many`: this instance watches as many lists as it may; or "
+                    "`version_moved`: `if_version` is not the version in force."
+                ),
                 **_COMMON,
             },
         ),
@@ -735,7 +757,11 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
             "How many wait, and your place (a snapshot)",
             security=True,
             params=(_WAITLIST,),
-            answers={"200": Answer("The list now; never who waits.", WAITLIST), **_READ},
+            answers={
+                "200": Answer("The list now; never who waits.", WAITLIST),
+                **_BAD_CONFIG,
+                **_READ,
+            },
         ),
         Operation(
             "POST",
@@ -815,7 +841,7 @@ def operations(max_targets: int = 100) -> tuple[Operation, ...]:
                 "404": _NOT_FOUND,
                 "409": _error(
                     "The hold expired or the fence is stale; or `not_offerable`: the claim "
-                    "holds the service's own units (a permit)."
+                    "holds the service's own units (a permit); or `bad_config`."
                 ),
                 **_COMMON,
             },

@@ -435,6 +435,16 @@ WAITLIST_REQUEST = Obj(
             required=False,
             default=OFFER_TTL,
         ),
+        "if_version": Prop(
+            Integer(
+                0,
+                MAX_FENCE,
+                message="{where} must be an integer from 0 to 2**63-1",
+                description="Write only if the list's configuration is at this version now "
+                "(0: none was ever PUT); else `409 version_moved`. Without it the last PUT wins.",
+            ),
+            required=False,
+        ),
     },
     name="WaitlistRequest",
 )
