@@ -31,7 +31,7 @@ from dibs.stores.base_async import AsyncStore, TokenFeed
 from dibs.stores.postgres._aconn import AsyncStoreConnection
 from dibs.stores.postgres._connect import (
     AsyncRecordingPool,
-    awatch_replication,
+    aconfigure,
     describe,
     first_connection,
     unreplicated,
@@ -192,7 +192,7 @@ class AsyncPostgresStore(AsyncStore):
             kwargs={"autocommit": True},
             connection_class=AsyncStoreConnection,
             name=f"dibs-aio-{self.schema}",
-            configure=awatch_replication,
+            configure=aconfigure,
             open=False,
             **self._pool_options,
         )

@@ -28,8 +28,11 @@ from dibs.exceptions import StoreMisconfigured, StoreUnavailable
 from dibs.stores.postgres._aconn import AsyncStoreConnection
 
 __all__ = [
+    "IDLE_IN_TRANSACTION",
     "AsyncRecordingPool",
     "RecordingPool",
+    "aconfigure",
+    "configure",
     "connect_error",
     "first_connection",
     "forget_replication",
@@ -151,8 +154,51 @@ def watch_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
 
 
 async def awatch_replication(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`watch_replication` as the async pool's ``configure`` step."""
+    """:func:`watch_replication` as an async ``configure`` step."""
     watch_replication(conn)
+
+
+# --- a paused process must not hold its locks ---------------------------------------------------
+
+IDLE_IN_TRANSACTION = 10.0
+"""Seconds a store's own connection may wait inside an open transaction before the server ends
+it (``idle_in_transaction_session_timeout``).
+
+A process stopped between two statements of a transaction (``SIGSTOP``, a
+frozen VM, a debugger) keeps its TCP connection, so the server keeps its
+transaction and its row locks for as long as the pause lasts: a durable
+schedule's row, say, which every other worker's evaluation and every skip
+run's completion then wait on. dibs sends a transaction's statements back to
+back and runs no caller code inside its own transactions, so a wait this long
+means the client is not running; the server then rolls the transaction back
+and closes the session, the locks go, and the paused process meets a closed
+connection when it resumes (:class:`~dibs.StoreUnavailable`, retried like any
+outage; nothing it did in that transaction was committed). A lower limit
+already set for the role, the database or the server is kept. Transactions on
+a caller's own ``connection=`` are the caller's, and untouched.
+"""
+
+_LIMIT_IDLE = (
+    "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, false) FROM pg_settings "
+    "WHERE name = 'idle_in_transaction_session_timeout' "
+    "AND (CAST(setting AS BIGINT) = 0 OR CAST(setting AS BIGINT) > CAST(%(ms)s AS BIGINT))"
+)
+
+
+def _limit() -> dict[str, str]:
+    return {"ms": str(max(1, round(IDLE_IN_TRANSACTION * 1000)))}
+
+
+def configure(conn: psycopg.Connection[Any]) -> None:
+    """The pool's ``configure`` step: watch replication, and bound a paused transaction."""
+    watch_replication(conn)
+    conn.execute(_LIMIT_IDLE, _limit())
+
+
+async def aconfigure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`configure` as the async pool's ``configure`` step."""
+    watch_replication(conn)
+    await conn.execute(_LIMIT_IDLE, _limit())
 
 
 def forget_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
@@ -206,7 +252,11 @@ def first_connection(conninfo: str, timeout: float) -> psycopg.Connection[TupleR
         error = connect_error(exc, describe(conninfo))
         logger.debug("%s", error)  # raised, not logged louder: the caller reports it
         raise error from exc
-    watch_replication(conn)
+    try:
+        configure(conn)
+    except psycopg.Error as exc:
+        conn.close()
+        raise StoreUnavailable(f"PostgreSQL at {describe(conninfo)}: {cause_of(exc)}") from exc
     return conn
 
 

@@ -59,10 +59,10 @@ from dibs.stores.durability import Finding
 from dibs.stores.jobs import JobTable
 from dibs.stores.postgres._connect import (
     RecordingPool,
+    configure,
     describe,
     first_connection,
     unreplicated,
-    watch_replication,
 )
 from dibs.stores.postgres._durability import findings as durability_findings
 from dibs.stores.postgres._durability import warn_once
@@ -169,7 +169,7 @@ class PostgresStore(Store):
             self._conninfo,
             kwargs={"autocommit": True},
             name=f"dibs-{self.schema}",
-            configure=watch_replication,
+            configure=configure,
             open=False,
             **self._pool_options,
         )
