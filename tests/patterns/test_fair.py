@@ -19,9 +19,9 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -41,6 +41,8 @@ from eventually import aeventually, eventually
 from monotonic import Monotonic
 
 UNIT = Unit("fair-seat", "show-1")
+STEP_GUARD = 30.0  # seconds: a hang guard per step, far above any real wait
+T = TypeVar("T")
 WAITERS = 6
 
 
@@ -189,7 +191,18 @@ def test_wait_zero_never_queues(url: str) -> None:
         assert store.claims_of(lease_queue(UNIT)) == []
 
 
+async def _guarded(step: str, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s value; AssertionError naming ``step`` if it never comes (a hang guard)."""
+    try:
+        async with asyncio.timeout(STEP_GUARD):
+            return await awaitable
+    except TimeoutError:
+        raise AssertionError(f"{step}: no answer in {STEP_GUARD:g} s") from None
+
+
 async def _cancelled(url: str) -> None:
+    # Each step has its own hang guard, so a hang names the step that hung
+    # (a loaded CI run once hung here past pytest's timeout with no clue which).
     async with dibs.aio.open(url) as store:
         queue = lease_queue(UNIT)
         async with store.lease(UNIT, holder="owner", ttl=30):
@@ -199,11 +212,15 @@ async def _cancelled(url: str) -> None:
                     pytest.fail("entered while the owner holds it")
 
             task = asyncio.create_task(wait())
-            await aeventually(lambda: _is(lambda: _count(store, queue), 1), "queued")
+            await _guarded(
+                "the waiter's ticket",
+                aeventually(lambda: _is(lambda: _count(store, queue), 1), "queued"),
+            )
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
-                await task
-            assert await store.claims_of(queue) == []  # given back before the cancel propagated
+                await _guarded("the cancelled waiter's end", asyncio.shield(task))
+            # given back before the cancel propagated
+            assert await _guarded("claims_of", store.claims_of(queue)) == []
 
 
 async def _count(store: dibs.aio.AsyncStore, queue: str) -> int:
