@@ -146,16 +146,12 @@ class _ReplicationWatch:
 def watch_replication(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """Have ``conn`` remember a cancelled synchronous-replication wait (see :func:`unreplicated`).
 
-    The pools' ``configure`` step: every connection a store uses is watched.
+    Part of the pools' ``configure`` step (:func:`configure`): every connection a store uses
+    is watched.
     """
     watch = _ReplicationWatch()
     setattr(conn, _WATCH, watch)
     conn.add_notice_handler(watch)
-
-
-async def awatch_replication(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`watch_replication` as an async ``configure`` step."""
-    watch_replication(conn)
 
 
 # --- a paused process must not hold its locks ---------------------------------------------------
