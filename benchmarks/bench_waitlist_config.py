@@ -1,8 +1,9 @@
 """What reading a waiting list's stored configuration adds to each of its operations, interleaved.
 
 The service reads a list's configuration (``dibs.service._listconfig``) before
-every operation on it, so a PUT on another instance counts at once. When
-nothing changed that read is one ``holder_of``. This script times, on one async
+every operation that makes an offer (decline, release, a watch round) and
+``GET``, so a PUT on another instance counts at once. When nothing changed that
+read is one ``holder_of``. This script times, on one async
 store, rounds of three things in turn: the read alone (``read_config`` with
 the last version known), ``Waitlist.offers(holder)`` (what ``GET .../offers``
 does: one ``claims_of``) and ``Waitlist.entries()`` with three people waiting
