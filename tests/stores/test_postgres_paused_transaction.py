@@ -37,9 +37,10 @@ def short_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_connect, "IDLE_IN_TRANSACTION", 0.5)
 
 
-def _lock_every_unit_row(conn: psycopg.Connection, schema: str) -> None:
-    conn.execute("BEGIN")
-    conn.execute(f'SELECT 1 FROM "{schema}".units_v4 FOR UPDATE')  # then the process "pauses"
+def _locking(schema: str) -> str:
+    # One query string, so the limit cannot end the transaction between its BEGIN
+    # and its lock however long this process is descheduled; then it "pauses".
+    return f'BEGIN; SELECT 1 FROM "{schema}".units_v4 FOR UPDATE'
 
 
 @pytest.mark.usefixtures("short_limit")
@@ -55,7 +56,7 @@ def test_a_paused_transaction_of_the_store_does_not_block_others(pg_schema_url: 
             done.set()
 
         with store._pool.connection() as paused:
-            _lock_every_unit_row(paused, store.schema)
+            paused.execute(_locking(store.schema))
             thread = threading.Thread(target=release)
             thread.start()
             assert done.wait(GUARD), "the release waited on a paused transaction's lock"
@@ -77,8 +78,7 @@ def test_a_paused_transaction_of_the_async_store_does_not_block_others(
             assert claim is not None
             pool = await store._pool()  # type: ignore[attr-defined]
             async with pool.connection() as paused:
-                await paused.execute("BEGIN")
-                await paused.execute(f'SELECT 1 FROM "{store.schema}".units_v4 FOR UPDATE')  # type: ignore[attr-defined]
+                await paused.execute(_locking(store.schema))  # type: ignore[attr-defined]
                 released = await asyncio.wait_for(
                     store.release(claim.id, holder="a", fence=claim.fence), GUARD
                 )
