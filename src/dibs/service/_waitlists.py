@@ -214,6 +214,10 @@ class Waitlists:
         instance counts from the next operation on this one.
         """
         config = await read_config(self.api.aio, name, self._configs.get(name, NO_CONFIG))
+        return self._remember(name, config)
+
+    def _remember(self, name: str, config: ListConfig) -> ListConfig:
+        """Keep ``config`` as the list's last one read (replacing the older one); return it."""
         self._configs.pop(name, None)
         return self._configs.get_or_make(name, lambda: config)
 
@@ -342,8 +346,7 @@ class Waitlists:
                 f"{parsed.get('if_version')}: read it and PUT again",
                 {"version": moved.version},
             ) from None
-        self._configs.pop(name, None)
-        self._configs.get_or_make(name, lambda: config)
+        self._remember(name, config)
         self._watch(name)
         return await self._view(name, key.holder, config)
 
