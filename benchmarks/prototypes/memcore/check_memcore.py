@@ -67,7 +67,9 @@ def _kind(value: Any) -> str:
         return f"{type(value).__name__}:{getattr(value, 'reason', '')}"
     if isinstance(value, dibs.ClaimResult):
         claim = value.claim
-        state = "" if claim is None else f":{claim.state}{':taken over' if claim.taken_over else ''}"
+        if claim is None:
+            return f"result:{value.granted}:{'replayed' if value.replayed else 'new'}"
+        state = f":{claim.state}{':taken over' if claim.taken_over else ''}"
         return f"result:{value.granted}:{'replayed' if value.replayed else 'new'}{state}"
     if isinstance(value, dibs.Claim):
         return f"claim:{value.state}"
