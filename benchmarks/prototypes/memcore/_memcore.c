@@ -53,7 +53,7 @@ static PyObject *k_id, *k_holder, *k_targets, *k_state, *k_fence, *k_request_id,
 
 /* ---------------------------------------------------------------- records */
 
-typedef struct {
+typedef struct Rec {
     PyObject_HEAD
     PyObject *dict;       /* the pure store's record: what a snapshot copies */
     PyObject *id;         /* str */
@@ -66,11 +66,38 @@ typedef struct {
     long long fence;
     long long expires_us; /* meaningful while HELD */
     long long created_us;
+    /* The holder's index: an intrusive list, the holder's entry in by_holder. */
+    struct Holder *list;  /* NULL once unlinked */
+    struct Rec *prev, *next;
 } Rec;
+
+/* A holder's live claims (MemoryStore._by_holder[holder]): a list through the records. */
+typedef struct Holder {
+    PyObject_HEAD
+    Rec *head, *tail;
+    Py_ssize_t size;
+} Holder;
+
+static void
+Holder_dealloc(Holder *h)
+{
+    for (Rec *r = h->head; r != NULL; r = r->next)
+        r->list = NULL;
+    PyObject_Free(h);
+}
+
+static PyTypeObject HolderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_memcore.Holder",
+    .tp_basicsize = sizeof(Holder),
+    .tp_dealloc = (destructor)Holder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
 
 static void
 Rec_dealloc(Rec *r)
 {
+    /* A record dies only with its Core, after the holder lists are gone. */
     Py_XDECREF(r->dict);
     Py_XDECREF(r->id);
     Py_XDECREF(r->holder);
@@ -93,8 +120,9 @@ static PyTypeObject RecType = {
 typedef struct {
     PyObject_HEAD
     PyObject *units;      /* Unit._key -> Rec */
-    PyObject *claims;     /* claim ID -> Rec */
-    PyObject *by_holder;  /* holder -> {claim ID: Rec} */
+    Rec **by_fence;       /* the claims: claim ID prefix + fence -> by_fence[fence - 1] */
+    Py_ssize_t nclaims, cap;
+    PyObject *by_holder;  /* holder -> Holder (its claims, linked) */
     PyObject *requests;   /* request ID -> Rec (granted inline) or a 7-tuple (general) */
     PyObject *prefix;     /* ASCII str, e.g. "1a2b3c4d-" */
     PyObject *clock;      /* None: the system clock; else a callable giving float seconds */
@@ -281,31 +309,104 @@ claim_id_of(Core *self, long long fence)
     return s;
 }
 
-/* Index a claim under its holder (holder -> {claim ID: record}). */
+/* Index a claim under its holder: append it to the holder's list. */
 static int
-index_holder(Core *self, PyObject *holder, PyObject *claim_id, PyObject *rec)
+index_holder(Core *self, PyObject *holder, Rec *r)
 {
-    PyObject *mine = PyDict_GetItemWithError(self->by_holder, holder);
-    if (mine == NULL) {
+    Holder *h = (Holder *)PyDict_GetItemWithError(self->by_holder, holder);
+    if (h == NULL) {
         if (PyErr_Occurred())
             return -1;
-        mine = PyDict_New();
-        if (mine == NULL)
+        h = PyObject_New(Holder, &HolderType);
+        if (h == NULL)
             return -1;
-        int rc = PyDict_SetItem(self->by_holder, holder, mine);
-        Py_DECREF(mine); /* the index keeps it */
+        h->head = h->tail = NULL;
+        h->size = 0;
+        int rc = PyDict_SetItem(self->by_holder, holder, (PyObject *)h);
+        Py_DECREF(h); /* the index keeps it */
         if (rc < 0)
             return -1;
     }
-    return PyDict_SetItem(mine, claim_id, rec);
+    r->list = h;
+    r->next = NULL;
+    r->prev = h->tail;
+    if (h->tail)
+        h->tail->next = r;
+    else
+        h->head = r;
+    h->tail = r;
+    h->size++;
+    return 0;
 }
 
-static void
+/* mine.pop(claim_id, None): unlink the record; returns its list, now maybe empty. */
+static Holder *
 forget_holder(Core *self, Rec *r)
 {
-    PyObject *mine = PyDict_GetItemWithError(self->by_holder, r->holder);
-    if (mine != NULL && PyDict_DelItem(mine, r->id) < 0)
-        PyErr_Clear(); /* mine.pop(id, None) */
+    Holder *h = r->list;
+    if (h == NULL)
+        return NULL;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        h->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        h->tail = r->prev;
+    r->prev = r->next = NULL;
+    r->list = NULL;
+    h->size--;
+    return h;
+}
+
+/* The record of a claim ID, borrowed, or NULL: the ID must be this Core's prefix
+ * and a fence in decimal as claim_id_of writes it, and the record's own ID. */
+static Rec *
+find_claim(Core *self, PyObject *claim_id)
+{
+    if (!PyUnicode_CheckExact(claim_id) || !PyUnicode_IS_ASCII(claim_id))
+        return NULL;
+    Py_ssize_t plen = PyUnicode_GET_LENGTH(self->prefix), n = PyUnicode_GET_LENGTH(claim_id);
+    if (n <= plen || n - plen > 18)
+        return NULL;
+    const char *data = (const char *)PyUnicode_1BYTE_DATA(claim_id);
+    if (memcmp(data, PyUnicode_1BYTE_DATA(self->prefix), plen) != 0)
+        return NULL;
+    long long fence = 0;
+    for (Py_ssize_t i = plen; i < n; i++) {
+        if (data[i] < '0' || data[i] > '9')
+            return NULL;
+        fence = fence * 10 + (data[i] - '0');
+    }
+    if (fence < 1 || fence > self->nclaims)
+        return NULL;
+    Rec *r = self->by_fence[fence - 1];
+    if (r == NULL || (r->id != claim_id && PyUnicode_Compare(r->id, claim_id) != 0))
+        return NULL; /* purged, or a spelling such as a leading zero */
+    return r;
+}
+
+static int
+add_claim(Core *self, Rec *r)
+{
+    if (r->fence != self->nclaims + 1) {
+        PyErr_SetString(PyExc_RuntimeError, "fences out of order");
+        return -1;
+    }
+    if (self->nclaims == self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap * 2 : 1024;
+        Rec **grown = PyMem_Realloc(self->by_fence, cap * sizeof(Rec *));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->by_fence = grown;
+        self->cap = cap;
+    }
+    Py_INCREF(r);
+    self->by_fence[self->nclaims++] = r;
+    return 0;
 }
 
 /* The record's dict and targets are private to the Core (the targets tuple is shared
@@ -334,6 +435,8 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
     if (r == NULL)
         return NULL;
     r->dict = NULL;
+    r->list = NULL;
+    r->prev = r->next = NULL;
     r->id = claim_id_of(self, fence);
     r->targets = PyTuple_Pack(1, unit);
     Py_INCREF(holder);
@@ -372,8 +475,7 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
     Py_DECREF(pexp);
     untrack(r);
     if (PyDict_SetItem(self->units, key, (PyObject *)r) < 0 ||
-        PyDict_SetItem(self->claims, r->id, (PyObject *)r) < 0 ||
-        index_holder(self, holder, r->id, (PyObject *)r) < 0) {
+        add_claim(self, r) < 0 || index_holder(self, holder, r) < 0) {
         Py_DECREF(r);
         return NULL;
     }
@@ -555,7 +657,7 @@ claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObje
                 /* _replay */
                 if (q.claim_id == Py_None)
                     return make_result(0, NULL, q.taken, 1);
-                Rec *r = (Rec *)PyDict_GetItemWithError(self->claims, q.claim_id);
+                Rec *r = find_claim(self, q.claim_id);
                 PyObject *claim = NULL;
                 if (r != NULL) {
                     claim = snapshot(r, now);
@@ -711,9 +813,9 @@ transition_args(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *k
     *fence_out = PyLong_AsLongLong(fence);
     if (*fence_out == -1 && PyErr_Occurred())
         return NULL;
-    Rec *r = (Rec *)PyDict_GetItemWithError(self->claims, claim_id);
+    Rec *r = find_claim(self, claim_id);
     if (r == NULL) {
-        if (!PyErr_Occurred()) {
+        {
             PyObject *exc = PyObject_CallOneArg(fn_claim_not_found, claim_id);
             if (exc != NULL) {
                 PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
@@ -812,13 +914,9 @@ Core_release(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *indexed = PyDict_GetItem(self->units, r->key);
     if (indexed == (PyObject *)r && PyDict_DelItem(self->units, r->key) < 0)
         goto done;
-    PyObject *mine = PyDict_GetItem(self->by_holder, holder);
-    if (mine != NULL) {
-        if (PyDict_DelItem(mine, r->id) < 0)
-            PyErr_Clear();
-        if (PyDict_GET_SIZE(mine) == 0 && PyDict_DelItem(self->by_holder, holder) < 0)
-            goto done;
-    }
+    Holder *mine = forget_holder(self, r);
+    if (mine != NULL && mine->size == 0 && PyDict_DelItem(self->by_holder, holder) < 0)
+        goto done;
     out = Py_NewRef(Py_True);
 done:
     core_unlock(self);
@@ -842,10 +940,9 @@ Core_get(Core *self, PyObject *claim_id)
     long long now;
     PyObject *out = NULL;
     core_lock(self);
-    Rec *r = (Rec *)PyDict_GetItemWithError(self->claims, claim_id);
+    Rec *r = find_claim(self, claim_id);
     if (r == NULL) {
-        if (!PyErr_Occurred())
-            out = Py_NewRef(Py_None);
+        out = Py_NewRef(Py_None);
     } else if (now_us(self, &now) == 0)
         out = snapshot(r, now);
     core_unlock(self);
@@ -883,14 +980,15 @@ Core_init(Core *self, PyObject *args, PyObject *kwds)
     Py_INCREF(clock);
     Py_XSETREF(self->clock, clock);
     self->units = PyDict_New();
-    self->claims = PyDict_New();
+    self->by_fence = NULL;
+    self->nclaims = self->cap = 0;
     self->by_holder = PyDict_New();
     self->requests = PyDict_New();
     self->lock = PyThread_allocate_lock();
     self->next_fence = 1;
     self->newest_fence = 0;
     self->retention_us = (long long)rint(retention * 1000000.0);
-    if (!self->units || !self->claims || !self->by_holder || !self->requests || !self->lock) {
+    if (!self->units || !self->by_holder || !self->requests || !self->lock) {
         PyErr_NoMemory();
         return -1;
     }
@@ -901,8 +999,10 @@ static void
 Core_dealloc(Core *self)
 {
     Py_XDECREF(self->units);
-    Py_XDECREF(self->claims);
-    Py_XDECREF(self->by_holder);
+    Py_XDECREF(self->by_holder); /* first: a Holder unlinks its records as it goes */
+    for (Py_ssize_t i = 0; i < self->nclaims; i++)
+        Py_XDECREF(self->by_fence[i]);
+    PyMem_Free(self->by_fence);
     Py_XDECREF(self->requests);
     Py_XDECREF(self->prefix);
     Py_XDECREF(self->clock);
@@ -915,7 +1015,7 @@ static PyObject *
 Core_counts(Core *self, PyObject *Py_UNUSED(ignored))
 {
     return Py_BuildValue("{snsnsnsnsL}", "units", PyDict_GET_SIZE(self->units), "claims",
-                         PyDict_GET_SIZE(self->claims), "holders",
+                         self->nclaims, "holders",
                          PyDict_GET_SIZE(self->by_holder), "requests",
                          PyDict_GET_SIZE(self->requests), "newest_fence", self->newest_fence);
 }
@@ -1033,7 +1133,8 @@ PyInit__memcore(void)
         return NULL;
     ttl_max = PyFloat_AsDouble(v);
     Py_DECREF(v);
-    if (PyType_Ready(&RecType) < 0 || PyType_Ready(&CoreType) < 0)
+    if (PyType_Ready(&RecType) < 0 || PyType_Ready(&HolderType) < 0 ||
+        PyType_Ready(&CoreType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&memcore_module);
     if (m == NULL)
