@@ -33,6 +33,11 @@
 #include <math.h>
 #include <string.h>
 #include <time.h>
+#ifndef MEMCORE_PUBLIC_ONLY
+#define Py_BUILD_CORE 1
+#include "internal/pycore_dict.h"
+#undef Py_BUILD_CORE
+#endif
 
 enum { HELD = 0, CONFIRMED = 1, RELEASED = 2, EXPIRED = 3 };
 
@@ -55,7 +60,9 @@ static PyObject *k_id, *k_holder, *k_targets, *k_state, *k_fence, *k_request_id,
 
 typedef struct Rec {
     PyObject_HEAD
-    PyObject *dict;       /* the pure store's record: what a snapshot copies */
+    /* The pure store's record's ten values, in its keys' order (KEYS below): a
+     * snapshot is a copy of a template dict of those keys with these values. */
+    PyObject *vals[10];
     PyObject *id;         /* str */
     PyObject *holder;     /* str */
     PyObject *targets;    /* (unit,) */
@@ -98,7 +105,8 @@ static void
 Rec_dealloc(Rec *r)
 {
     /* A record dies only with its Core, after the holder lists are gone. */
-    Py_XDECREF(r->dict);
+    for (int i = 0; i < 10; i++)
+        Py_XDECREF(r->vals[i]);
     Py_XDECREF(r->id);
     Py_XDECREF(r->holder);
     Py_XDECREF(r->targets);
@@ -209,19 +217,56 @@ new_long_or_none(int is_none, long long v)
     return PyLong_FromLongLong(v);
 }
 
-/* A Claim whose __dict__ is a copy of the record's (claim_from_micros); a hold
- * dead before a sweep marked it reads expired (_snapshot). */
+enum { V_ID, V_HOLDER, V_TARGETS, V_STATE, V_FENCE, V_REQUEST_ID, V_TTL, V_EXPIRES, V_CREATED,
+       V_UPDATED };
+static PyObject *KEYS[10];
+static PyObject *TEMPLATE; /* {key: None for key in KEYS}, untracked */
+
+/* The record's values as a new dict, keys in the pure record's order.
+ *
+ * MEMCORE_PUBLIC_ONLY: PyDict_Copy(TEMPLATE), then PyDict_SetItem for each key
+ * (each replaces a value in place: no resize). Otherwise the values are written
+ * straight into the copy's entries (CPython 3.11's internal dict layout, from
+ * internal/pycore_dict.h): the copy is fresh, no one has seen it, so no version
+ * tag needs to move. Either way the dict stays untracked (see untrack()). */
+static PyObject *
+record_dict(Rec *r, int expired)
+{
+    PyObject *d = PyDict_Copy(TEMPLATE);
+    if (d == NULL)
+        return NULL;
+#ifdef MEMCORE_PUBLIC_ONLY
+    for (int i = 0; i < 10; i++)
+        if (PyDict_SetItem(d, KEYS[i], r->vals[i]) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    PyObject_GC_UnTrack(d);
+#else
+    PyDictUnicodeEntry *e = DK_UNICODE_ENTRIES(((PyDictObject *)d)->ma_keys);
+    for (int i = 0; i < 10; i++) {
+        PyObject *old = e[i].me_value;
+        Py_INCREF(r->vals[i]);
+        e[i].me_value = r->vals[i];
+        Py_DECREF(old);
+    }
+#endif
+    if ((expired && PyDict_SetItem(d, k_state, STATES[EXPIRED]) < 0) ||
+        (r->taken_over && PyDict_SetItem(d, k_taken_over, Py_True) < 0)) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* A Claim whose __dict__ holds the record (claim_from_micros); a hold dead
+ * before a sweep marked it reads expired (_snapshot). */
 static PyObject *
 snapshot(Rec *r, long long now)
 {
-    PyObject *values = PyDict_Copy(r->dict);
+    PyObject *values = record_dict(r, r->state == HELD && r->expires_us <= now);
     if (values == NULL)
         return NULL;
-    if (r->state == HELD && r->expires_us <= now &&
-        PyDict_SetItem(values, k_state, STATES[EXPIRED]) < 0) {
-        Py_DECREF(values);
-        return NULL;
-    }
     PyObject *claim = ClaimType->tp_alloc(ClaimType, 0);
     if (claim == NULL) {
         Py_DECREF(values);
@@ -420,7 +465,6 @@ static inline void
 untrack(Rec *r)
 {
 #ifndef MEMCORE_TRACKED
-    PyObject_GC_UnTrack(r->dict);
     PyObject_GC_UnTrack(r->targets);
 #endif
 }
@@ -434,45 +478,37 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
     Rec *r = PyObject_New(Rec, &RecType);
     if (r == NULL)
         return NULL;
-    r->dict = NULL;
+    memset(r->vals, 0, sizeof r->vals);
+    r->id = r->holder = r->targets = r->key = r->ttl = NULL;
     r->list = NULL;
     r->prev = r->next = NULL;
-    r->id = claim_id_of(self, fence);
-    r->targets = PyTuple_Pack(1, unit);
-    Py_INCREF(holder);
-    r->holder = holder;
-    Py_INCREF(key);
-    r->key = key;
-    Py_INCREF(ttl);
-    r->ttl = ttl;
     r->state = ttl == Py_None ? CONFIRMED : HELD;
     r->taken_over = 0;
     r->fence = fence;
     r->created_us = now;
     r->expires_us = ttl == Py_None ? 0 : now + ttl_us(ttl);
-    PyObject *d = _PyDict_NewPresized(10);
-    PyObject *pfence = PyLong_FromLongLong(fence);
     PyObject *pnow = PyLong_FromLongLong(now);
-    PyObject *pexp = new_long_or_none(ttl == Py_None, r->expires_us);
-    if (r->id == NULL || r->targets == NULL || d == NULL || pfence == NULL || pnow == NULL ||
-        pexp == NULL)
-        goto error;
-    r->dict = d;
-    d = NULL;
-    if (PyDict_SetItem(r->dict, k_id, r->id) < 0 ||
-        PyDict_SetItem(r->dict, k_holder, holder) < 0 ||
-        PyDict_SetItem(r->dict, k_targets, r->targets) < 0 ||
-        PyDict_SetItem(r->dict, k_state, STATES[r->state]) < 0 ||
-        PyDict_SetItem(r->dict, k_fence, pfence) < 0 ||
-        PyDict_SetItem(r->dict, k_request_id, request_id) < 0 ||
-        PyDict_SetItem(r->dict, k_ttl_priv, ttl) < 0 ||
-        PyDict_SetItem(r->dict, k_expires, pexp) < 0 ||
-        PyDict_SetItem(r->dict, k_created, pnow) < 0 ||
-        PyDict_SetItem(r->dict, k_updated, pnow) < 0)
-        goto error;
-    Py_DECREF(pfence);
-    Py_DECREF(pnow);
-    Py_DECREF(pexp);
+    r->vals[V_ID] = r->id = claim_id_of(self, fence);
+    r->vals[V_HOLDER] = r->holder = Py_NewRef(holder);
+    r->vals[V_TARGETS] = r->targets = PyTuple_Pack(1, unit);
+    r->vals[V_STATE] = Py_NewRef(STATES[r->state]);
+    r->vals[V_FENCE] = PyLong_FromLongLong(fence);
+    r->vals[V_REQUEST_ID] = Py_NewRef(request_id);
+    r->vals[V_TTL] = r->ttl = Py_NewRef(ttl);
+    r->vals[V_EXPIRES] = new_long_or_none(ttl == Py_None, r->expires_us);
+    r->vals[V_CREATED] = Py_XNewRef(pnow);
+    r->vals[V_UPDATED] = pnow;
+    r->key = Py_NewRef(key);
+    /* The record holds its own references to id, holder, targets and ttl too. */
+    Py_XINCREF(r->id);
+    Py_INCREF(holder);
+    Py_XINCREF(r->targets);
+    Py_INCREF(ttl);
+    for (int i = 0; i < 10; i++)
+        if (r->vals[i] == NULL) {
+            Py_DECREF(r);
+            return NULL;
+        }
     untrack(r);
     if (PyDict_SetItem(self->units, key, (PyObject *)r) < 0 ||
         add_claim(self, r) < 0 || index_holder(self, holder, r) < 0) {
@@ -480,49 +516,46 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
         return NULL;
     }
     return r;
-error:
-    Py_XDECREF(d);
-    Py_XDECREF(pfence);
-    Py_XDECREF(pnow);
-    Py_XDECREF(pexp);
-    Py_DECREF(r);
-    return NULL;
 }
 
-/* Write a transition into the record and its dict. */
+static inline void
+set_val(Rec *r, int i, PyObject *v) /* steals v */
+{
+    PyObject *old = r->vals[i];
+    r->vals[i] = v;
+    Py_XDECREF(old);
+}
+
+/* Write a transition into the record. */
 static int
 set_state(Rec *r, int state, int has_expiry, long long expires, long long now)
 {
-    r->state = state;
-    r->expires_us = expires;
     PyObject *pexp = new_long_or_none(!has_expiry, expires);
     PyObject *pnow = PyLong_FromLongLong(now);
-    int rc = -1;
-    if (pexp != NULL && pnow != NULL && PyDict_SetItem(r->dict, k_state, STATES[state]) == 0 &&
-        PyDict_SetItem(r->dict, k_expires, pexp) == 0 &&
-        PyDict_SetItem(r->dict, k_updated, pnow) == 0)
-        rc = 0;
-    untrack(r);
-    Py_XDECREF(pexp);
-    Py_XDECREF(pnow);
-    return rc;
+    if (pexp == NULL || pnow == NULL) {
+        Py_XDECREF(pexp);
+        Py_XDECREF(pnow);
+        return -1;
+    }
+    r->state = state;
+    r->expires_us = expires;
+    set_val(r, V_STATE, Py_NewRef(STATES[state]));
+    set_val(r, V_EXPIRES, pexp);
+    set_val(r, V_UPDATED, pnow);
+    return 0;
 }
 
 /* A dead hold's takeover (_kill with taken_over=True, then _forget_holder). */
 static int
 kill_taken_over(Core *self, Rec *old, long long now)
 {
+    PyObject *pnow = PyLong_FromLongLong(now);
+    if (pnow == NULL)
+        return -1;
     old->state = EXPIRED;
     old->taken_over = 1;
-    PyObject *pnow = PyLong_FromLongLong(now);
-    if (pnow == NULL || PyDict_SetItem(old->dict, k_state, STATES[EXPIRED]) < 0 ||
-        PyDict_SetItem(old->dict, k_taken_over, Py_True) < 0 ||
-        PyDict_SetItem(old->dict, k_updated, pnow) < 0) {
-        Py_XDECREF(pnow);
-        return -1;
-    }
-    Py_DECREF(pnow);
-    untrack(old);
+    set_val(old, V_STATE, Py_NewRef(STATES[EXPIRED]));
+    set_val(old, V_UPDATED, pnow);
     forget_holder(self, old);
     return 0;
 }
@@ -1088,6 +1121,22 @@ PyInit__memcore(void)
     INTERN(k_taken, "taken");
     INTERN(k_replayed, "replayed");
     INTERN(kw_ttl, "ttl");
+    PyObject *keys[10] = {k_id,      k_holder,  k_targets, k_state,   k_fence,
+                          k_request_id, k_ttl_priv, k_expires, k_created, k_updated};
+    if (!(TEMPLATE = PyDict_New())) /* str keys from empty: a unicode-keys table */
+        return NULL;
+    for (int i = 0; i < 10; i++) {
+        KEYS[i] = keys[i];
+        if (PyDict_SetItem(TEMPLATE, keys[i], Py_None) < 0)
+            return NULL;
+    }
+#ifndef MEMCORE_PUBLIC_ONLY
+    if (((PyDictObject *)TEMPLATE)->ma_keys->dk_kind != DICT_KEYS_UNICODE ||
+        ((PyDictObject *)TEMPLATE)->ma_values != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "unexpected dict layout: build with MEMCORE_PUBLIC_ONLY");
+        return NULL;
+    }
+#endif
     if (!(ClaimType = (PyTypeObject *)attr_of("dibs._model", "Claim")) ||
         !(ClaimResultType = (PyTypeObject *)attr_of("dibs._model", "ClaimResult")) ||
         !(UnitType = (PyTypeObject *)attr_of("dibs._model", "Unit")) ||

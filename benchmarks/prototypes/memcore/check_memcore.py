@@ -16,9 +16,11 @@ past the request retention). Builds the module first if it is missing.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import random
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -123,17 +125,46 @@ def run(seed: int, steps: int, seen: dict[str, int]) -> int:
     return steps
 
 
+def race(threads: int = 8, seats: int = 1000) -> None:
+    """Threads each try every unit, confirmed at once: each unit goes to exactly one."""
+    core = _memcore.Core()
+    units = [dibs.Unit("hall", str(i)) for i in range(seats)]
+    won = [0] * threads
+    barrier = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        order = random.Random(t).sample(units, seats)
+        barrier.wait()
+        won[t] = sum(core.claim(u, holder=f"t{t}").granted for u in order)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    if sum(won) != seats:
+        raise AssertionError(f"{sum(won)} granted of {seats}: {won}")
+    print(f"race: {threads} threads over {seats} units, each granted once {won}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sequences", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--gc-stress", action="store_true", help="collect at every allocation")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # the pure store logs lost holds
+    if args.gc_stress:
+        gc.set_threshold(1)  # shakes out a missing reference in the C code
     seen: dict[str, int] = {}
     done = sum(run(seed, args.steps, seen) for seed in range(args.sequences))
     for kind, count in sorted(seen.items()):
         print(f"{count:8,}  {kind}")
     print(f"{args.sequences} sequences, {done} operations: the C core answered as MemoryStore")
+    gc.set_threshold(700)
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    for _ in range(5):
+        race()
 
 
 if __name__ == "__main__":
