@@ -21,7 +21,9 @@ as in benchmarks/bench_peers_memory.py:
 Prints per workload the median operations per second of each, and the median
 [range] of the per-round ratios C core ÷ seatlock and pure ÷ seatlock (times:
 above 1 is slower than seatlock; issue #27's goal is at most 1.5) and pure ÷ C
-core. ``--instructions`` also counts instructions per operation under
+core. ``--facade`` adds a fourth contender: the same core called from a Python
+method (a closed check and the call), as a ``MemoryStore`` that kept its Python
+class around a C core would pay. ``--instructions`` also counts instructions per operation under
 ``valgrind --tool=cachegrind`` (each run less a run that sets up the same and
 does nothing): exact where CPU time on a shared machine moves by ±15 %.
 """
@@ -46,6 +48,33 @@ import dibs
 PROTOTYPE = Path(__file__).resolve().parent / "prototypes" / "memcore"
 SIDES = ("seatlock", "pure", "core")
 WORKLOADS = ("hold then confirm", "confirmed at once", "holds with request IDs")
+
+
+class Facade:
+    """The C core behind Python methods: what a Python MemoryStore class around it would cost."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._closed = False
+        self._fast_claim = True
+
+    def claim(
+        self,
+        targets: Any,
+        *,
+        holder: Any,
+        request_id: Any = None,
+        ttl: Any = None,
+        mode: Any = "exclusive",
+    ) -> Any:
+        if self._closed or not self._fast_claim or mode != "exclusive":
+            raise NotImplementedError("the general path")
+        return self._core.claim(targets, holder=holder, request_id=request_id, ttl=ttl)
+
+    def confirm(self, claim_id: Any, *, holder: Any, fence: Any) -> Any:
+        if self._closed:
+            raise NotImplementedError("the general path")
+        return self._core.confirm(claim_id, holder=holder, fence=fence)
 
 
 def _load_core(where: Path) -> Any:
@@ -86,7 +115,10 @@ def run_once(side: str, workload: str, seats: int, memcore: Any) -> float:
                 lock(i, "alice")
 
         return _timed(seat_locks if workload == WORKLOADS[2] else seat_pairs)
-    store = dibs.open("memory://") if side == "pure" else memcore.Core()
+    if side == "pure":
+        store = dibs.open("memory://")
+    else:
+        store = memcore.Core() if side == "core" else Facade(memcore.Core())
     claim, confirm = store.claim, store.confirm
 
     def pairs() -> None:
@@ -114,11 +146,12 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
 
 
-def timing(rounds: int, seats: int, memcore: Any) -> None:
-    took: dict[tuple[str, str], list[float]] = {(w, s): [] for w in WORKLOADS for s in SIDES}
+def timing(rounds: int, seats: int, memcore: Any, sides: tuple[str, ...]) -> None:
+    took: dict[tuple[str, str], list[float]] = {(w, s): [] for w in WORKLOADS for s in sides}
     for r in range(rounds):
         for workload in WORKLOADS:
-            order = SIDES[r % 3 :] + SIDES[: r % 3]
+            k = r % len(sides)
+            order = sides[k:] + sides[:k]
             for side in order:
                 took[workload, side].append(run_once(side, workload, seats, memcore))
     print(f"CPU time, {rounds} rounds x {seats:,} seats; load {os.getloadavg()[0]:.1f}")
@@ -127,7 +160,7 @@ def timing(rounds: int, seats: int, memcore: Any) -> None:
         f"{'core / seatlock':>21}  {'pure / seatlock':>21}  {'pure / core':>21}"
     )
     for workload in WORKLOADS:
-        rate = {s: statistics.median(seats / t for t in took[workload, s]) for s in SIDES}
+        rate = {s: statistics.median(seats / t for t in took[workload, s]) for s in sides}
         seat, pure, core = (took[workload, s] for s in SIDES)
         print(
             f"{workload:24} {rate['seatlock']:11,.0f} {rate['pure']:9,.0f} {rate['core']:9,.0f}  "
@@ -135,6 +168,13 @@ def timing(rounds: int, seats: int, memcore: Any) -> None:
             f"{_spread([p / s for p, s in zip(pure, seat, strict=True)]):>21}  "
             f"{_spread([p / c for p, c in zip(pure, core, strict=True)]):>21}"
         )
+    if "facade" in sides:
+        for workload in WORKLOADS:
+            seat, facade = took[workload, "seatlock"], took[workload, "facade"]
+            ratios = [f / s for f, s in zip(facade, seat, strict=True)]
+            rate = statistics.median(seats / t for t in facade)
+            shown = _spread(ratios)
+            print(f"{workload:24} core behind Python methods: {rate:9,.0f}/s, ÷ seatlock {shown}")
     print("(c): seatlock is its plain lock_seat, for scale; the goal is 250,000 claims/s")
 
 
@@ -208,12 +248,13 @@ def main() -> None:
     parser.add_argument("--seats", type=int, default=20_000)
     parser.add_argument("--core", type=Path, default=PROTOTYPE, help="directory of _memcore")
     parser.add_argument("--instructions", action="store_true", help="count under valgrind too")
+    parser.add_argument("--facade", action="store_true", help="time the core behind Python too")
     parser.add_argument("--no-timing", action="store_true", help="with --instructions: only count")
     args = parser.parse_args()
     memcore = _load_core(args.core)
     print(f"core: {memcore.__file__}")
     if not args.no_timing:
-        timing(args.rounds, args.seats, memcore)
+        timing(args.rounds, args.seats, memcore, (*SIDES, "facade") if args.facade else SIDES)
     if args.instructions:
         instructions(args.seats, args.core)
 
