@@ -15,9 +15,12 @@
  * as _granted() / make_result() make it.
  *
  * Records: a C struct (Rec, a non-GC object) with the hot fields native (state,
- * fence, expiry) and a private dict holding the same ten keys as the pure
- * store's record, so that a snapshot is one PyDict_Copy. Indexes: PyDicts
- * keyed by str (Unit._key, claim ID, holder, request ID), as in the pure store.
+ * fence, expiry) and the pure store's record's ten values in an array; a
+ * snapshot is a copy of a template dict of the ten keys with those values
+ * written in (see record_dict). Indexes: the units and request IDs in PyDicts
+ * keyed by str (Unit._key, request ID); the claims in a vector indexed by
+ * fence (a claim ID is the prefix and its fence); each holder's claims in a
+ * list linked through the records, from a PyDict keyed by holder.
  *
  * Atomicity: one PyThread lock per Core, taken without waiting when free (the
  * GIL is released only to wait for it). The GIL alone would NOT do in 3.11: an
