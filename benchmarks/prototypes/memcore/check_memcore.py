@@ -1,0 +1,171 @@
+"""The C core against the pure MemoryStore: random operation sequences must answer alike.
+
+    PYTHONPATH=src python benchmarks/prototypes/memcore/check_memcore.py [--sequences 2000]
+
+Both run on one FakeClock, and the core takes the pure store's claim ID prefix, so
+every answer must be equal: a ClaimResult or Claim equal field by field (the
+dataclass ``==``, which reads the datetimes from the micro-second fields) and
+with the same ``__dict__`` (the ten record keys, ``_ttl`` and the ``_*_us`` times
+included), a bool, or the same exception (type, message, facts). Operations:
+claim (3 units, 2 holders, request IDs or none, confirmed at once or holds of
+several TTLs, int and float), confirm and release (with the right or a wrong
+holder or fence, or an unknown ID), get, and the clock moving on (past TTLs and
+past the request retention). Builds the module first if it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import random
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import dibs  # noqa: E402
+from dibs._clock import FakeClock  # noqa: E402
+from dibs.stores.memory import MemoryStore  # noqa: E402
+
+try:
+    import _memcore  # type: ignore[import-not-found]
+except ImportError:
+    from build import build  # type: ignore[import-not-found]
+
+    build()
+    import _memcore  # type: ignore[import-not-found]
+
+_LAZY = ("expires_at", "created_at", "updated_at")  # cached datetimes, made on first read
+RETENTION = 60.0
+
+
+def _shape(value: Any) -> Any:
+    """What must match: the object's type, its fields and its stored dict."""
+    if isinstance(value, BaseException):
+        facts = {k: v for k, v in vars(value).items() if k != "__traceback__"}
+        return ("raised", type(value), str(value), facts)
+    if isinstance(value, dibs.ClaimResult):
+        return ("result", value, _shape(value.claim))
+    if isinstance(value, dibs.Claim):
+        stored = {k: v for k, v in vars(value).items() if k not in _LAZY}
+        return ("claim", value, stored)
+    return ("value", type(value), value)
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # every answer is compared, errors included
+        return exc
+
+
+def _kind(value: Any) -> str:
+    """The outcome's kind, to show what the sequences covered."""
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}:{getattr(value, 'reason', '')}"
+    if isinstance(value, dibs.ClaimResult):
+        claim = value.claim
+        if claim is None:
+            return f"result:{value.granted}:{'replayed' if value.replayed else 'new'}"
+        state = f":{claim.state}{':taken over' if claim.taken_over else ''}"
+        return f"result:{value.granted}:{'replayed' if value.replayed else 'new'}{state}"
+    if isinstance(value, dibs.Claim):
+        return f"claim:{value.state}"
+    return f"{type(value).__name__}:{value}"
+
+
+def run(seed: int, steps: int, seen: dict[str, int]) -> int:
+    """One random sequence; returns the number of operations compared."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    pure = MemoryStore(clock=clock, request_retention=RETENTION)
+    core = _memcore.Core(prefix=pure._id_prefix, clock=clock.now, request_retention=RETENTION)
+    units = [dibs.Unit("hall", str(i)) for i in range(3)]
+    holders = ["alice", "bob"]
+    known: list[tuple[str, int, str]] = [("nope-1", 1, "alice")]  # (id, fence, holder)
+    for step in range(steps):
+        op = rng.choice(("claim", "claim", "claim", "confirm", "release", "get", "advance"))
+        if op == "advance":
+            clock.advance(rng.choice((0, 0.5, 4, 7, 30, 61)))
+            continue
+        if op == "claim":
+            kwargs: dict[str, Any] = {"holder": rng.choice(holders)}
+            rid = rng.choice((None, None, "r1", "r2", "r3"))
+            if rid is not None:
+                kwargs["request_id"] = rid
+            ttl = rng.choice((None, 5, 10.5, 300, 0.25))
+            if ttl is not None:
+                kwargs["ttl"] = ttl
+            unit = rng.choice(units)
+            a = _call(pure.claim, unit, **kwargs)
+            b = _call(core.claim, unit, **kwargs)
+            if isinstance(a, dibs.ClaimResult) and a.claim is not None:
+                known.append((a.claim.id, a.claim.fence, a.claim.holder))
+        elif op == "get":
+            claim_id = rng.choice(known)[0]
+            a = _call(pure.get, claim_id)
+            b = _call(core.get, claim_id)
+        else:
+            claim_id, fence, holder = rng.choice(known)
+            if rng.random() < 0.15:
+                holder = "carol"
+            if rng.random() < 0.15:
+                fence += 1
+            a = _call(getattr(pure, op), claim_id, holder=holder, fence=fence)
+            b = _call(getattr(core, op), claim_id, holder=holder, fence=fence)
+        seen[f"{op} -> {_kind(a)}"] = seen.get(f"{op} -> {_kind(a)}", 0) + 1
+        if _shape(a) != _shape(b):
+            raise AssertionError(
+                f"seed {seed}, step {step}, {op}: pure {_shape(a)!r}\n  core {_shape(b)!r}"
+            )
+    return steps
+
+
+def race(threads: int = 8, seats: int = 1000) -> None:
+    """Threads each try every unit, confirmed at once: each unit goes to exactly one."""
+    core = _memcore.Core()
+    units = [dibs.Unit("hall", str(i)) for i in range(seats)]
+    won = [0] * threads
+    barrier = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        order = random.Random(t).sample(units, seats)
+        barrier.wait()
+        won[t] = sum(core.claim(u, holder=f"t{t}").granted for u in order)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    if sum(won) != seats:
+        raise AssertionError(f"{sum(won)} granted of {seats}: {won}")
+    print(f"race: {threads} threads over {seats} units, each granted once {won}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sequences", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--gc-stress", action="store_true", help="collect at every allocation")
+    args = parser.parse_args()
+    logging.disable(logging.CRITICAL)  # the pure store logs lost holds
+    if args.gc_stress:
+        gc.set_threshold(1)  # shakes out a missing reference in the C code
+    seen: dict[str, int] = {}
+    done = sum(run(seed, args.steps, seen) for seed in range(args.sequences))
+    for kind, count in sorted(seen.items()):
+        print(f"{count:8,}  {kind}")
+    print(f"{args.sequences} sequences, {done} operations: the C core answered as MemoryStore")
+    gc.set_threshold(700)
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    for _ in range(5):
+        race()
+
+
+if __name__ == "__main__":
+    main()
