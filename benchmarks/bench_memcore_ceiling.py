@@ -16,7 +16,11 @@ as in benchmarks/bench_peers_memory.py:
 * (b) confirmed at once: ``claim(unit, holder="alice")``; seatlock, its cheapest
   way to a booked seat, ``lock_seat`` then ``book_a_seat``;
 * (c) holds with request IDs: ``claim(unit, holder="alice", request_id=rid, ttl=300)``;
-  seatlock's plain ``lock_seat``, for scale only.
+  seatlock's plain ``lock_seat``, for scale only;
+* (d) racing: 8 threads each try every one of 1,000 seats, in an order of their
+  own, 10 times over (fresh seats each time); dibs a confirmed claim per attempt,
+  seatlock ``lock_seat`` and then ``book_a_seat`` when the lock was won. Each seat
+  goes to exactly one thread (checked). Timed only, not counted.
 
 Prints per workload the median operations per second of each, and the median
 [range] of the per-round ratios C core ÷ seatlock and pure ÷ seatlock (times:
@@ -33,9 +37,11 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +53,9 @@ import dibs
 
 PROTOTYPE = Path(__file__).resolve().parent / "prototypes" / "memcore"
 SIDES = ("seatlock", "pure", "core")
-WORKLOADS = ("hold then confirm", "confirmed at once", "holds with request IDs")
+COUNTED = ("hold then confirm", "confirmed at once", "holds with request IDs")
+WORKLOADS = (*COUNTED, "racing, 8 threads")
+RACE_THREADS, RACE_SEATS, RACES = 8, 1_000, 10
 
 
 class Facade:
@@ -97,8 +105,63 @@ def _timed(body: Callable[[], None]) -> float:
     return time.process_time() - began
 
 
+def _race(side: str, memcore: Any) -> float:
+    """CPU seconds (every thread's) of RACES races; each seat goes to exactly one thread."""
+    took = 0.0
+    for r in range(RACES):
+        if side == "seatlock":
+            manager = seatlock.SeatManager([seatlock.Seat(i) for i in range(RACE_SEATS)])
+            lock, book = manager.lock_seat, manager.book_a_seat
+
+            def attempt(name: str, i: int) -> bool:
+                if lock(i, name).endswith(f" is locked by {name}"):  # noqa: B023
+                    book(i, name)  # noqa: B023
+                    return True
+                return False
+        else:
+            if side == "pure":
+                store = dibs.open("memory://")
+            else:
+                store = memcore.Core() if side == "core" else Facade(memcore.Core())
+            claim = store.claim
+            units = [dibs.Unit("hall", str(i)) for i in range(RACE_SEATS)]
+
+            def attempt(name: str, i: int) -> bool:
+                return bool(claim(units[i], holder=name).granted)  # noqa: B023
+
+        won = [0] * RACE_THREADS
+        barrier = threading.Barrier(RACE_THREADS + 1)
+
+        def work(t: int, seed: int) -> None:
+            order = list(range(RACE_SEATS))
+            random.Random(seed).shuffle(order)
+            name = f"t{t}"
+            barrier.wait()  # noqa: B023
+            won[t] = sum(attempt(name, i) for i in order)  # noqa: B023
+
+        pool = [
+            threading.Thread(target=work, args=(t, r * RACE_THREADS + t))
+            for t in range(RACE_THREADS)
+        ]
+        for thread in pool:
+            thread.start()
+        gc.collect()
+        began = time.process_time()
+        barrier.wait()
+        for thread in pool:
+            thread.join()
+        took += time.process_time() - began
+        if sum(won) != RACE_SEATS:
+            raise AssertionError(f"{side}: {sum(won)} seats granted, expected {RACE_SEATS}")
+        if side == "pure":
+            store.close()
+    return took
+
+
 def run_once(side: str, workload: str, seats: int, memcore: Any) -> float:
     """CPU seconds of one round of ``workload`` on ``side``, set-up not counted."""
+    if workload == WORKLOADS[3]:
+        return _race(side, memcore)
     units = [dibs.Unit("hall", str(i)) for i in range(seats)]
     ids = [f"req-{i}" for i in range(seats)]
     if side == "seatlock":
@@ -160,7 +223,8 @@ def timing(rounds: int, seats: int, memcore: Any, sides: tuple[str, ...]) -> Non
         f"{'core / seatlock':>21}  {'pure / seatlock':>21}  {'pure / core':>21}"
     )
     for workload in WORKLOADS:
-        rate = {s: statistics.median(seats / t for t in took[workload, s]) for s in sides}
+        ops = RACES * RACE_SEATS * RACE_THREADS if workload == WORKLOADS[3] else seats
+        rate = {s: statistics.median(ops / t for t in took[workload, s]) for s in sides}
         seat, pure, core = (took[workload, s] for s in SIDES)
         print(
             f"{workload:24} {rate['seatlock']:11,.0f} {rate['pure']:9,.0f} {rate['core']:9,.0f}  "
@@ -172,10 +236,12 @@ def timing(rounds: int, seats: int, memcore: Any, sides: tuple[str, ...]) -> Non
         for workload in WORKLOADS:
             seat, facade = took[workload, "seatlock"], took[workload, "facade"]
             ratios = [f / s for f, s in zip(facade, seat, strict=True)]
-            rate = statistics.median(seats / t for t in facade)
+            ops = RACES * RACE_SEATS * RACE_THREADS if workload == WORKLOADS[3] else seats
+            rate = statistics.median(ops / t for t in facade)
             shown = _spread(ratios)
             print(f"{workload:24} core behind Python methods: {rate:9,.0f}/s, ÷ seatlock {shown}")
     print("(c): seatlock is its plain lock_seat, for scale; the goal is 250,000 claims/s")
+    print("(d): attempts/s, every thread's CPU time")
 
 
 _COUNTED = r"""
@@ -231,7 +297,7 @@ def instructions(seats: int, where: Path) -> None:
         f"{'workload':24} {'seatlock':>9} {'pure':>9} {'core':>9}  "
         f"{'core/seat':>9}  {'pure/core':>9}"
     )
-    for workload in WORKLOADS:
+    for workload in COUNTED:
         per = {}
         for side in SIDES:
             base = _instructions(side, "none", seats, where)
