@@ -1,6 +1,7 @@
 """The C core against the pure MemoryStore: random operation sequences must answer alike.
 
     PYTHONPATH=src python benchmarks/prototypes/memcore/check_memcore.py [--sequences 2000]
+        [--core DIR]
 
 Both run on one FakeClock, and the core takes the pure store's claim ID prefix, so
 every answer must be equal: a ClaimResult or Claim equal field by field (the
@@ -10,34 +11,47 @@ included), a bool, or the same exception (type, message, facts). Operations:
 claim (3 units, 2 holders, request IDs or none, confirmed at once or holds of
 several TTLs, int and float), confirm and release (with the right or a wrong
 holder or fence, or an unknown ID), get, and the clock moving on (past TTLs and
-past the request retention). Builds the module first if it is missing.
+past the request retention). Builds the module first if it is missing (into
+``--core DIR`` when given, else beside this file).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import logging
 import random
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 from typing import Any
 
+import dibs
+from dibs._clock import FakeClock
+from dibs.stores.memory import MemoryStore
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+_memcore: Any = None  # the module, once load() found or built it
 
-import dibs  # noqa: E402
-from dibs._clock import FakeClock  # noqa: E402
-from dibs.stores.memory import MemoryStore  # noqa: E402
 
-try:
-    import _memcore  # type: ignore[import-not-found]
-except ImportError:
-    from build import build  # type: ignore[import-not-found]
+def load(where: Path = HERE) -> Any:
+    """``_memcore`` from ``where``, built there first if it is not."""
+    global _memcore
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if not (where / f"_memcore{suffix}").exists():
+        sys.path.insert(0, str(HERE))
+        from build import build  # type: ignore[import-not-found]
 
-    build()
-    import _memcore  # type: ignore[import-not-found]
+        where.mkdir(parents=True, exist_ok=True)
+        build(where)
+    sys.path.insert(0, str(where))
+    _memcore = importlib.import_module("_memcore")
+    if Path(_memcore.__file__).parent != where.resolve():
+        raise RuntimeError(f"_memcore came from {_memcore.__file__}, not {where}")
+    return _memcore
+
 
 _LAZY = ("expires_at", "created_at", "updated_at")  # cached datetimes, made on first read
 RETENTION = 60.0
@@ -152,7 +166,10 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--gc-stress", action="store_true", help="collect at every allocation")
+    parser.add_argument("--races", type=int, default=5, help="8-thread races after the sequences")
+    parser.add_argument("--core", type=Path, default=HERE, help="directory of _memcore")
     args = parser.parse_args()
+    load(args.core)
     logging.disable(logging.CRITICAL)  # the pure store logs lost holds
     if args.gc_stress:
         gc.set_threshold(1)  # shakes out a missing reference in the C code
@@ -163,7 +180,7 @@ def main() -> None:
     print(f"{args.sequences} sequences, {done} operations: the C core answered as MemoryStore")
     gc.set_threshold(700)
     sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
-    for _ in range(5):
+    for _ in range(args.races):
         race()
 
 
