@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,43 @@ def test_python_m_harness_starts_a_server_by_hand_and_removes_it(kind: str) -> N
         child.stdout.close()
     with pytest.raises(dibs.StoreUnavailable):
         dibs.open(f"{url}/hand?timeout=1" if kind == "etcd" else f"{url}?pool_timeout=1")
+
+
+def test_a_start_waits_for_a_stop_under_way_in_another_thread(
+    private_pg_server: _postgres.PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash (``stop("immediate")``) in one thread and a restart in another: the start
+    runs only once the stop has ended. A start that ran while ``pg_ctl stop`` still waited
+    put the new postmaster's PID where that stop looked, and it waited out its 60 s and
+    failed (a loaded CI run of test_server_restart_mid_run_converges)."""
+    server = private_pg_server
+    real = server.pg_ctl
+    calls: list[str] = []
+    stopping, go, starting = threading.Event(), threading.Event(), threading.Event()
+
+    def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        calls.append(args[0])
+        if args[0] == "start":
+            starting.set()
+        done = real(*args)
+        if args[0] == "stop":  # the server is down; the stop has not returned yet
+            stopping.set()
+            assert go.wait(60), "the test never let the stop return"
+            calls.append("stop returned")
+        return done
+
+    monkeypatch.setattr(server, "pg_ctl", pg_ctl)
+    crash = threading.Thread(target=server.stop, args=("immediate",))
+    crash.start()
+    assert stopping.wait(60)
+    restart = threading.Thread(target=server.start)
+    restart.start()
+    try:
+        # Unguarded, the start reaches pg_ctl at once; guarded, it waits for the stop.
+        assert not starting.wait(2), "the start ran while the stop was under way"
+    finally:
+        go.set()
+    crash.join(60)
+    restart.join(120)
+    assert calls == ["stop", "stop returned", "start"]
+    assert server.running and server.pid() is not None

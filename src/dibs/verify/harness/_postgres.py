@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -143,6 +144,10 @@ class PostgresServer:
         self.logfile = self.root / "server.log"
         self._running = False
         self._closed = False
+        # start, stop and close one at a time: a start while another thread's stop
+        # still waits would put a new postmaster's PID in the file that pg_ctl stop
+        # watches, and that stop would wait out its 60 s and fail.
+        self._lifecycle = threading.RLock()
         try:
             self._initdb()
         except BaseException:
@@ -152,7 +157,14 @@ class PostgresServer:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the server (on a new free port the first time) and wait until it accepts."""
+        """Start the server (on a new free port the first time) and wait until it accepts.
+
+        Waits for a :meth:`stop` under way in another thread to end first.
+        """
+        with self._lifecycle:
+            self._start()
+
+    def _start(self) -> None:
         attempts = 5 if self.port == 0 else 1
         for attempt in range(attempts):
             if attempt or self.port == 0:
@@ -170,17 +182,19 @@ class PostgresServer:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: ``fast`` (clean), or ``immediate`` (like a crash)."""
-        if not self._running:
-            return
-        self._running = False
-        done = self.pg_ctl("stop", "-w", "-t", "60", "-m", mode)
-        if done.returncode != 0 and self.pid() is not None:
-            raise ServerSetupError(f"pg_ctl stop failed: {done.stdout}{done.stderr}")
+        with self._lifecycle:
+            if not self._running:
+                return
+            self._running = False
+            done = self.pg_ctl("stop", "-w", "-t", "60", "-m", mode)
+            if done.returncode != 0 and self.pid() is not None:
+                raise ServerSetupError(f"pg_ctl stop failed: {done.stdout}{done.stderr}")
 
     def restart(self, mode: str = "fast") -> None:
         """Stop and start again on the same port with the same data."""
-        self.stop(mode)
-        self.start()
+        with self._lifecycle:
+            self.stop(mode)
+            self.start()
 
     def pid(self) -> int | None:
         """The postmaster's process ID, or None when it is not running."""
