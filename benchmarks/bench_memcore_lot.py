@@ -25,7 +25,12 @@ remove clears them first; a mark on a marked slot fails), the store names the
 vehicle as the holder of each slot it was given, and the row is empty afterwards.
 ``--split`` also times, on one thread, the core's two calls alone (the same
 group claims and releases, units made beforehand) against the Lot's pair on the
-core: the difference is the Lot's own Python.
+core: the difference is the Lot's own Python. ``--instructions`` counts
+instructions per pair under ``valgrind --tool=cachegrind`` (one thread, 10,000
+pairs, each run less the same run with none) for the seed's lot, the Lot on the
+pure store, the Lot on the core, and the core's two calls alone: exact where CPU
+time on a shared machine moves by ±15 %, though instructions alone do not
+predict time (see prototypes/memcore/README.md).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import gc
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -196,6 +202,60 @@ def split(core_type: Any, pairs: int, size: int, rounds: int) -> None:
     )
 
 
+COUNTED_PAIRS = 10_000
+
+
+def counted(side: str, pairs: int, core_type: Any) -> None:
+    """What valgrind counts: one thread, ``pairs`` of COUNTED_PAIRS pairs (all made either way)."""
+    rng = random.Random(0)
+    lengths = [rng.choice((1, 1, 2, 3)) for _ in range(COUNTED_PAIRS)]
+    vehicles = [f"v0-{i}" for i in range(COUNTED_PAIRS)]
+    if side == "bare":
+        core = core_type()
+        slots = [dibs.Unit("lot:bare", f"slot:{i}") for i in range(64)]
+        groups = [
+            tuple(sorted((*slots[:length], dibs.Unit("lot:bare", f"vehicle:{v}"))))
+            for v, length in zip(vehicles, lengths, strict=True)
+        ]
+        for vehicle, units in zip(vehicles[:pairs], groups, strict=False):
+            c = core._claim_checked(units, vehicle).claim
+            core.release(c.id, holder=vehicle, fence=c.fence)
+        return
+    lot: Any = {
+        "seed": lambda: bench_lot.ParkingLot(64),
+        "pure": lambda: dibs.Lot(MemoryStore(), "counted", 64),
+        "core": lambda: dibs.Lot(CoreStore(core_type), "counted", 64),
+    }[side]()
+    for vehicle, length in zip(vehicles[:pairs], lengths, strict=False):
+        lot.park(vehicle, length)
+        lot.remove(vehicle)
+
+
+def instructions(core_dir: Path) -> None:
+    def count(side: str, pairs: int) -> int:
+        err = subprocess.run(
+            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+             sys.executable, __file__, "--core", str(core_dir), "--counted", side, str(pairs)],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+        return int(
+            next(x for x in err.splitlines() if "I   refs:" in x).split(":")[1].replace(",", "")
+        )
+
+    n = COUNTED_PAIRS
+    per = {side: (count(side, n) - count(side, 0)) / n for side in ("seed", "pure", "core", "bare")}
+    print(
+        f"instructions per pair (valgrind, 1 thread, {n:,} pairs, less set-up): "
+        + "  ".join(f"{side} {v:,.0f}" for side, v in per.items())
+    )
+    print(
+        f"  core ÷ seed {per['core'] / per['seed']:.2f}"
+        f"  pure ÷ seed {per['pure'] / per['seed']:.2f}"
+        f"  the core's two calls alone {per['bare'] / per['core']:.0%} of the Lot's pair on it,"
+        f" the Lot's own Python {1 - per['bare'] / per['core']:.0%}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--threads", default="1,2,4,8")
@@ -204,8 +264,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--core", type=Path, default=HERE / "prototypes" / "memcore")
     parser.add_argument("--split", action="store_true", help="the Lot's Python vs the core")
+    parser.add_argument("--instructions", action="store_true", help="count under valgrind too")
+    parser.add_argument("--counted", nargs=2, help=argparse.SUPPRESS)  # valgrind's child
     args = parser.parse_args()
     core_type = load(args.core).Core
+    if args.counted:
+        counted(args.counted[0], int(args.counted[1]), core_type)
+        return
     thread_counts = [int(t) for t in args.threads.split(",")]
     counter = iter(range(10**9))
 
@@ -255,6 +320,8 @@ def main() -> None:
         print("  ".join(line), flush=True)
     if args.split:
         split(core_type, args.pairs * 4, args.size, args.rounds)
+    if args.instructions:
+        instructions(args.core)
     print(f"load: {os.getloadavg()}")
 
 
