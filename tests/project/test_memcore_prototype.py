@@ -6,8 +6,9 @@ helpers, so a change to the store can leave it answering differently, and
 the figures could no longer be rerun. Here it is built with gcc, as
 benchmarks/bench_memcore_ceiling.py builds it, and checked against the pure
 store: random operation sequences answered alike (results, snapshots'
-``__dict__``s, exceptions with their facts), again with the collector run at
-every allocation, and 8 threads racing that grant each unit once.
+``__dict__``s, exceptions with their facts; one-unit and group claims), again
+with the collector run at every allocation, 8 threads racing that grant each
+unit once, and 8 threads racing group claims that never share a unit.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def test_the_c_core_answers_as_the_memory_store(tmp_path: Path) -> None:
     out = _check(tmp_path, "--sequences", "400", "--races", "3")
     assert "400 sequences, 24000 operations: the C core answered as MemoryStore" in out
     assert out.count("each granted once") == 3
+    assert "group -> result:True:new:confirmed" in out  # group claims were compared too
+    assert out.count("no slot in two, all freed") == 3  # and raced
 
 
 def test_the_c_core_keeps_its_references_when_the_collector_runs_at_every_allocation(

@@ -1,13 +1,18 @@
-/* _memcore: a hand-written C core for memory://'s one-unit hot path (issue #27).
+/* _memcore: a hand-written C core for memory://'s hot paths (issue #27).
  *
  * A PROTOTYPE, not shipped: it answers "what is the ceiling of a C extension
- * core that still returns the real public objects". Core implements, for ONE
- * exclusive dibs.Unit per claim, what MemoryStore's inline paths (and the
- * general steps they fall into for one unit) do: claim (a hold with a TTL, or
- * confirmed at once; an optional request ID that replays; a unit held live or
- * confirmed by another holder is not granted, with taken=(unit,); the same
- * holder re-claiming what it holds is replayed; a dead hold is taken over),
- * confirm(claim_id, holder, fence) and release(claim_id, holder, fence).
+ * core that still returns the real public objects". Core implements, for
+ * exclusive claims of dibs.Units (one, or a group), what MemoryStore's inline
+ * paths (and the general steps they fall into for units) do: claim (a hold with
+ * a TTL, or confirmed at once; an optional request ID that replays; a unit held
+ * live or confirmed by another holder is not granted, with taken= the taken
+ * units in the claim's order; the same holder re-claiming exactly what it holds
+ * is replayed; a dead hold is taken over), confirm(claim_id, holder, fence) and
+ * release(claim_id, holder, fence), get and holder_of. Groups: claim() of a list
+ * or tuple of Units (normalized as MemoryStore.claim does: sorted by
+ * (resource, slot), de-duplicated) and _claim_checked(units, holder), the
+ * group claim dibs.Lot makes through Store._claim_checked (MemoryStore's
+ * _claim_units with no request ID, confirmed at once).
  *
  * Objects returned are the real ones: a dibs.Claim made as
  * claim_from_micros() makes it (object.__new__ and a __dict__ holding the
@@ -47,6 +52,7 @@ enum { HELD = 0, CONFIRMED = 1, RELEASED = 2, EXPIRED = 3 };
 /* Imported from dibs once, at module init. */
 static PyTypeObject *ClaimType, *ClaimResultType, *UnitType;
 static PyObject *STATES[4];
+static PyObject *fn_sorted, *fn_unit_key;
 static PyObject *fn_claim_not_found, *fn_not_holder, *fn_hold_lost, *fn_ring, *RequestConflict;
 static PyObject *REASON_FENCE, *REASON_RELEASED, *REASON_EXPIRED, *REASON_TAKEN_OVER;
 static PyObject *EXCLUSIVE;
@@ -472,9 +478,17 @@ untrack(Rec *r)
 #endif
 }
 
-/* A new record, indexed under the unit, its ID and its holder (the caller holds the lock). */
+static inline PyObject *
+key_of(PyObject *unit)
+{
+    return *(PyObject **)((char *)unit + unit_key_offset);
+}
+
+/* A new record, indexed under its units, its ID and its holder (the caller holds
+ * the lock). targets: the claimed units, a tuple (one unit, or a group sorted and
+ * de-duplicated as _claim_units receives it); key: the first unit's key. */
 static Rec *
-new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject *request_id,
+new_record(Core *self, PyObject *targets, PyObject *key, PyObject *holder, PyObject *request_id,
            PyObject *ttl, long long now)
 {
     long long fence = self->newest_fence = self->next_fence++;
@@ -493,7 +507,7 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
     PyObject *pnow = PyLong_FromLongLong(now);
     r->vals[V_ID] = r->id = claim_id_of(self, fence);
     r->vals[V_HOLDER] = r->holder = Py_NewRef(holder);
-    r->vals[V_TARGETS] = r->targets = PyTuple_Pack(1, unit);
+    r->vals[V_TARGETS] = r->targets = Py_NewRef(targets);
     r->vals[V_STATE] = Py_NewRef(STATES[r->state]);
     r->vals[V_FENCE] = PyLong_FromLongLong(fence);
     r->vals[V_REQUEST_ID] = Py_NewRef(request_id);
@@ -513,8 +527,14 @@ new_record(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject
             return NULL;
         }
     untrack(r);
-    if (PyDict_SetItem(self->units, key, (PyObject *)r) < 0 ||
-        add_claim(self, r) < 0 || index_holder(self, holder, r) < 0) {
+    Py_ssize_t n = PyTuple_GET_SIZE(targets);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyDict_SetItem(self->units, i ? key_of(PyTuple_GET_ITEM(targets, i)) : key,
+                           (PyObject *)r) < 0) {
+            Py_DECREF(r);
+            return NULL;
+        }
+    if (add_claim(self, r) < 0 || index_holder(self, holder, r) < 0) {
         Py_DECREF(r);
         return NULL;
     }
@@ -591,9 +611,31 @@ read_request(PyObject *entry, Req *q)
     return 0;
 }
 
-/* One unit's targets equal: same object, or units with the same key. */
+/* Targets equal (the tuples' ==): unit by unit the same object, or units with the same key. */
 static int
-same_targets(PyObject *a, PyObject *unit)
+same_targets(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (PyTuple_GET_SIZE(b) != n)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *u = PyTuple_GET_ITEM(a, i), *v = PyTuple_GET_ITEM(b, i);
+        if (u == v)
+            continue;
+        if (Py_TYPE(u) != UnitType || Py_TYPE(v) != UnitType)
+            return 0;
+        PyObject *ka = key_of(u), *kb = key_of(v);
+        if (ka != kb && PyUnicode_Compare(ka, kb) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* same_targets against one unit, without a tuple. */
+static int
+same_unit_targets(PyObject *a, PyObject *unit)
 {
     if (PyTuple_GET_SIZE(a) != 1)
         return 0;
@@ -602,65 +644,94 @@ same_targets(PyObject *a, PyObject *unit)
         return 1;
     if (Py_TYPE(u) != UnitType)
         return 0;
-    PyObject *ka = *(PyObject **)((char *)u + unit_key_offset);
-    PyObject *kb = *(PyObject **)((char *)unit + unit_key_offset);
+    PyObject *ka = key_of(u), *kb = key_of(unit);
     return ka == kb || PyUnicode_Compare(ka, kb) == 0;
 }
 
-/* _decide for one exclusive unit (no readers, no spans); returns a new result. */
+/* _decide for exclusive units (no readers, no spans): targets, a tuple of one unit
+ * or a sorted, de-duplicated group. Every target's writer is looked at: a live one
+ * makes the target taken (one live claim of exactly these targets by this holder
+ * is a replay), a dead hold not yet taken over is taken over once the claim is
+ * granted. Returns a new result. */
 static PyObject *
-decide(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject *request_id,
-       PyObject *ttl, long long now, PyObject **granted_id)
+decide(Core *self, PyObject *targets, PyObject *holder, PyObject *request_id, PyObject *ttl,
+       long long now, PyObject **granted_id)
 {
-    Rec *current = (Rec *)PyDict_GetItemWithError(self->units, key);
-    if (current == NULL && PyErr_Occurred())
-        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(targets), ndead = 0;
+    PyObject *taken = NULL, *res = NULL;
+    Rec *only = NULL, *dead_here[8], **dead = dead_here;
+    int many = 0;
     *granted_id = NULL;
-    if (current != NULL && live(current, now)) {
-        if (PyUnicode_Compare(current->holder, holder) == 0 &&
-            same_targets(current->targets, unit)) {
-            PyObject *claim = snapshot(current, now);
+    if (n > 8 && (dead = PyMem_Malloc(n * sizeof(Rec *))) == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *unit = PyTuple_GET_ITEM(targets, i);
+        Rec *w = (Rec *)PyDict_GetItemWithError(self->units, key_of(unit));
+        if (w == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            continue;
+        }
+        if (live(w, now)) {
+            if (taken == NULL && (taken = PyList_New(0)) == NULL)
+                goto done;
+            if (PyList_Append(taken, unit) < 0)
+                goto done;
+            if (only == NULL)
+                only = w;
+            else if (only != w)
+                many = 1;
+        } else if (w->state == HELD || (w->state == EXPIRED && !w->taken_over)) {
+            dead[ndead++] = w; /* borrowed: the claims vector keeps it */
+        }
+    }
+    if (taken != NULL) {
+        if (!many && PyUnicode_Compare(only->holder, holder) == 0 &&
+            same_targets(only->targets, targets)) {
+            /* Natural key: the holder re-claiming exactly what it holds. */
+            PyObject *claim = snapshot(only, now);
             if (claim == NULL)
-                return NULL;
+                goto done;
             PyObject *empty = PyTuple_New(0);
-            PyObject *res = make_result(1, claim, empty, 1);
-            Py_DECREF(empty);
+            res = make_result(1, claim, empty, 1);
+            Py_XDECREF(empty);
             Py_DECREF(claim);
-            *granted_id = current->id;
-            return res;
+            *granted_id = only->id;
+            goto done;
         }
-        PyObject *taken = PyTuple_Pack(1, unit);
-        if (taken == NULL)
-            return NULL;
-        PyObject *res = make_result(0, NULL, taken, 0);
-        Py_DECREF(taken);
-        return res;
+        PyObject *tuple = PyList_AsTuple(taken);
+        if (tuple == NULL)
+            goto done;
+        res = make_result(0, NULL, tuple, 0);
+        Py_DECREF(tuple);
+        goto done;
     }
-    Py_XINCREF(current);
-    if (current != NULL && (current->state == HELD ||
-                            (current->state == EXPIRED && !current->taken_over))) {
-        if (kill_taken_over(self, current, now) < 0) {
-            Py_DECREF(current);
-            return NULL;
-        }
-    }
-    Py_XDECREF(current); /* still held by claims */
-    Rec *r = new_record(self, unit, key, holder, request_id, ttl, now);
+    /* _kill(taken_over=True) and _forget_holder, idempotent: a dead group hold on
+     * several of these units is in dead once per unit. */
+    for (Py_ssize_t i = 0; i < ndead; i++)
+        if (kill_taken_over(self, dead[i], now) < 0)
+            goto done;
+    Rec *r = new_record(self, targets, key_of(PyTuple_GET_ITEM(targets, 0)), holder, request_id,
+                        ttl, now);
     if (r == NULL)
-        return NULL;
+        goto done;
     *granted_id = r->id;
     PyObject *claim = snapshot(r, now);
     Py_DECREF(r);
     if (claim == NULL)
-        return NULL;
-    PyObject *res = result2(k_granted, Py_True, k_claim, claim);
+        goto done;
+    res = result2(k_granted, Py_True, k_claim, claim);
     Py_DECREF(claim);
+done:
+    Py_XDECREF(taken);
+    if (dead != dead_here)
+        PyMem_Free(dead);
     return res;
 }
 
 /* _claim_locked: a request ID's replay or conflict, else decide and record the request. */
 static PyObject *
-claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObject *request_id,
+claim_locked(Core *self, PyObject *targets, PyObject *holder, PyObject *request_id,
              PyObject *ttl, long long now)
 {
     if (request_id != Py_None) {
@@ -674,8 +745,8 @@ claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObje
                 int same_ttl = PyObject_RichCompareBool(q.ttl, ttl, Py_EQ);
                 if (same_ttl < 0)
                     return NULL;
-                if (PyUnicode_Compare(q.holder, holder) != 0 || !same_targets(q.targets, unit) ||
-                    !same_ttl) {
+                if (PyUnicode_Compare(q.holder, holder) != 0 ||
+                    !same_targets(q.targets, targets) || !same_ttl) {
                     PyObject *msg = PyUnicode_FromFormat(
                         "request ID %R was already used with different input", request_id);
                     PyObject *cargs = msg ? PyTuple_Pack(1, msg) : NULL;
@@ -709,7 +780,7 @@ claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObje
         }
     }
     PyObject *granted_id;
-    PyObject *res = decide(self, unit, key, holder, request_id, ttl, now, &granted_id);
+    PyObject *res = decide(self, targets, holder, request_id, ttl, now, &granted_id);
     if (res == NULL || request_id == Py_None)
         return res;
     /* The request record: (holder, targets, ttl, claim ID or None, taken, created, mode). */
@@ -717,7 +788,7 @@ claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObje
     PyObject *empty = NULL;
     if (taken == NULL)
         taken = empty = PyTuple_New(0);
-    PyObject *entry = Py_BuildValue("(O(O)OOOLO)", holder, unit, ttl,
+    PyObject *entry = Py_BuildValue("(OOOOOLO)", holder, targets, ttl,
                                     granted_id ? granted_id : Py_None, taken, now, EXCLUSIVE);
     Py_XDECREF(empty);
     if (entry == NULL || PyDict_SetItem(self->requests, request_id, entry) < 0) {
@@ -727,6 +798,115 @@ claim_locked(Core *self, PyObject *unit, PyObject *key, PyObject *holder, PyObje
     }
     Py_DECREF(entry);
     return res;
+}
+
+/* _claim_units: a group claim, its targets a tuple of units sorted and
+ * de-duplicated, its names checked. All free and no request ID seen: granted
+ * inline; anything else (a unit indexed, live or dead; a request ID known) takes
+ * the general step, as the pure store's does. */
+static PyObject *
+group_claim(Core *self, PyObject *targets, PyObject *holder, PyObject *request_id, PyObject *ttl)
+{
+    PyObject *res = NULL;
+    long long now;
+    Py_ssize_t n = PyTuple_GET_SIZE(targets);
+    core_lock(self);
+    if (now_us(self, &now) < 0)
+        goto done;
+    if (request_id != Py_None) {
+        int has = PyDict_Contains(self->requests, request_id);
+        if (has < 0)
+            goto done;
+        if (has) {
+            res = claim_locked(self, targets, holder, request_id, ttl, now);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int has = PyDict_Contains(self->units, key_of(PyTuple_GET_ITEM(targets, i)));
+        if (has < 0)
+            goto done;
+        if (has) {
+            res = claim_locked(self, targets, holder, request_id, ttl, now);
+            goto done;
+        }
+    }
+    Rec *r = new_record(self, targets, key_of(PyTuple_GET_ITEM(targets, 0)), holder, request_id,
+                        ttl, now);
+    if (r == NULL)
+        goto done;
+    if (request_id != Py_None && PyDict_SetItem(self->requests, request_id, (PyObject *)r) < 0) {
+        Py_DECREF(r);
+        goto done;
+    }
+    PyObject *claim = snapshot(r, now);
+    Py_DECREF(r);
+    if (claim != NULL) {
+        res = result2(k_granted, Py_True, k_claim, claim);
+        Py_DECREF(claim);
+    }
+done:
+    core_unlock(self);
+    return res;
+}
+
+/* _claim_checked(units, holder): a group of units sorted and de-duplicated, a
+ * plain holder (the Lot checked both), confirmed at once. */
+static PyObject *
+Core__claim_checked(Core *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int ok = nargs == 2 && PyTuple_CheckExact(args[0]) && PyTuple_GET_SIZE(args[0]) > 0 &&
+             PyUnicode_CheckExact(args[1]);
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(args[0]); i++)
+        ok = Py_TYPE(PyTuple_GET_ITEM(args[0], i)) == UnitType;
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "_claim_checked(units: tuple[Unit, ...], holder: str)");
+        return NULL;
+    }
+    return group_claim(self, args[0], args[1], Py_None, Py_None);
+}
+
+/* holder_of(unit): the holder of the unit's live claim, or None. */
+static PyObject *
+Core_holder_of(Core *self, PyObject *unit)
+{
+    if (Py_TYPE(unit) != UnitType) {
+        PyErr_SetString(PyExc_NotImplementedError, "prototype: holder_of a Unit only");
+        return NULL;
+    }
+    long long now;
+    PyObject *out = NULL;
+    core_lock(self);
+    Rec *r = (Rec *)PyDict_GetItemWithError(self->units, key_of(unit));
+    if (r == NULL) {
+        if (!PyErr_Occurred())
+            out = Py_NewRef(Py_None);
+    } else if (now_us(self, &now) == 0)
+        out = Py_NewRef(live(r, now) ? r->holder : Py_None);
+    core_unlock(self);
+    return out;
+}
+
+/* claim(targets)'s group normalization: tuple(sorted(set(targets), key=_unit_key)). */
+static PyObject *
+normalize_units(PyObject *targets)
+{
+    PyObject *set = PySet_New(targets);
+    if (set == NULL)
+        return NULL;
+    PyObject *args = PyTuple_Pack(1, set);
+    Py_DECREF(set);
+    if (args == NULL)
+        return NULL;
+    PyObject *kw = Py_BuildValue("{sO}", "key", fn_unit_key);
+    PyObject *sorted = kw ? PyObject_Call(fn_sorted, args, kw) : NULL;
+    Py_DECREF(args);
+    Py_XDECREF(kw);
+    if (sorted == NULL)
+        return NULL;
+    PyObject *units = PyList_AsTuple(sorted);
+    Py_DECREF(sorted);
+    return units;
 }
 
 static PyObject *
@@ -749,7 +929,7 @@ Core_claim(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
             return PyErr_Format(PyExc_TypeError, "claim() got an unexpected keyword %R", name);
     }
     /* The inline paths' conditions; a real store sends anything else to Store.claim. */
-    if (holder == NULL || Py_TYPE(unit) != UnitType || !plain_name(holder) ||
+    if (holder == NULL || !plain_name(holder) ||
         (request_id != Py_None && !plain_name(request_id)) ||
         (ttl != Py_None &&
          !((PyFloat_CheckExact(ttl) && PyFloat_AS_DOUBLE(ttl) >= ttl_min &&
@@ -760,8 +940,26 @@ Core_claim(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
                         "prototype: only the inline case (one Unit, plain names, TTL in range)");
         return NULL;
     }
-    PyObject *key = *(PyObject **)((char *)unit + unit_key_offset);
-    PyObject *res = NULL;
+    if (Py_TYPE(unit) != UnitType) {
+        /* A group of units (a list or tuple of Units only): normalized as
+         * MemoryStore.claim does, then _claim_units. */
+        int group = (PyList_CheckExact(unit) || PyTuple_CheckExact(unit)) && PySequence_Fast_GET_SIZE(unit) > 0;
+        for (Py_ssize_t i = 0; group && i < PySequence_Fast_GET_SIZE(unit); i++)
+            group = Py_TYPE(PySequence_Fast_GET_ITEM(unit, i)) == UnitType;
+        if (!group) {
+            PyErr_SetString(PyExc_NotImplementedError,
+                            "prototype: only a Unit or a list or tuple of Units");
+            return NULL;
+        }
+        PyObject *units = normalize_units(unit);
+        if (units == NULL)
+            return NULL;
+        PyObject *res = group_claim(self, units, holder, request_id, ttl);
+        Py_DECREF(units);
+        return res;
+    }
+    PyObject *key = key_of(unit);
+    PyObject *res = NULL, *targets = NULL;
     long long now;
     core_lock(self);
     Rec *current = (Rec *)PyDict_GetItemWithError(self->units, key);
@@ -779,17 +977,19 @@ Core_claim(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         if (has < 0)
             goto done;
         if (has) {
-            res = claim_locked(self, unit, key, holder, request_id, ttl, now);
+            if ((targets = PyTuple_Pack(1, unit)) != NULL)
+                res = claim_locked(self, targets, holder, request_id, ttl, now);
             goto done;
         }
     }
     if (current != NULL) {
         if (request_id != Py_None || !live(current, now)) {
-            res = claim_locked(self, unit, key, holder, request_id, ttl, now);
+            if ((targets = PyTuple_Pack(1, unit)) != NULL)
+                res = claim_locked(self, targets, holder, request_id, ttl, now);
             goto done;
         }
         if (PyUnicode_Compare(current->holder, holder) == 0 &&
-            same_targets(current->targets, unit)) {
+            same_unit_targets(current->targets, unit)) {
             PyObject *claim = snapshot(current, now);
             if (claim != NULL) {
                 PyObject *empty = PyTuple_New(0);
@@ -802,7 +1002,9 @@ Core_claim(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         res = lost_result(unit);
         goto done;
     }
-    Rec *r = new_record(self, unit, key, holder, request_id, ttl, now);
+    if ((targets = PyTuple_Pack(1, unit)) == NULL)
+        goto done;
+    Rec *r = new_record(self, targets, key, holder, request_id, ttl, now);
     if (r == NULL)
         goto done;
     if (request_id != Py_None && PyDict_SetItem(self->requests, request_id, (PyObject *)r) < 0) {
@@ -817,6 +1019,7 @@ Core_claim(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
     }
 done:
     core_unlock(self);
+    Py_XDECREF(targets);
     return res;
 }
 
@@ -947,9 +1150,12 @@ Core_release(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     }
     if (set_state(r, RELEASED, 0, 0, now) < 0)
         goto done;
-    PyObject *indexed = PyDict_GetItem(self->units, r->key);
-    if (indexed == (PyObject *)r && PyDict_DelItem(self->units, r->key) < 0)
-        goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r->targets); i++) {
+        PyObject *key = i ? key_of(PyTuple_GET_ITEM(r->targets, i)) : r->key;
+        PyObject *indexed = PyDict_GetItem(self->units, key);
+        if (indexed == (PyObject *)r && PyDict_DelItem(self->units, key) < 0)
+            goto done;
+    }
     Holder *mine = forget_holder(self, r);
     if (mine != NULL && mine->size == 0 && PyDict_DelItem(self->by_holder, holder) < 0)
         goto done;
@@ -1064,6 +1270,9 @@ static PyMethodDef Core_methods[] = {
     {"release", (PyCFunction)(void (*)(void))Core_release, METH_FASTCALL | METH_KEYWORDS,
      "release(claim_id, *, holder, fence) -> bool"},
     {"get", (PyCFunction)Core_get, METH_O, "get(claim_id) -> Claim | None"},
+    {"_claim_checked", (PyCFunction)(void (*)(void))Core__claim_checked, METH_FASTCALL,
+     "_claim_checked(units, holder) -> ClaimResult (a group, confirmed at once)"},
+    {"holder_of", (PyCFunction)Core_holder_of, METH_O, "holder_of(unit) -> str | None"},
     {"counts", (PyCFunction)Core_counts, METH_NOARGS, "sizes of the indexes"},
     {NULL}};
 
@@ -1077,7 +1286,7 @@ static PyTypeObject CoreType = {
     .tp_basicsize = sizeof(Core),
     .tp_dealloc = (destructor)Core_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "memory://'s one-unit hot path in C (prototype)",
+    .tp_doc = "memory://'s hot paths for claims of units in C (prototype)",
     .tp_methods = Core_methods,
     .tp_members = Core_members,
     .tp_init = (initproc)Core_init,
@@ -1145,6 +1354,8 @@ PyInit__memcore(void)
         !(UnitType = (PyTypeObject *)attr_of("dibs._model", "Unit")) ||
         !(EXCLUSIVE = attr_of("dibs._model", "EXCLUSIVE")) ||
         !(fn_claim_not_found = attr_of("dibs.stores.base", "claim_not_found")) ||
+        !(fn_unit_key = attr_of("dibs.stores.memory", "_unit_key")) ||
+        !(fn_sorted = attr_of("builtins", "sorted")) ||
         !(fn_not_holder = attr_of("dibs.stores.base", "not_holder")) ||
         !(fn_hold_lost = attr_of("dibs.stores.base", "hold_lost")) ||
         !(fn_ring = attr_of("dibs._bell", "ring")) ||

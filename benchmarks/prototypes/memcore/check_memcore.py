@@ -9,10 +9,13 @@ dataclass ``==``, which reads the datetimes from the micro-second fields) and
 with the same ``__dict__`` (the ten record keys, ``_ttl`` and the ``_*_us`` times
 included), a bool, or the same exception (type, message, facts). Operations:
 claim (3 units, 2 holders, request IDs or none, confirmed at once or holds of
-several TTLs, int and float), confirm and release (with the right or a wrong
-holder or fence, or an unknown ID), get, and the clock moving on (past TTLs and
-past the request retention). Builds the module first if it is missing (into
-``--core DIR`` when given, else beside this file).
+several TTLs, int and float), group claims of 2 or 3 units out of 4 that overlap
+those (``_claim_checked(units, holder)`` as dibs.Lot makes them, and ``claim`` of
+a list in any order, duplicates included, with request IDs and TTLs too),
+confirm and release (with the right or a wrong holder or fence, or an unknown
+ID), get, holder_of, and the clock moving on (past TTLs and past the request
+retention). Builds the module first if it is missing (into ``--core DIR`` when
+given, else beside this file).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ def load(where: Path = HERE) -> Any:
 
 _LAZY = ("expires_at", "created_at", "updated_at")  # cached datetimes, made on first read
 RETENTION = 60.0
+OPS = (
+    *("claim", "claim", "claim", "group", "group"),
+    *("confirm", "release", "get", "holder_of", "advance"),
+)
 
 
 def _shape(value: Any) -> Any:
@@ -92,6 +99,11 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__}:{value}"
 
 
+def _taken_over(pure: MemoryStore) -> int:
+    """How many of the pure store's claims a takeover ended (to show what was covered)."""
+    return sum(1 for record in pure._claims.values() if record.get("taken_over"))
+
+
 def run(seed: int, steps: int, seen: dict[str, int]) -> int:
     """One random sequence; returns the number of operations compared."""
     rng = random.Random(seed)
@@ -99,14 +111,42 @@ def run(seed: int, steps: int, seen: dict[str, int]) -> int:
     pure = MemoryStore(clock=clock, request_retention=RETENTION)
     core = _memcore.Core(prefix=pure._id_prefix, clock=clock.now, request_retention=RETENTION)
     units = [dibs.Unit("hall", str(i)) for i in range(3)]
+    pool = [*units, dibs.Unit("hall", "3")]  # group claims: 2 or 3 of these
     holders = ["alice", "bob"]
     known: list[tuple[str, int, str]] = [("nope-1", 1, "alice")]  # (id, fence, holder)
     for step in range(steps):
-        op = rng.choice(("claim", "claim", "claim", "confirm", "release", "get", "advance"))
+        op = rng.choice(OPS)
         if op == "advance":
             clock.advance(rng.choice((0, 0.5, 4, 7, 30, 61)))
             continue
-        if op == "claim":
+        taken_over = _taken_over(pure) if op in ("claim", "group") else 0
+        if op == "group":
+            holder = rng.choice(holders)
+            group = rng.sample(pool, rng.choice((2, 3)))
+            if rng.random() < 0.5:  # as dibs.Lot claims: sorted, checked, confirmed at once
+                checked = tuple(sorted(group))
+                a = _call(pure._claim_checked, checked, holder)
+                b = _call(core._claim_checked, checked, holder)
+            else:  # the public claim of a list or tuple: any order, duplicates
+                kwargs = {"holder": holder}
+                rid = rng.choice((None, None, "r1", "r4"))
+                if rid is not None:
+                    kwargs["request_id"] = rid
+                ttl = rng.choice((None, None, 5, 0.25, 300))
+                if ttl is not None:
+                    kwargs["ttl"] = ttl
+                if rng.random() < 0.3:
+                    group.append(group[0])
+                given: Any = group if rng.random() < 0.5 else tuple(group)
+                a = _call(pure.claim, given, **kwargs)
+                b = _call(core.claim, given, **kwargs)
+            if isinstance(a, dibs.ClaimResult) and a.claim is not None:
+                known.append((a.claim.id, a.claim.fence, a.claim.holder))
+        elif op == "holder_of":
+            unit = rng.choice(pool)
+            a = _call(pure.holder_of, unit)
+            b = _call(core.holder_of, unit)
+        elif op == "claim":
             kwargs: dict[str, Any] = {"holder": rng.choice(holders)}
             rid = rng.choice((None, None, "r1", "r2", "r3"))
             if rid is not None:
@@ -131,6 +171,11 @@ def run(seed: int, steps: int, seen: dict[str, int]) -> int:
                 fence += 1
             a = _call(getattr(pure, op), claim_id, holder=holder, fence=fence)
             b = _call(getattr(core, op), claim_id, holder=holder, fence=fence)
+        if op in ("claim", "group") and isinstance(a, dibs.ClaimResult):
+            if op == "group" and not a.granted:
+                op = f"group of {len(a.taken)} taken"
+            elif _taken_over(pure) > taken_over:
+                op = f"{op} taking over a dead hold"
         seen[f"{op} -> {_kind(a)}"] = seen.get(f"{op} -> {_kind(a)}", 0) + 1
         if _shape(a) != _shape(b):
             raise AssertionError(
@@ -161,6 +206,57 @@ def race(threads: int = 8, seats: int = 1000) -> None:
     print(f"race: {threads} threads over {seats} units, each granted once {won}")
 
 
+def group_race(threads: int = 8, slots: int = 16, rounds: int = 300) -> None:
+    """Threads claim overlapping runs of 1-3 slots, each keeping its run a while: no overlap."""
+    core = _memcore.Core()
+    units = [dibs.Unit("row", f"{i:02d}") for i in range(slots)]
+    owner: list[str | None] = [None] * slots
+    errors: list[str] = []
+    granted = [0] * threads
+    barrier = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        rng = random.Random(t)
+        held: tuple[Any, str, int, int] | None = None  # (claim, holder, start, length)
+        barrier.wait()
+        for i in range(rounds + 1):
+            if held is not None:  # free the run taken last time round
+                claim, me, start, length = held
+                for s in range(start, start + length):
+                    if owner[s] != me:
+                        errors.append(f"slot {s}: {owner[s]} while {me} holds it")
+                    owner[s] = None
+                if not core.release(claim.id, holder=me, fence=claim.fence):
+                    errors.append(f"{me}: release of a live group claim answered False")
+                held = None
+            if i == rounds:
+                break
+            start, length = rng.randrange(slots - 2), rng.choice((1, 2, 3))
+            me = f"t{t}-{i}"
+            result = core._claim_checked(tuple(units[start : start + length]), me)
+            if not result.granted:
+                continue
+            granted[t] += 1
+            for s in range(start, start + length):
+                if owner[s] is not None:
+                    errors.append(f"slot {s}: {owner[s]} and {me}")
+                owner[s] = me
+            held = (result.claim, me, start, length)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    counts = core.counts()
+    if errors or counts["units"] or counts["holders"]:
+        raise AssertionError(f"group race: {errors[:5]}, left behind {counts}")
+    print(
+        f"group race: {threads} threads, {sum(granted)} of {threads * rounds} group claims "
+        "granted, no slot in two, all freed"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sequences", type=int, default=2000)
@@ -182,6 +278,7 @@ def main() -> None:
     sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
     for _ in range(args.races):
         race()
+        group_race()
 
 
 if __name__ == "__main__":
