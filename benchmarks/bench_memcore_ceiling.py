@@ -52,6 +52,9 @@ import seatlock
 import dibs
 
 PROTOTYPE = Path(__file__).resolve().parent / "prototypes" / "memcore"
+sys.path.insert(0, str(PROTOTYPE))
+from check_memcore import load  # noqa: E402  (builds the core into a directory if missing)
+
 SIDES = ("seatlock", "pure", "core")
 COUNTED = ("hold then confirm", "confirmed at once", "holds with request IDs")
 WORKLOADS = (*COUNTED, "racing, 8 threads")
@@ -83,19 +86,6 @@ class Facade:
         if self._closed:
             raise NotImplementedError("the general path")
         return self._core.confirm(claim_id, holder=holder, fence=fence)
-
-
-def _load_core(where: Path) -> Any:
-    sys.path.insert(0, str(where))
-    try:
-        import _memcore  # type: ignore[import-not-found]
-    except ImportError:
-        sys.path.insert(0, str(PROTOTYPE))
-        from build import build  # type: ignore[import-not-found]
-
-        build(where)
-        import _memcore  # type: ignore[import-not-found]
-    return _memcore
 
 
 def _timed(body: Callable[[], None]) -> float:
@@ -281,14 +271,19 @@ os._exit(0)  # no teardown counted
 """
 
 
-def _instructions(side: str, workload: str, n: int, where: Path) -> int:
+def cachegrind_instructions(*argv: str) -> int:
+    """Instructions ``python argv...`` runs, counted by valgrind's cachegrind."""
     err = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-         sys.executable, "-c", _COUNTED, side, workload, str(n), str(where)],
+         sys.executable, *argv],
         capture_output=True, text=True, check=True,
     ).stderr  # fmt: skip
     line = next(x for x in err.splitlines() if "I   refs:" in x)
     return int(line.split(":")[1].replace(",", ""))
+
+
+def _instructions(side: str, workload: str, n: int, where: Path) -> int:
+    return cachegrind_instructions("-c", _COUNTED, side, workload, str(n), str(where))
 
 
 def instructions(seats: int, where: Path) -> None:
@@ -317,7 +312,7 @@ def main() -> None:
     parser.add_argument("--facade", action="store_true", help="time the core behind Python too")
     parser.add_argument("--no-timing", action="store_true", help="with --instructions: only count")
     args = parser.parse_args()
-    memcore = _load_core(args.core)
+    memcore = load(args.core)
     print(f"core: {memcore.__file__}")
     if not args.no_timing:
         timing(args.rounds, args.seats, memcore, (*SIDES, "facade") if args.facade else SIDES)

@@ -40,7 +40,6 @@ import gc
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +55,7 @@ sys.path.insert(0, str(HERE / "prototypes" / "memcore"))
 from check_memcore import load  # noqa: E402
 
 import bench_lot  # noqa: E402  (benchmarks/ is not a package)
+from bench_memcore_ceiling import cachegrind_instructions  # noqa: E402
 
 SIDES = ("seed", "pure", "core", "facade")
 
@@ -233,13 +233,8 @@ def counted(side: str, pairs: int, core_type: Any) -> None:
 
 def instructions(core_dir: Path) -> None:
     def count(side: str, pairs: int) -> int:
-        err = subprocess.run(
-            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-             sys.executable, __file__, "--core", str(core_dir), "--counted", side, str(pairs)],
-            capture_output=True, text=True, check=True,
-        ).stderr  # fmt: skip
-        return int(
-            next(x for x in err.splitlines() if "I   refs:" in x).split(":")[1].replace(",", "")
+        return cachegrind_instructions(
+            __file__, "--core", str(core_dir), "--counted", side, str(pairs)
         )
 
     n = COUNTED_PAIRS

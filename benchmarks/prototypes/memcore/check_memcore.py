@@ -40,10 +40,10 @@ _memcore: Any = None  # the module, once load() found or built it
 
 
 def load(where: Path = HERE) -> Any:
-    """``_memcore`` from ``where``, built there first if it is not."""
+    """``_memcore`` from ``where``, built there first if it is not (or is older than its source)."""
     global _memcore
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    if not (where / f"_memcore{suffix}").exists():
+    built = where / f"_memcore{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not built.exists() or built.stat().st_mtime < (HERE / "_memcore.c").stat().st_mtime:
         sys.path.insert(0, str(HERE))
         from build import build  # type: ignore[import-not-found]
 
