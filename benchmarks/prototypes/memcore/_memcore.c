@@ -268,6 +268,21 @@ record_dict(Rec *r, int expired)
     return d;
 }
 
+/* A new instance of ``type`` whose __dict__ is ``values`` (stolen, also on
+ * failure). tp_alloc leaves the managed dict and its inline values NULL: the
+ * __dict__ slot takes our dict as is (what object.__new__ + update make). */
+static PyObject *
+with_dict(PyTypeObject *type, PyObject *values)
+{
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (obj == NULL) {
+        Py_DECREF(values);
+        return NULL;
+    }
+    *_PyObject_GetDictPtr(obj) = values;
+    return obj;
+}
+
 /* A Claim whose __dict__ holds the record (claim_from_micros); a hold dead
  * before a sweep marked it reads expired (_snapshot). */
 static PyObject *
@@ -276,16 +291,7 @@ snapshot(Rec *r, long long now)
     PyObject *values = record_dict(r, r->state == HELD && r->expires_us <= now);
     if (values == NULL)
         return NULL;
-    PyObject *claim = ClaimType->tp_alloc(ClaimType, 0);
-    if (claim == NULL) {
-        Py_DECREF(values);
-        return NULL;
-    }
-    /* tp_alloc leaves the managed dict and its inline values NULL: the
-     * __dict__ slot takes our dict as is (what object.__new__ + update make). */
-    PyObject **slot = _PyObject_GetDictPtr(claim);
-    *slot = values;
-    return claim;
+    return with_dict(ClaimType, values);
 }
 
 /* A ClaimResult with just these keys in its __dict__ (the rest read the class defaults). */
@@ -299,13 +305,7 @@ result2(PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2)
         Py_DECREF(values);
         return NULL;
     }
-    PyObject *res = ClaimResultType->tp_alloc(ClaimResultType, 0);
-    if (res == NULL) {
-        Py_DECREF(values);
-        return NULL;
-    }
-    *_PyObject_GetDictPtr(res) = values;
-    return res;
+    return with_dict(ClaimResultType, values);
 }
 
 /* make_result(granted, claim, taken, replayed): all four keys. */
@@ -322,13 +322,7 @@ make_result(int granted, PyObject *claim, PyObject *taken, int replayed)
         Py_DECREF(values);
         return NULL;
     }
-    PyObject *res = ClaimResultType->tp_alloc(ClaimResultType, 0);
-    if (res == NULL) {
-        Py_DECREF(values);
-        return NULL;
-    }
-    *_PyObject_GetDictPtr(res) = values;
-    return res;
+    return with_dict(ClaimResultType, values);
 }
 
 static PyObject *
